@@ -1,0 +1,115 @@
+defmodule ExBurn.Tensor.Util do
+  @moduledoc false
+  # Validation and conversion shared by the ExBurn.Tensor op modules. Everything invalid raises
+  # ExBurn.Error naming the public operation.
+
+  import Bitwise, only: [<<<: 2]
+  alias ExBurn.{Error, Type}
+
+  # ExBurn.Tensor imports this module, so the struct is written as a map here (no compile-time
+  # dependency back on ExBurn.Tensor).
+  @tensor ExBurn.Tensor
+
+  @device_kinds [:cpu, :vulkan, :metal, :cuda, :rocm]
+
+  @doc "Unwraps a NIF answer; a tensor 4-tuple becomes an %ExBurn.Tensor{}."
+  def wrap(answer) do
+    case Error.unwrap!(answer) do
+      {ref, shape, type, device} when is_reference(ref) ->
+        %{__struct__: @tensor, ref: ref, shape: shape, type: type, device: device}
+
+      other ->
+        raise Error, op: :nif, reason: "NIF did not return a tensor", details: %{answer: other}
+    end
+  end
+
+  def fail!(op, reason, details \\ %{}), do: raise(Error, op: op, reason: reason, details: details)
+
+  def tensor!(_op, %{__struct__: @tensor, ref: ref} = t) when is_reference(ref), do: t
+
+  def tensor!(op, other),
+    do: fail!(op, "expected an ExBurn.Tensor", %{got: other})
+
+  def type!(op, type) do
+    Type.normalize(type)
+  rescue
+    _ in Error -> fail!(op, "unsupported type", %{type: type})
+  end
+
+  @doc "Validates a shape (tuple or list of non-negative integers); returns it as a list."
+  def shape_list!(op, shape) when is_tuple(shape), do: shape_list!(op, Tuple.to_list(shape))
+
+  def shape_list!(op, shape) when is_list(shape) do
+    if Enum.all?(shape, &(is_integer(&1) and &1 >= 0)),
+      do: shape,
+      else: fail!(op, "invalid shape: dimensions must be non-negative integers", %{shape: shape})
+  end
+
+  def shape_list!(op, shape),
+    do: fail!(op, "invalid shape: expected a tuple or list of integers", %{shape: shape})
+
+  def size(shape) when is_tuple(shape), do: size(Tuple.to_list(shape))
+  def size(shape) when is_list(shape), do: Enum.reduce(shape, 1, &(&1 * &2))
+
+  def device!(_op, nil), do: ExBurn.default_device()
+  def device!(_op, kind) when kind in @device_kinds, do: {kind, 0}
+
+  def device!(_op, {kind, index} = device)
+      when kind in @device_kinds and is_integer(index) and index >= 0,
+      do: device
+
+  def device!(op, other), do: fail!(op, "invalid device", %{device: other})
+
+  def opts!(op, opts, allowed) do
+    if is_list(opts) and Keyword.keyword?(opts) do
+      case Keyword.keys(opts) -- allowed do
+        [] -> opts
+        unknown -> fail!(op, "unknown options", %{options: unknown, allowed: allowed})
+      end
+    else
+      fail!(op, "expected a keyword list of options", %{got: opts})
+    end
+  end
+
+  @doc "Resolves a possibly negative axis against `rank`."
+  def axis!(op, axis, rank) when is_integer(axis) do
+    cond do
+      axis >= 0 and axis < rank -> axis
+      axis < 0 and axis >= -rank -> rank + axis
+      true -> fail!(op, "axis out of range", %{axis: axis, rank: rank})
+    end
+  end
+
+  def axis!(op, axis, rank), do: fail!(op, "axis must be an integer", %{axis: axis, rank: rank})
+
+  def axes!(op, axes, rank) when is_list(axes) do
+    resolved = Enum.map(axes, &axis!(op, &1, rank))
+
+    if length(Enum.uniq(resolved)) == length(resolved),
+      do: resolved,
+      else: fail!(op, "repeated axes", %{axes: axes})
+  end
+
+  def axes!(op, axes, rank), do: fail!(op, "axes must be a list of integers", %{axes: axes, rank: rank})
+
+  @doc "A rank-0 tensor holding `number` as `type` on `device`."
+  def scalar(number, type, device) do
+    wrap(ExBurn.Native.full(fit(number, type), [], type, device))
+  end
+
+  # Integers are wrapped into the range of an integer type (two's complement, like a cast);
+  # integers destined for a float type become floats.
+  defp fit(number, {:u, bits}) when is_integer(number), do: Integer.mod(number, 1 <<< bits)
+
+  defp fit(number, {:s, bits}) when is_integer(number) do
+    half = 1 <<< (bits - 1)
+    Integer.mod(number + half, 1 <<< bits) - half
+  end
+
+  defp fit(number, {kind, _}) when is_integer(number) and kind in [:f, :bf], do: number * 1.0
+  defp fit(number, _type), do: number
+
+  @doc "Casts `t` to `type` unless it already has it."
+  def cast(%{__struct__: @tensor, type: type} = t, type), do: t
+  def cast(%{__struct__: @tensor} = t, type), do: wrap(ExBurn.Native.as_type(t.ref, type))
+end

@@ -1,0 +1,81 @@
+# The native compiler lives outside lib/ so it is not compiled into the application twice.
+unless Code.ensure_loaded?(Mix.Tasks.Compile.ExBurnNative) do
+  Code.require_file("mix/tasks/compile.ex_burn_native.ex", __DIR__)
+end
+
+defmodule ExBurn.MixProject do
+  use Mix.Project
+
+  @version "0.1.0"
+
+  def project do
+    [
+      app: :ex_burn,
+      version: @version,
+      elixir: "~> 1.14",
+      start_permanent: Mix.env() == :prod,
+      compilers: [:ex_burn_native] ++ Mix.compilers(),
+      deps: deps(),
+      aliases: aliases(),
+      description: "Burn (Rust deep learning) for Elixir: tensors, an Nx backend and native training",
+      docs: [main: "readme", extras: ["README.md"]]
+    ] ++ legacy_cli_env()
+  end
+
+  # Elixir >= 1.15 reads preferred environments from cli/0; 1.14 only knows :preferred_cli_env
+  # (which later versions deprecate), so it is added only there.
+  def cli, do: [preferred_envs: ["test.all": :test]]
+
+  defp legacy_cli_env do
+    if Version.match?(System.version(), "< 1.15.0"),
+      do: [preferred_cli_env: ["test.all": :test]],
+      else: []
+  end
+
+  def application do
+    [extra_applications: [:logger]]
+  end
+
+  # Nx and Axon are optional. They come from Hex only when Hex is installed and EXBURN_NO_HEX is
+  # unset; EXBURN_NX_PATH / EXBURN_AXON_PATH point at local checkouts instead. Without either,
+  # there are no dependencies at all and the core still compiles and tests.
+  defp deps do
+    hex? = Code.ensure_loaded?(Hex) and System.get_env("EXBURN_NO_HEX") in [nil, ""]
+
+    [nx: {"~> 0.13", "EXBURN_NX_PATH"}, axon: {"~> 0.7", "EXBURN_AXON_PATH"}]
+    |> Enum.flat_map(fn {name, {requirement, path_env}} ->
+      case System.get_env(path_env) do
+        path when path not in [nil, ""] -> [{name, path: path, override: true, optional: true}]
+        _ when hex? -> [{name, requirement, optional: true}]
+        _ -> []
+      end
+    end)
+  end
+
+  defp aliases do
+    [
+      "test.all": [&cargo_test/1, "test"],
+      quickstart: ["run examples/quickstart.exs"]
+    ]
+  end
+
+  # Runs the Rust core's own tests (release: Burn is unusably slow unoptimised), streaming cargo's
+  # output; a failure stops the alias with a non-zero exit before `mix test` runs. The NIF layer
+  # (feature `nif`) is left out: test binaries run outside the BEAM, which provides `enif_*`.
+  defp cargo_test(_args) do
+    cargo = System.find_executable("cargo") || Mix.raise("cargo not found in PATH (Rust >= 1.85 is required)")
+    env = [{"CARGO_TARGET_DIR", Mix.Tasks.Compile.ExBurnNative.target_dir()}]
+    args = ["test", "--release", "-p", "ex_burn", "--no-default-features"]
+    Mix.shell().info("==> cargo " <> Enum.join(args, " "))
+
+    {_, status} =
+      System.cmd(cargo, args,
+        cd: __DIR__,
+        env: env,
+        into: IO.stream(:stdio, :line),
+        stderr_to_stdout: true
+      )
+
+    if status != 0, do: Mix.raise("cargo test failed (exit #{status}); see output above")
+  end
+end

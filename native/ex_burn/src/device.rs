@@ -1,0 +1,148 @@
+//! Devices as Elixir sees them (`{kind, index}`) and the Burn `Device` values behind them.
+//!
+//! Burn 0.22 picks the backend from a runtime `Device` value; `Device::default()` takes the first
+//! compiled-in backend even when no such hardware exists, so devices here are always resolved by
+//! enumeration and a missing one is an error, never a tensor on a phantom device.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use burn::tensor::Device;
+
+use crate::dtype::{NxType, ALL_TYPES};
+use crate::error::{ExError, ExResult};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    Cpu,
+    Vulkan,
+    Metal,
+    Cuda,
+    Rocm,
+}
+
+impl DeviceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Vulkan => "vulkan",
+            DeviceKind::Metal => "metal",
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::Rocm => "rocm",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Cpu, Self::Vulkan, Self::Metal, Self::Cuda, Self::Rocm]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+
+    /// Kinds whose backend was compiled into this library.
+    pub fn compiled() -> Vec<DeviceKind> {
+        let mut kinds = vec![DeviceKind::Cpu];
+        if cfg!(feature = "cuda") {
+            kinds.push(DeviceKind::Cuda);
+        }
+        if cfg!(feature = "rocm") {
+            kinds.push(DeviceKind::Rocm);
+        }
+        if cfg!(feature = "metal") {
+            kinds.push(DeviceKind::Metal);
+        }
+        if cfg!(feature = "vulkan") {
+            kinds.push(DeviceKind::Vulkan);
+        }
+        kinds
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceRef {
+    pub kind: DeviceKind,
+    pub index: usize,
+}
+
+impl DeviceRef {
+    pub const CPU: DeviceRef = DeviceRef { kind: DeviceKind::Cpu, index: 0 };
+
+    /// The Burn device, enumerated once per process and cached.
+    pub fn burn(&self) -> ExResult<Device> {
+        static CACHE: OnceLock<Mutex<HashMap<DeviceRef, Device>>> = OnceLock::new();
+        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        if let Some(d) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(self) {
+            return Ok(d.clone());
+        }
+        let device = self.resolve()?;
+        cache.lock().unwrap_or_else(|e| e.into_inner()).insert(*self, device.clone());
+        Ok(device)
+    }
+
+    fn resolve(&self) -> ExResult<Device> {
+        if self.kind == DeviceKind::Cpu {
+            return if self.index == 0 {
+                Ok(Device::flex())
+            } else {
+                Err(ExError::Device(format!("there is one cpu device; {self} does not exist")))
+            };
+        }
+        enumerate(self.kind)
+            .into_iter()
+            .nth(self.index)
+            .ok_or_else(|| ExError::Device(format!("device {self} is not available (not compiled in or not present)")))
+    }
+
+    pub fn supports(&self, ty: NxType) -> ExResult<bool> {
+        Ok(self.burn()?.supports_dtype(ty.dtype()))
+    }
+
+    /// Fails with an error naming both the device and the type when the device lacks `ty`.
+    /// Uploading an unsupported dtype can poison a GPU device, so this runs before any upload.
+    pub fn check_type(&self, ty: NxType) -> ExResult<()> {
+        if self.supports(ty)? {
+            Ok(())
+        } else {
+            Err(ExError::DeviceType { device: self.to_string(), ty })
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{{:{}, {}}}", self.kind.name(), self.index)
+    }
+}
+
+/// Hardware devices of one kind, in Burn's enumeration order. Software adapters (lavapipe and
+/// friends enumerate as `DeviceKind::Cpu` wgpu adapters) are listed too; choosing them is left to
+/// the caller, and the automatic choice skips them.
+#[allow(unused_variables)]
+pub fn enumerate(kind: DeviceKind) -> Vec<Device> {
+    #[allow(unused_imports)]
+    use burn::tensor::DeviceType;
+    match kind {
+        DeviceKind::Cpu => vec![Device::flex()],
+        #[cfg(feature = "vulkan")]
+        DeviceKind::Vulkan => Device::enumerate(DeviceType::Vulkan).into_iter().collect(),
+        #[cfg(feature = "metal")]
+        DeviceKind::Metal => Device::enumerate(DeviceType::Metal).into_iter().collect(),
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => Device::enumerate(DeviceType::Cuda).into_iter().collect(),
+        #[cfg(feature = "rocm")]
+        DeviceKind::Rocm => Device::enumerate(DeviceType::Rocm).into_iter().collect(),
+        #[allow(unreachable_patterns)]
+        _ => Vec::new(),
+    }
+}
+
+/// Every usable device with the Nx types it supports.
+pub fn list() -> Vec<(DeviceRef, String, Vec<NxType>)> {
+    let mut out = Vec::new();
+    for kind in DeviceKind::compiled() {
+        for (index, device) in enumerate(kind).into_iter().enumerate() {
+            let types = ALL_TYPES.iter().copied().filter(|t| device.supports_dtype(t.dtype())).collect();
+            out.push((DeviceRef { kind, index }, format!("{device:?}"), types));
+        }
+    }
+    out
+}

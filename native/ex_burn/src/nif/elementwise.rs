@@ -1,0 +1,41 @@
+//! Elementwise NIFs.
+
+use rustler::{Env, Term};
+
+use super::resource::{arg, TensorOut};
+use super::{guard, op_name, term};
+use crate::ops::elementwise as ew;
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn unary<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, out_type: Term<'a>) -> Term<'a> {
+    guard(env, &op_name(op, "unary"), || {
+        let op = term::atom(op, "op")?;
+        Ok(TensorOut(ew::unary(&op, &arg(t)?, term::decode_type(out_type)?)?))
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn binary<'a>(env: Env<'a>, op: Term<'a>, a: Term<'a>, b: Term<'a>, compute_type: Term<'a>) -> Term<'a> {
+    guard(env, &op_name(op, "binary"), || {
+        let op = term::atom(op, "op")?;
+        Ok(TensorOut(ew::binary(&op, &arg(a)?, &arg(b)?, term::decode_type(compute_type)?)?))
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn select<'a>(env: Env<'a>, pred: Term<'a>, on_true: Term<'a>, on_false: Term<'a>, out_type: Term<'a>) -> Term<'a> {
+    guard(env, "select", || {
+        let ty = term::decode_type(out_type)?;
+        Ok(TensorOut(ew::select(&arg(pred)?, &arg(on_true)?, &arg(on_false)?, ty)?))
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn clip<'a>(env: Env<'a>, t: Term<'a>, min: Term<'a>, max: Term<'a>) -> Term<'a> {
+    guard(env, "clip", || Ok(TensorOut(ew::clip(&arg(t)?, &arg(min)?, &arg(max)?)?)))
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn as_type<'a>(env: Env<'a>, t: Term<'a>, ty: Term<'a>) -> Term<'a> {
+    guard(env, "as_type", || Ok(TensorOut(ew::as_type(&arg(t)?, term::decode_type(ty)?)?)))
+}

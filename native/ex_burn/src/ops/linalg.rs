@@ -1,0 +1,125 @@
+//! `dot` with contraction and batch axes, lowered onto one batched matmul.
+
+use burn::backend::ops::{FloatTensorOps, IntTensorOps};
+use burn::backend::Dispatch;
+
+use crate::dispatch::{self, by_kind2};
+use crate::dtype::NxType;
+use crate::error::{ExError, ExResult};
+use crate::ops::{cast_to, check_alloc, check_axes, dims_detail, empty, same_device};
+use crate::tensor::{numel, Handle};
+
+pub struct DotSpec {
+    pub contract: Vec<usize>,
+    pub batch: Vec<usize>,
+}
+
+fn free_axes(rank: usize, spec: &DotSpec) -> Vec<usize> {
+    (0..rank).filter(|a| !spec.contract.contains(a) && !spec.batch.contains(a)).collect()
+}
+
+/// Nx.dot/6: the result is batch dims ++ free dims of `a` ++ free dims of `b`.
+pub fn dot(a: &Handle, sa: &DotSpec, b: &Handle, sb: &DotSpec, out: NxType) -> ExResult<Handle> {
+    let device = same_device(&[a, b])?;
+    device.check_type(out)?;
+    let mismatch = || {
+        ExError::invalid_with(
+            "dot axes do not match",
+            vec![
+                dims_detail("lhs", &a.shape),
+                dims_detail("lhs_contract", &sa.contract),
+                dims_detail("lhs_batch", &sa.batch),
+                dims_detail("rhs", &b.shape),
+                dims_detail("rhs_contract", &sb.contract),
+                dims_detail("rhs_batch", &sb.batch),
+            ],
+        )
+    };
+    let mut all_a = sa.contract.clone();
+    all_a.extend(&sa.batch);
+    let mut all_b = sb.contract.clone();
+    all_b.extend(&sb.batch);
+    check_axes(&all_a, a.rank()).map_err(|_| mismatch())?;
+    check_axes(&all_b, b.rank()).map_err(|_| mismatch())?;
+    let same_sizes = |xs: &[usize], ys: &[usize]| {
+        xs.len() == ys.len() && xs.iter().zip(ys).all(|(x, y)| a.shape[*x] == b.shape[*y])
+    };
+    if !same_sizes(&sa.contract, &sb.contract) || !same_sizes(&sa.batch, &sb.batch) {
+        return Err(mismatch());
+    }
+    let (fa, fb) = (free_axes(a.rank(), sa), free_axes(b.rank(), sb));
+    let size = |h: &Handle, axes: &[usize]| axes.iter().map(|&x| h.shape[x]).product::<usize>();
+    let (bsz, m, k, n) = (size(a, &sa.batch), size(a, &fa), size(a, &sa.contract), size(b, &fb));
+    let shape: Vec<usize> = sa
+        .batch
+        .iter()
+        .map(|&x| a.shape[x])
+        .chain(fa.iter().map(|&x| a.shape[x]))
+        .chain(fb.iter().map(|&x| b.shape[x]))
+        .collect();
+    check_alloc(&shape, out)?;
+    if numel(&shape) == 0 {
+        return empty(shape, out, device);
+    }
+    if k == 0 {
+        let zero = dispatch::zero_of(out.dtype());
+        let prim = dispatch::full(&shape, zero, out.dtype(), &device.burn()?);
+        return Ok(Handle::new(prim, out, shape, device));
+    }
+    let order = |first: &[usize], second: &[usize], third: &[usize]| -> Vec<usize> {
+        first.iter().chain(second).chain(third).copied().collect()
+    };
+    let pa = dispatch::permute(cast_to(a, out), &order(&sa.batch, &fa, &sa.contract));
+    let pa = dispatch::reshape(pa, &[bsz, m, k]);
+    let pb = dispatch::permute(cast_to(b, out), &order(&sb.batch, &sb.contract, &fb));
+    let pb = dispatch::reshape(pb, &[bsz, k, n]);
+    let prim = by_kind2!(pa, pb, float_matmul, int_matmul);
+    Ok(Handle::new(dispatch::reshape(prim, &shape), out, shape, device))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::*;
+
+    fn spec(contract: &[usize], batch: &[usize]) -> DotSpec {
+        DotSpec { contract: contract.to_vec(), batch: batch.to_vec() }
+    }
+
+    #[test]
+    fn matrix_product() {
+        let a = f32s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+        let b = f32s(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2]);
+        let c = dot(&a, &spec(&[1], &[]), &b, &spec(&[0], &[]), NxType::F(32)).unwrap();
+        assert_eq!((c.shape.clone(), floats(&c)), (vec![2, 2], vec![4.0, 5.0, 10.0, 11.0]));
+    }
+
+    #[test]
+    fn batched_dot_and_contraction_over_the_first_axis() {
+        // batch 2 of [1x2]·[2x1]
+        let a = f32s(&[1.0, 2.0, 3.0, 4.0], &[2, 1, 2]);
+        let b = f32s(&[5.0, 6.0, 7.0, 8.0], &[2, 2, 1]);
+        let c = dot(&a, &spec(&[2], &[0]), &b, &spec(&[1], &[0]), NxType::F(32)).unwrap();
+        assert_eq!((c.shape.clone(), floats(&c)), (vec![2, 1, 1], vec![17.0, 53.0]));
+        // aᵀ·a for a 2x2 written as contraction of axis 0 with axis 0
+        let m = f32s(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+        let g = dot(&m, &spec(&[0], &[]), &m, &spec(&[0], &[]), NxType::F(32)).unwrap();
+        assert_eq!(floats(&g), vec![10.0, 14.0, 14.0, 20.0]);
+    }
+
+    #[test]
+    fn integer_dot_and_outer_product() {
+        let a = i64s(&[1, 2, 3], &[3]);
+        let outer = dot(&a, &spec(&[], &[]), &a, &spec(&[], &[]), NxType::S(64)).unwrap();
+        assert_eq!((outer.shape.clone(), ints(&outer)), (vec![3, 3], vec![1, 2, 3, 2, 4, 6, 3, 6, 9]));
+        let inner = dot(&a, &spec(&[0], &[]), &a, &spec(&[0], &[]), NxType::S(64)).unwrap();
+        assert_eq!((inner.shape.clone(), ints(&inner)), (vec![], vec![14]));
+    }
+
+    #[test]
+    fn mismatched_contraction_is_an_error() {
+        let a = f32s(&[1.0, 2.0], &[2]);
+        let b = f32s(&[1.0, 2.0, 3.0], &[3]);
+        assert!(dot(&a, &spec(&[0], &[]), &b, &spec(&[0], &[]), NxType::F(32)).is_err());
+    }
+}

@@ -1,0 +1,182 @@
+//! Reductions over axes, with Nx's `keep_axes`, and argmax/argmin with tie breaking.
+
+use burn::backend::ops::{BoolTensorOps, FloatTensorOps, IntTensorOps};
+use burn::backend::{DType, Dispatch, IntDType, Scalar};
+
+use crate::dispatch::{self, by_kind, Prim};
+use crate::dtype::{NxType, PRED};
+use crate::error::{ExError, ExResult};
+use crate::ops::{cast_to, check_axes, empty};
+use crate::tensor::{numel, Handle};
+
+fn out_shape(shape: &[usize], axes: &[usize], keep: bool) -> Vec<usize> {
+    shape
+        .iter()
+        .enumerate()
+        .filter_map(|(i, d)| match (axes.contains(&i), keep) {
+            (false, _) => Some(*d),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect()
+}
+
+/// The value a reduction of nothing yields (Nx: sum 0, product 1, max -inf / type minimum, ...).
+fn identity(op: &str, ty: NxType) -> ExResult<Scalar> {
+    let (lo, hi) = match ty {
+        t if t.is_float() => (Scalar::Float(f64::NEG_INFINITY), Scalar::Float(f64::INFINITY)),
+        NxType::U(b) => (Scalar::UInt(0), Scalar::UInt(if b == 64 { u64::MAX } else { (1u64 << b) - 1 })),
+        NxType::S(b) => (Scalar::Int(if b == 64 { i64::MIN } else { -(1i64 << (b - 1)) }), Scalar::Int(if b == 64 { i64::MAX } else { (1i64 << (b - 1)) - 1 })),
+        _ => unreachable!(),
+    };
+    let int_or_float = |v: i64| if ty.is_float() { Scalar::Float(v as f64) } else if ty.is_unsigned() { Scalar::UInt(v as u64) } else { Scalar::Int(v) };
+    Ok(match op {
+        "sum" | "any" => int_or_float(0),
+        "product" | "all" => int_or_float(1),
+        "mean" => Scalar::Float(f64::NAN),
+        "reduce_max" => lo,
+        "reduce_min" => hi,
+        _ => return Err(unknown(op)),
+    })
+}
+
+fn unknown(op: &str) -> ExError {
+    ExError::invalid_with("unknown reduction", vec![("op", crate::error::Detail::Text(op.to_string()))])
+}
+
+fn fold_axes(t: Prim, axes: &[usize], f: impl Fn(Prim, usize) -> Prim) -> Prim {
+    axes.iter().fold(t, |acc, &a| f(acc, a))
+}
+
+fn reduce_prim(op: &str, t: Prim, axes: &[usize]) -> ExResult<Prim> {
+    Ok(match op {
+        "sum" => fold_axes(t, axes, |x, a| by_kind!(x, float_sum_dim, int_sum_dim, a)),
+        "product" => fold_axes(t, axes, |x, a| by_kind!(x, float_prod_dim, int_prod_dim, a)),
+        "mean" => fold_axes(t, axes, Dispatch::float_mean_dim),
+        "reduce_max" => fold_axes(t, axes, |x, a| by_kind!(x, float_max_dim, int_max_dim, a)),
+        "reduce_min" => fold_axes(t, axes, |x, a| by_kind!(x, float_min_dim, int_min_dim, a)),
+        "all" => dispatch::pred(fold_axes(dispatch::to_bool(t), axes, Dispatch::bool_all_dim)),
+        "any" => dispatch::pred(fold_axes(dispatch::to_bool(t), axes, Dispatch::bool_any_dim)),
+        _ => return Err(unknown(op)),
+    })
+}
+
+pub fn reduce(op: &str, h: &Handle, axes: Option<Vec<usize>>, keep: bool, out: NxType) -> ExResult<Handle> {
+    let axes = axes.unwrap_or_else(|| (0..h.rank()).collect());
+    check_axes(&axes, h.rank())?;
+    let is_pred = matches!(op, "all" | "any");
+    let out = if is_pred { PRED } else { out };
+    h.device.check_type(out)?;
+    let shape = out_shape(&h.shape, &axes, keep);
+    if numel(&shape) == 0 {
+        return empty(shape, out, h.device);
+    }
+    if h.numel() == 0 {
+        let prim = dispatch::full(&shape, identity(op, out)?, out.dtype(), &h.device.burn()?);
+        return Ok(Handle::new(prim, out, shape, h.device));
+    }
+    if op == "mean" && !out.is_float() {
+        return Err(ExError::invalid(format!("mean needs a floating output type, got {out}")));
+    }
+    let x = if is_pred { h.prim.clone() } else { cast_to(h, out) };
+    let reduced = reduce_prim(op, x, &axes)?;
+    let prim = dispatch::reshape(dispatch::cast(reduced, out.dtype()), &shape);
+    Ok(Handle::new(prim, out, shape, h.device))
+}
+
+/// Order-preserving widening of an int primitive to 64 bits.
+fn widen(x: Prim) -> Prim {
+    let to = if dispatch::dtype(&x).is_uint() { DType::U64 } else { DType::I64 };
+    dispatch::cast(x, to)
+}
+
+/// argmax/argmin along `axis` (the flattened tensor when `None`); `high` picks the last of tied
+/// extremes instead of the first.
+pub fn arg_reduce(op: &str, h: &Handle, axis: Option<usize>, keep: bool, high: bool, out: NxType) -> ExResult<Handle> {
+    if out.is_float() {
+        return Err(ExError::invalid(format!("{op} needs an integer output type, got {out}")));
+    }
+    h.device.check_type(out)?;
+    let (x, axis, shape) = match axis {
+        Some(a) => {
+            check_axes(&[a], h.rank())?;
+            (h.prim.clone(), a, out_shape(&h.shape, &[a], keep))
+        }
+        None => {
+            let all: Vec<usize> = (0..h.rank()).collect();
+            (dispatch::reshape(h.prim.clone(), &[h.numel()]), 0, out_shape(&h.shape, &all, keep))
+        }
+    };
+    let len = dispatch::dims(&x)[axis];
+    if h.numel() == 0 || len == 0 {
+        return Err(ExError::invalid(format!("cannot compute {op} of an empty axis")));
+    }
+    // Burn returns the first extreme index; the last one is the first of the reversed axis.
+    let x = if high { dispatch::flip(x, &[axis]) } else { x };
+    let idx = match op {
+        "argmax" if dispatch::is_float(&x) => Dispatch::float_argmax(x, axis, IntDType::I64),
+        "argmin" if dispatch::is_float(&x) => Dispatch::float_argmin(x, axis, IntDType::I64),
+        // Int argmax returns indices in the input's dtype: widen first so they cannot wrap.
+        "argmax" => Dispatch::int_argmax(widen(x), axis),
+        "argmin" => Dispatch::int_argmin(widen(x), axis),
+        _ => return Err(ExError::Arg { name: "op", expected: ":argmax or :argmin" }),
+    };
+    let idx = dispatch::cast(idx, DType::I64);
+    let idx = if high {
+        Dispatch::int_add_scalar(Dispatch::int_neg(idx), Scalar::Int(len as i64 - 1))
+    } else {
+        idx
+    };
+    let prim = dispatch::reshape(dispatch::cast(idx, out.dtype()), &shape);
+    Ok(Handle::new(prim, out, shape, h.device))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::*;
+
+    #[test]
+    fn out_shape_drops_or_keeps_reduced_axes() {
+        assert_eq!(out_shape(&[2, 3, 4], &[1], false), vec![2, 4]);
+        assert_eq!(out_shape(&[2, 3, 4], &[0, 2], true), vec![1, 3, 1]);
+        assert_eq!(out_shape(&[2, 3], &[0, 1], false), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn sums_over_axes_with_and_without_keep() {
+        let x = f32s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+        let s = reduce("sum", &x, Some(vec![1]), false, NxType::F(32)).unwrap();
+        assert_eq!((s.shape.clone(), floats(&s)), (vec![2], vec![6.0, 15.0]));
+        let s = reduce("sum", &x, None, true, NxType::F(32)).unwrap();
+        assert_eq!((s.shape.clone(), floats(&s)), (vec![1, 1], vec![21.0]));
+        let m = reduce("reduce_max", &x, Some(vec![0]), false, NxType::F(32)).unwrap();
+        assert_eq!(floats(&m), vec![4.0, 5.0, 6.0]);
+        let p = reduce("product", &i64s(&[1, 2, 3, 4], &[4]), None, false, NxType::S(64)).unwrap();
+        assert_eq!((p.shape.clone(), ints(&p)), (vec![], vec![24]));
+        let a = reduce("all", &x, Some(vec![1]), false, NxType::F(32)).unwrap();
+        assert_eq!((a.ty, a.to_bytes().unwrap()), (PRED, vec![1, 1]));
+    }
+
+    #[test]
+    fn reductions_of_nothing_give_the_identity() {
+        let e = crate::tensor::Handle::from_bytes(vec![], vec![0, 2], NxType::F(32), crate::device::DeviceRef::CPU).unwrap();
+        assert_eq!(floats(&reduce("sum", &e, Some(vec![0]), false, NxType::F(32)).unwrap()), vec![0.0, 0.0]);
+        assert_eq!(floats(&reduce("product", &e, None, false, NxType::F(32)).unwrap()), vec![1.0]);
+    }
+
+    #[test]
+    fn argmax_breaks_ties_low_or_high() {
+        let x = f32s(&[3.0, 1.0, 3.0, 0.0, 2.0, 2.0], &[2, 3]);
+        let lo = arg_reduce("argmax", &x, Some(1), false, false, NxType::S(64)).unwrap();
+        assert_eq!(ints(&lo), vec![0, 1]);
+        let hi = arg_reduce("argmax", &x, Some(1), false, true, NxType::S(64)).unwrap();
+        assert_eq!(ints(&hi), vec![2, 2]);
+        let flat = arg_reduce("argmin", &x, None, false, false, NxType::S(32)).unwrap();
+        assert_eq!((flat.shape.clone(), ints(&flat)), (vec![], vec![3]));
+        let big = crate::ops::create::iota(vec![300], NxType::U(8), None, crate::device::DeviceRef::CPU).unwrap();
+        // u8 iota wraps at 256, so the maximum (255) sits at index 255, an index u8 could hold,
+        // while the int path widens before Burn computes indices in the input's dtype.
+        assert_eq!(ints(&arg_reduce("argmax", &big, None, false, false, NxType::S(64)).unwrap()), vec![255]);
+    }
+}

@@ -1,0 +1,43 @@
+//! Helpers for the crate's unit tests: build tensors from values and read them back as numbers.
+
+use crate::device::DeviceRef;
+use crate::dtype::NxType;
+use crate::ops::elementwise::as_type;
+use crate::tensor::Handle;
+
+pub fn f32s(values: &[f32], shape: &[usize]) -> Handle {
+    let bytes = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    Handle::from_bytes(bytes, shape.to_vec(), NxType::F(32), DeviceRef::CPU).unwrap()
+}
+
+pub fn f64s(values: &[f64], shape: &[usize]) -> Handle {
+    let bytes = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    Handle::from_bytes(bytes, shape.to_vec(), NxType::F(64), DeviceRef::CPU).unwrap()
+}
+
+pub fn i64s(values: &[i64], shape: &[usize]) -> Handle {
+    let bytes = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    Handle::from_bytes(bytes, shape.to_vec(), NxType::S(64), DeviceRef::CPU).unwrap()
+}
+
+pub fn as_f64(h: &Handle) -> Handle {
+    as_type(h, NxType::F(64)).unwrap()
+}
+
+/// Values of a tensor of any type, as f64.
+pub fn floats(h: &Handle) -> Vec<f64> {
+    let h = as_f64(h);
+    h.to_bytes().unwrap().chunks(8).map(|c| f64::from_ne_bytes(c.try_into().unwrap())).collect()
+}
+
+pub fn ints(h: &Handle) -> Vec<i64> {
+    let h = as_type(h, NxType::S(64)).unwrap();
+    h.to_bytes().unwrap().chunks(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect()
+}
+
+pub fn assert_close(got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "got {got:?}, want {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "got {got:?}, want {want:?}");
+    }
+}

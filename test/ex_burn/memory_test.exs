@@ -1,0 +1,68 @@
+defmodule ExBurn.MemoryTest do
+  use ExUnit.Case, async: false
+  alias ExBurn.Tensor
+
+  test "deallocate frees once; later use raises naming the op" do
+    t = Tensor.iota({4, 4}, :f32)
+    assert Tensor.deallocate(t) == :ok
+    assert Tensor.deallocate(t) == :already_deallocated
+    assert ExBurn.Native.deallocate(t.ref) == {:ok, :already_deallocated}
+
+    for {op, fun} <- [
+          add: fn -> Tensor.add(t, t) end,
+          exp: fn -> Tensor.exp(t) end,
+          sum: fn -> Tensor.sum(t) end,
+          argmax: fn -> Tensor.argmax(t) end,
+          reshape: fn -> Tensor.reshape(t, {16}) end,
+          transpose: fn -> Tensor.transpose(t) end,
+          to_binary: fn -> Tensor.to_binary(t) end,
+          as_type: fn -> Tensor.as_type(t, :s32) end,
+          dot: fn -> Tensor.dot(t, t) end
+        ] do
+      error = assert_raise ExBurn.Error, fun
+      assert {error.op, error.reason} == {op, "tensor was deallocated"}
+    end
+
+    # metadata stays readable (it lives in the struct)
+    assert Tensor.shape(t) == {4, 4}
+  end
+
+  # Resident set size of this OS process (Linux), in bytes.
+  defp rss do
+    case File.read("/proc/self/statm") do
+      {:ok, statm} ->
+        [_size, resident | _] = String.split(statm)
+        String.to_integer(resident) * 4096
+
+      {:error, _} ->
+        nil
+    end
+  end
+
+  test "tensors created in a loop are garbage collected" do
+    bin = :binary.copy(<<0::32>>, 262_144)
+    # warm up the allocator
+    for _ <- 1..20, do: Tensor.from_binary(bin, :f32)
+    :erlang.garbage_collect()
+    before = rss()
+
+    # 2000 x 1 MB = 2 GB if nothing were freed.
+    for i <- 1..2000 do
+      t = Tensor.from_binary(bin, :f32)
+      assert t.shape == {262_144}
+      if rem(i, 50) == 0, do: :erlang.garbage_collect()
+    end
+
+    :erlang.garbage_collect()
+
+    if before do
+      grown = rss() - before
+      assert grown < 512 * 1024 * 1024, "RSS grew by #{div(grown, 1024 * 1024)} MB"
+    end
+
+    # Tensors owned by a process that exits are freed too.
+    task = Task.async(fn -> for _ <- 1..200, do: Tensor.from_binary(bin, :f32) end)
+    Task.await(task, 60_000)
+    if before, do: assert(rss() - before < 512 * 1024 * 1024)
+  end
+end
