@@ -39,15 +39,35 @@ defmodule ExBurn.MixProject do
   # Nx and Axon are optional. They come from Hex only when Hex is installed and EXBURN_NO_HEX is
   # unset; EXBURN_NX_PATH / EXBURN_AXON_PATH point at local checkouts instead. Without either,
   # there are no dependencies at all and the core still compiles and tests.
+  #
+  # EXBURN_LOCAL_DEPS="nx=/path,complex=/path,telemetry=/path" adds (or replaces) path deps,
+  # overriding whatever those packages' own mix.exs require: that is how an offline machine with
+  # local checkouts satisfies Nx's transitive requirements.
   defp deps do
     hex? = Code.ensure_loaded?(Hex) and System.get_env("EXBURN_NO_HEX") in [nil, ""]
+    local = local_deps()
 
-    [nx: {"~> 0.13", "EXBURN_NX_PATH"}, axon: {"~> 0.7", "EXBURN_AXON_PATH"}]
-    |> Enum.flat_map(fn {name, {requirement, path_env}} ->
-      case System.get_env(path_env) do
-        path when path not in [nil, ""] -> [{name, path: path, override: true, optional: true}]
-        _ when hex? -> [{name, requirement, optional: true}]
-        _ -> []
+    optional =
+      [nx: {"~> 0.13", "EXBURN_NX_PATH"}, axon: {"~> 0.7", "EXBURN_AXON_PATH"}]
+      |> Enum.reject(fn {name, _} -> Map.has_key?(local, name) end)
+      |> Enum.flat_map(fn {name, {requirement, path_env}} ->
+        case System.get_env(path_env) do
+          path when path not in [nil, ""] -> [{name, path: path, override: true, optional: true}]
+          _ when hex? -> [{name, requirement, optional: true}]
+          _ -> []
+        end
+      end)
+
+    optional ++ Enum.map(local, fn {name, path} -> {name, path: path, override: true, optional: true} end)
+  end
+
+  defp local_deps do
+    (System.get_env("EXBURN_LOCAL_DEPS") || "")
+    |> String.split(",", trim: true)
+    |> Map.new(fn entry ->
+      case String.split(entry, "=", parts: 2) do
+        [name, path] when name != "" and path != "" -> {String.to_atom(String.trim(name)), String.trim(path)}
+        _ -> Mix.raise("EXBURN_LOCAL_DEPS entries must be name=path, got: #{inspect(entry)}")
       end
     end)
   end
