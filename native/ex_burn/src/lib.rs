@@ -9,6 +9,7 @@ pub mod device;
 pub mod dispatch;
 pub mod dtype;
 pub mod error;
+pub mod model;
 pub mod ops;
 pub mod tensor;
 

@@ -8,6 +8,7 @@
 mod create;
 mod elementwise;
 mod linalg;
+mod model;
 mod reduce;
 mod resource;
 mod shape;

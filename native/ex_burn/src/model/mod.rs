@@ -1,0 +1,10 @@
+//! Native models: a layer list built into a Burn module at runtime, trained with Burn's autodiff
+//! and optimizers.
+
+pub mod loss;
+pub mod net;
+pub mod spec;
+pub mod train;
+
+#[cfg(test)]
+mod gradcheck;

@@ -1,0 +1,126 @@
+//! What a model is made of, independent of Burn: the layer list Elixir sends, and the training
+//! configuration.
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Activation {
+    Relu,
+    Gelu,
+    Sigmoid,
+    Tanh,
+    Softmax,
+    LogSoftmax,
+    LeakyRelu(f64),
+    Silu,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Padding {
+    Valid,
+    Same,
+}
+
+/// One layer. Tensors are channels-last, as in Axon: images `[batch, h, w, c]`, sequences
+/// `[batch, time, features]`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LayerSpec {
+    Dense { units: usize, bias: bool },
+    Conv1d { filters: usize, kernel: usize, stride: usize, padding: Padding },
+    Conv2d { filters: usize, kernel: [usize; 2], stride: [usize; 2], padding: Padding },
+    /// Pool sizes are per spatial axis; a single size is used for every axis.
+    MaxPool { kernel: Vec<usize>, stride: Vec<usize> },
+    AvgPool { kernel: Vec<usize>, stride: Vec<usize> },
+    GlobalAvgPool,
+    Flatten,
+    Dropout { rate: f64 },
+    BatchNorm { epsilon: f64, momentum: f64 },
+    LayerNorm { epsilon: f64 },
+    Embedding { vocab: usize, dim: usize },
+    Lstm { hidden: usize, return_sequences: bool },
+    Gru { hidden: usize, return_sequences: bool },
+    Activation(Activation),
+}
+
+impl LayerSpec {
+    pub fn name(&self) -> &'static str {
+        match self {
+            LayerSpec::Dense { .. } => "dense",
+            LayerSpec::Conv1d { .. } => "conv1d",
+            LayerSpec::Conv2d { .. } => "conv2d",
+            LayerSpec::MaxPool { .. } => "max_pool",
+            LayerSpec::AvgPool { .. } => "avg_pool",
+            LayerSpec::GlobalAvgPool => "global_avg_pool",
+            LayerSpec::Flatten => "flatten",
+            LayerSpec::Dropout { .. } => "dropout",
+            LayerSpec::BatchNorm { .. } => "batch_norm",
+            LayerSpec::LayerNorm { .. } => "layer_norm",
+            LayerSpec::Embedding { .. } => "embedding",
+            LayerSpec::Lstm { .. } => "lstm",
+            LayerSpec::Gru { .. } => "gru",
+            LayerSpec::Activation(a) => match a {
+                Activation::Relu => "relu",
+                Activation::Gelu => "gelu",
+                Activation::Sigmoid => "sigmoid",
+                Activation::Tanh => "tanh",
+                Activation::Softmax => "softmax",
+                Activation::LogSoftmax => "log_softmax",
+                Activation::LeakyRelu(_) => "leaky_relu",
+                Activation::Silu => "silu",
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LossKind {
+    CrossEntropy,
+    Mse,
+    BinaryCrossEntropy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OptimizerKind {
+    Adam,
+    AdamW,
+    Sgd,
+    RmsProp,
+}
+
+/// Learning-rate schedules, stepped once per epoch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Schedule {
+    Constant,
+    Step { step: usize, gamma: f64 },
+    Exponential { gamma: f64 },
+    Cosine { min: f64, epochs: usize },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    pub loss: LossKind,
+    pub optimizer: OptimizerKind,
+    pub learning_rate: f64,
+    pub weight_decay: Option<f64>,
+    pub momentum: Option<f64>,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub epsilon: f64,
+    pub clip_norm: Option<f64>,
+    pub clip_value: Option<f64>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            loss: LossKind::Mse,
+            optimizer: OptimizerKind::Adam,
+            learning_rate: 1e-3,
+            weight_decay: None,
+            momentum: None,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+            clip_norm: None,
+            clip_value: None,
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! Training with Burn's autodiff, optimizers, LR schedulers and gradient clipping. One call runs
+//! a whole epoch in Rust; the model is replaced only when the epoch completes, so an error or a
+//! cancellation mid-epoch leaves the last good state in place.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use burn::backend::ops::{FloatTensorOps, IntTensorOps};
+use burn::backend::{DType, Dispatch, DispatchTensor, TensorData};
+use burn::grad_clipping::{GradientClipping, GradientClippingConfig};
+use burn::lr_scheduler::cosine::CosineAnnealingLrSchedulerConfig;
+use burn::lr_scheduler::exponential::ExponentialLrSchedulerConfig;
+use burn::lr_scheduler::step::StepLrSchedulerConfig;
+use burn::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, ModuleOptimizer, RmsPropConfig, SgdConfig};
+use burn::store::ModuleRecord;
+use burn::tensor::{Int, Tensor};
+
+use super::loss::{self, Target};
+use super::net::{self, Act, LayerInfo, Net};
+use super::spec::{LayerSpec, LossKind, OptimizerKind, Schedule, TrainConfig};
+use crate::device::DeviceRef;
+use crate::dispatch;
+use crate::dtype::NxType;
+use crate::error::{Detail, ExError, ExResult};
+use crate::tensor::Handle;
+
+pub struct Trainer {
+    pub specs: Vec<LayerSpec>,
+    pub input: Vec<usize>,
+    pub int_input: bool,
+    pub config: TrainConfig,
+    pub device: DeviceRef,
+    pub infos: Vec<LayerInfo>,
+    pub epochs: usize,
+    net: Net,
+    optim: ModuleOptimizer,
+    scheduler: Option<ModuleLrScheduler>,
+    rng: u64,
+}
+
+fn optimizer(c: &TrainConfig) -> ModuleOptimizer {
+    let decay = c.weight_decay.map(|w| WeightDecayConfig::new(w as f32));
+    let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.epsilon as f32);
+    let optim = match c.optimizer {
+        OptimizerKind::Adam => AdamConfig::new().with_beta_1(b1).with_beta_2(b2).with_epsilon(eps).with_weight_decay(decay).init(),
+        OptimizerKind::AdamW => AdamWConfig::new()
+            .with_beta_1(b1)
+            .with_beta_2(b2)
+            .with_epsilon(eps)
+            .with_weight_decay(c.weight_decay.unwrap_or(1e-4) as f32)
+            .init(),
+        OptimizerKind::Sgd => SgdConfig::new()
+            .with_weight_decay(decay)
+            .with_momentum(c.momentum.filter(|m| *m > 0.0).map(|m| MomentumConfig::new().with_momentum(m).with_dampening(0.0)))
+            .init(),
+        OptimizerKind::RmsProp => RmsPropConfig::new()
+            .with_alpha(b1)
+            .with_epsilon(eps)
+            .with_momentum(c.momentum.unwrap_or(0.0) as f32)
+            .with_weight_decay(decay)
+            .init(),
+    };
+    match c.clip_norm {
+        Some(n) => optim.with_grad_clipping(GradientClippingConfig::Norm(n as f32).init()),
+        None => optim,
+    }
+}
+
+/// Burn's optimizers hold one clipping rule; when value clipping is asked for as well, it is
+/// applied here, with Burn's own `GradientClipping`, before the optimizer's norm clipping.
+struct ClipValues<'a> {
+    grads: &'a mut GradientsParams,
+    clip: GradientClipping,
+}
+
+impl ModuleVisitor for ClipValues<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(g) = self.grads.remove::<D>(param.id) {
+            self.grads.register::<D>(param.id, self.clip.clip_gradient(g));
+        }
+    }
+}
+
+fn batch_rows(h: &Handle, idx: &[i64]) -> ExResult<DispatchTensor> {
+    let ids = TensorData::new(idx.to_vec(), [idx.len()]);
+    let ids = dispatch::from_data(ids, &h.device.burn()?);
+    Ok(if h.ty.is_float() {
+        Dispatch::float_select(h.prim.clone(), 0, ids)
+    } else {
+        Dispatch::int_select(h.prim.clone(), 0, ids)
+    })
+}
+
+impl Trainer {
+    pub fn new(specs: Vec<LayerSpec>, input: Vec<usize>, int_input: bool, config: TrainConfig, device: DeviceRef, seed: u64) -> ExResult<Self> {
+        let burn_device = device.burn()?;
+        burn_device.seed(seed);
+        let (net, infos) = net::build(&specs, &input, int_input, &burn_device.clone().autodiff())?;
+        let optim = optimizer(&config);
+        Ok(Trainer { specs, input, int_input, config, device, infos, epochs: 0, net, optim, scheduler: None, rng: seed | 1 })
+    }
+
+    pub fn num_params(&self) -> usize {
+        self.net.num_params()
+    }
+
+    /// Installs a per-epoch schedule starting from `base` (`Constant` removes it).
+    pub fn set_schedule(&mut self, schedule: Schedule, base: f64) -> ExResult<()> {
+        let bad = |e: String| ExError::invalid(format!("invalid learning-rate schedule: {e}"));
+        self.scheduler = match schedule {
+            Schedule::Constant => None,
+            Schedule::Step { step, gamma } => Some(StepLrSchedulerConfig::new(base, step).with_gamma(gamma).init().map_err(bad)?),
+            Schedule::Exponential { gamma } => Some(ExponentialLrSchedulerConfig::new(base, gamma).init().map_err(bad)?),
+            Schedule::Cosine { min, epochs } => {
+                Some(CosineAnnealingLrSchedulerConfig::new(base, epochs.max(1)).with_min_lr(min).init().map_err(bad)?)
+            }
+        };
+        Ok(())
+    }
+
+    fn next_rand(&mut self) -> u64 {
+        // xorshift64*: shuffling needs speed and reproducibility, not cryptographic quality.
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn check_data(&self, x: &Handle, y: Option<&Handle>) -> ExResult<usize> {
+        let n = *x.shape.first().unwrap_or(&0);
+        if x.shape.len() < 2 || x.shape[1..] != self.input[..] || x.ty.is_float() == self.int_input {
+            let mut expected = vec![0];
+            expected.extend(&self.input);
+            return Err(ExError::invalid_with(
+                "inputs do not match the model's input shape",
+                vec![("expected", Detail::Dims(expected)), ("got", Detail::Dims(x.shape.clone())), ("type", Detail::Type(x.ty))],
+            ));
+        }
+        if let Some(y) = y {
+            if y.shape.first() != Some(&n) {
+                return Err(ExError::invalid_with(
+                    "inputs and targets have different numbers of samples",
+                    vec![("inputs", Detail::Dims(x.shape.clone())), ("targets", Detail::Dims(y.shape.clone()))],
+                ));
+            }
+        }
+        if n == 0 {
+            return Err(ExError::invalid("no samples"));
+        }
+        Ok(n)
+    }
+
+    fn inputs(&self, x: &Handle, idx: &[i64], autodiff: bool) -> ExResult<Act> {
+        let rows = batch_rows(x, idx)?;
+        let rows = dispatch::cast(rows, if self.int_input { DType::I64 } else { DType::F32 });
+        let rows = if autodiff { lift(rows) } else { rows };
+        Act::from_dispatch(rows, x.shape.len(), self.int_input)
+    }
+
+    fn targets(&self, y: &Handle, idx: &[i64], autodiff: bool) -> ExResult<Target> {
+        let rows = batch_rows(y, idx)?;
+        if self.config.loss == LossKind::CrossEntropy && !y.ty.is_float() && y.shape.len() == 1 {
+            return Ok(Target::Classes(Tensor::<1, Int>::from_dispatch(dispatch::cast(rows, DType::I64))));
+        }
+        let rows = dispatch::cast(rows, DType::F32);
+        Ok(Target::Values(if autodiff { lift(rows) } else { rows }))
+    }
+
+    /// Runs one epoch and returns its mean training loss.
+    pub fn train_epoch(&mut self, x: &Handle, y: &Handle, batch_size: usize, shuffle: bool, cancel: &AtomicBool) -> ExResult<f64> {
+        let n = self.check_data(x, Some(y))?;
+        let batch_size = batch_size.max(1);
+        let mut order: Vec<i64> = (0..n as i64).collect();
+        if shuffle {
+            for i in (1..n).rev() {
+                let j = (self.next_rand() % (i as u64 + 1)) as usize;
+                order.swap(i, j);
+            }
+        }
+        let lr = match self.scheduler.as_mut() {
+            Some(s) => s.step(),
+            None => self.config.learning_rate.into(),
+        };
+        let (mut net, mut optim) = (self.net.clone(), self.optim.clone());
+        let mut total: Option<Tensor<1>> = None;
+        for chunk in order.chunks(batch_size) {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(ExError::invalid("training was cancelled"));
+            }
+            let out = net.forward(self.inputs(x, chunk, true)?)?;
+            let loss = loss::compute(self.config.loss, out, &self.targets(y, chunk, true)?, net.last_activation())?;
+            let weighted = loss.clone().detach().mul_scalar(chunk.len() as f64);
+            total = Some(match total {
+                Some(t) => t + weighted,
+                None => weighted,
+            });
+            let mut grads = GradientsParams::from_grads(loss.backward(), &net);
+            if let Some(v) = self.config.clip_value {
+                net.visit(&mut ClipValues { grads: &mut grads, clip: GradientClippingConfig::Value(v as f32).init() });
+            }
+            net = optim.step(lr.clone(), net, grads);
+        }
+        let total = scalar(total.expect("n > 0 gives at least one batch"))?;
+        if !total.is_finite() {
+            return Err(ExError::invalid("training diverged: the loss is not finite (try a lower learning rate)"));
+        }
+        self.net = net;
+        self.optim = optim;
+        self.epochs += 1;
+        Ok(total / n as f64)
+    }
+
+    /// Mean loss over the data, in inference mode (dropout off, batch norm on running stats).
+    pub fn evaluate(&self, x: &Handle, y: &Handle, batch_size: usize) -> ExResult<f64> {
+        let n = self.check_data(x, Some(y))?;
+        let net = self.net.valid();
+        let order: Vec<i64> = (0..n as i64).collect();
+        let mut total = 0.0;
+        for chunk in order.chunks(batch_size.max(1)) {
+            let out = net.forward(self.inputs(x, chunk, false)?)?;
+            let loss = loss::compute(self.config.loss, out, &self.targets(y, chunk, false)?, net.last_activation())?;
+            total += scalar(loss)? * chunk.len() as f64;
+        }
+        Ok(total / n as f64)
+    }
+
+    pub fn predict(&self, x: &Handle, batch_size: usize) -> ExResult<Handle> {
+        let n = self.check_data(x, None)?;
+        let net = self.net.valid();
+        let order: Vec<i64> = (0..n as i64).collect();
+        let mut parts = Vec::new();
+        let mut dims = Vec::new();
+        for chunk in order.chunks(batch_size.max(1)) {
+            let out = net.forward(self.inputs(x, chunk, false)?)?;
+            dims = out.dims();
+            parts.push(out.into_dispatch());
+        }
+        dims[0] = n;
+        let prim = if parts.len() == 1 { parts.pop().unwrap() } else { dispatch::cat(parts, 0) };
+        Ok(Handle::new(prim, NxType::F(32), dims, self.device))
+    }
+
+    /// Weights as Burn's burnpack record bytes.
+    pub fn to_bytes(&self) -> ExResult<Vec<u8>> {
+        let record = self.net.clone().into_record();
+        let bytes = record.into_bytes().map_err(|e| ExError::invalid(format!("cannot serialise the model: {e:?}")))?;
+        Ok(bytes.to_vec())
+    }
+
+    /// Loads weights saved by `to_bytes` from a model of the same architecture.
+    pub fn load_bytes(&mut self, bytes: Vec<u8>) -> ExResult<()> {
+        let bad = |e: String| ExError::invalid_with("cannot load the model weights", vec![("cause", Detail::Text(e))]);
+        let record = ModuleRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes)).map_err(|e| bad(format!("{e:?}")))?;
+        let net = crate::error::catch(|| self.net.clone().try_load_record(record).map_err(|e| bad(format!("{e:?}"))))?;
+        self.net = net;
+        self.optim = optimizer(&self.config);
+        Ok(())
+    }
+
+    pub fn net(&self) -> &Net {
+        &self.net
+    }
+}
+
+/// A plain tensor joined to the autodiff graph as a constant.
+fn lift(t: DispatchTensor) -> DispatchTensor {
+    if burn::backend::TensorMetadata::dtype(&t).is_float() {
+        Tensor::<1>::from_dispatch(t).autodiff().into_dispatch()
+    } else {
+        t
+    }
+}
+
+fn scalar(t: Tensor<1>) -> ExResult<f64> {
+    let data = t.inner().cast(DType::F64).try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
+    Ok(data.as_slice::<f64>().map_err(|e| ExError::Execution(format!("{e:?}")))?[0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::spec::Activation;
+    use crate::testing::*;
+
+    fn xor() -> (Handle, Handle) {
+        (f32s(&[0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], &[4, 2]), i64s(&[0, 1, 1, 0], &[4]))
+    }
+
+    fn xor_trainer() -> Trainer {
+        let specs = vec![
+            LayerSpec::Dense { units: 8, bias: true },
+            LayerSpec::Activation(Activation::Tanh),
+            LayerSpec::Dense { units: 2, bias: true },
+        ];
+        let config = TrainConfig { loss: LossKind::CrossEntropy, learning_rate: 0.05, ..TrainConfig::default() };
+        Trainer::new(specs, vec![2], false, config, DeviceRef::CPU, 42).unwrap()
+    }
+
+    fn argmax_rows(h: &Handle) -> Vec<i64> {
+        ints(&crate::ops::reduce::arg_reduce("argmax", h, Some(1), false, false, NxType::S(64)).unwrap())
+    }
+
+    #[test]
+    fn xor_is_learned_and_survives_a_save_load_round_trip() {
+        let (x, y) = xor();
+        let mut t = xor_trainer();
+        let never = AtomicBool::new(false);
+        let first = t.train_epoch(&x, &y, 4, true, &never).unwrap();
+        let mut last = first;
+        for _ in 0..300 {
+            last = t.train_epoch(&x, &y, 4, true, &never).unwrap();
+        }
+        assert!(last < first * 0.1, "loss {first} -> {last}");
+        let pred = t.predict(&x, 2).unwrap();
+        assert_eq!(pred.shape, vec![4, 2]);
+        assert_eq!(argmax_rows(&pred), vec![0, 1, 1, 0]);
+        assert!(t.evaluate(&x, &y, 4).unwrap() < 0.1);
+
+        let bytes = t.to_bytes().unwrap();
+        let mut fresh = xor_trainer();
+        fresh.load_bytes(bytes).unwrap();
+        assert_eq!(fresh.predict(&x, 4).unwrap().to_bytes().unwrap(), pred.to_bytes().unwrap());
+        assert!(fresh.load_bytes(vec![1, 2, 3]).is_err(), "corrupt bytes are an error");
+    }
+
+    #[test]
+    fn a_cancelled_epoch_leaves_the_model_unchanged() {
+        let (x, y) = xor();
+        let mut t = xor_trainer();
+        let before = t.predict(&x, 4).unwrap().to_bytes().unwrap();
+        assert!(t.train_epoch(&x, &y, 1, false, &AtomicBool::new(true)).is_err());
+        assert_eq!(t.epochs, 0);
+        assert_eq!(t.predict(&x, 4).unwrap().to_bytes().unwrap(), before);
+    }
+
+    #[test]
+    fn schedules_and_clipping_train() {
+        let (x, y) = xor();
+        for (schedule, config) in [
+            (Schedule::Step { step: 2, gamma: 0.5 }, TrainConfig { optimizer: OptimizerKind::Sgd, momentum: Some(0.9), clip_norm: Some(1.0), ..TrainConfig::default() }),
+            (Schedule::Exponential { gamma: 0.9 }, TrainConfig { optimizer: OptimizerKind::RmsProp, clip_value: Some(0.5), ..TrainConfig::default() }),
+            (Schedule::Cosine { min: 1e-5, epochs: 5 }, TrainConfig { optimizer: OptimizerKind::AdamW, weight_decay: Some(0.01), clip_norm: Some(1.0), clip_value: Some(0.1), ..TrainConfig::default() }),
+        ] {
+            let config = TrainConfig { loss: LossKind::CrossEntropy, learning_rate: 0.01, ..config };
+            let mut t = Trainer::new(vec![LayerSpec::Dense { units: 2, bias: true }], vec![2], false, config, DeviceRef::CPU, 1).unwrap();
+            t.set_schedule(schedule, 0.01).unwrap();
+            for _ in 0..5 {
+                assert!(t.train_epoch(&x, &y, 2, true, &AtomicBool::new(false)).unwrap().is_finite());
+            }
+            assert_eq!(t.epochs, 5);
+        }
+    }
+
+    #[test]
+    fn mismatched_data_is_an_error() {
+        let mut t = xor_trainer();
+        let never = AtomicBool::new(false);
+        let err = t.train_epoch(&f32s(&[1.0, 2.0, 3.0], &[1, 3]), &i64s(&[0], &[1]), 1, false, &never).unwrap_err();
+        assert!(err.to_string().contains("input shape"), "{err}");
+        let (x, _) = xor();
+        assert!(t.train_epoch(&x, &i64s(&[0, 1], &[2]), 1, false, &never).is_err());
+    }
+}

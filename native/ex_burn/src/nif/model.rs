@@ -1,0 +1,293 @@
+//! Model NIFs: build, train one epoch, evaluate, predict, serialise.
+//!
+//! Layers arrive as `{kind, opts}` with `opts` a keyword list whose defaults Elixir has already
+//! filled in; the training configuration arrives as a map.
+
+use std::panic::{RefUnwindSafe, UnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use rustler::{Binary, Encoder, Env, ResourceArc, Term};
+
+use super::resource::{arg, BinaryOut, TensorOut};
+use super::{atoms, guard, term};
+use crate::error::{ExError, ExResult};
+use crate::model::spec::{Activation, LayerSpec, LossKind, OptimizerKind, Padding, Schedule, TrainConfig};
+use crate::model::train::Trainer;
+
+pub struct ModelRes {
+    trainer: Mutex<Trainer>,
+    cancel: AtomicBool,
+}
+
+// The trainer is only replaced whole at the end of an epoch (see `Trainer::train_epoch`), so an
+// unwind through the lock leaves the previous, consistent model behind.
+impl UnwindSafe for ModelRes {}
+impl RefUnwindSafe for ModelRes {}
+
+#[rustler::resource_impl]
+impl rustler::Resource for ModelRes {}
+
+fn model(term: Term) -> ExResult<ResourceArc<ModelRes>> {
+    term.decode().map_err(|_| ExError::Arg { name: "model", expected: "an ExBurn model reference" })
+}
+
+fn lock(m: &ModelRes) -> MutexGuard<'_, Trainer> {
+    m.trainer.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A keyword list, decoded.
+type Opts<'a> = [(Term<'a>, Term<'a>)];
+
+/// Looks up `key` in a keyword list.
+fn opt<'a>(opts: &Opts<'a>, key: &str) -> Option<Term<'a>> {
+    opts.iter().find(|(k, _)| k.atom_to_string().map(|s| s == key).unwrap_or(false)).map(|(_, v)| *v)
+}
+
+fn req_usize<'a>(opts: &Opts<'a>, key: &'static str) -> ExResult<usize> {
+    opt(opts, key).ok_or(ExError::Arg { name: key, expected: "a non-negative integer" }).and_then(|t| term::usize_arg(t, key))
+}
+
+fn num(t: Term, name: &'static str) -> ExResult<f64> {
+    t.decode::<f64>()
+        .or_else(|_| t.decode::<i64>().map(|i| i as f64))
+        .map_err(|_| ExError::Arg { name, expected: "a number" })
+}
+
+fn opt_num<'a>(opts: &Opts<'a>, key: &'static str, default: f64) -> ExResult<f64> {
+    match opt(opts, key) {
+        Some(t) if !term::is_nil(t) => num(t, key),
+        _ => Ok(default),
+    }
+}
+
+fn opt_bool<'a>(opts: &Opts<'a>, key: &'static str, default: bool) -> ExResult<bool> {
+    opt(opts, key).map_or(Ok(default), |t| term::boolean(t, key))
+}
+
+fn sizes<'a>(opts: &Opts<'a>, key: &'static str, default: Option<Vec<usize>>) -> ExResult<Vec<usize>> {
+    match opt(opts, key) {
+        Some(t) if t.decode::<u64>().is_ok() => Ok(vec![term::usize_arg(t, key)?]),
+        Some(t) => term::usizes(t, key),
+        None => default.ok_or(ExError::Arg { name: key, expected: "an integer or a list of integers" }),
+    }
+}
+
+fn padding<'a>(opts: &Opts<'a>) -> ExResult<Padding> {
+    match opt(opts, "padding").map(|t| term::atom(t, "padding")).transpose()?.as_deref() {
+        None | Some("valid") => Ok(Padding::Valid),
+        Some("same") => Ok(Padding::Same),
+        Some(_) => Err(ExError::Arg { name: "padding", expected: ":valid or :same" }),
+    }
+}
+
+fn activation<'a>(name: &str, opts: &Opts<'a>) -> ExResult<Option<Activation>> {
+    Ok(Some(match name {
+        "relu" => Activation::Relu,
+        "gelu" => Activation::Gelu,
+        "sigmoid" => Activation::Sigmoid,
+        "tanh" => Activation::Tanh,
+        "softmax" => Activation::Softmax,
+        "log_softmax" => Activation::LogSoftmax,
+        "leaky_relu" => Activation::LeakyRelu(opt_num(opts, "alpha", 0.01)?),
+        "silu" => Activation::Silu,
+        _ => return Ok(None),
+    }))
+}
+
+fn layer(t: Term) -> ExResult<LayerSpec> {
+    let (kind, opts): (Term, Vec<(Term, Term)>) =
+        t.decode().map_err(|_| ExError::Arg { name: "layers", expected: "a list of {kind, keyword_options}" })?;
+    let kind = term::atom(kind, "layer kind")?;
+    let o = &opts;
+    Ok(match kind.as_str() {
+        "dense" => LayerSpec::Dense { units: req_usize(o, "units")?, bias: opt_bool(o, "use_bias", true)? },
+        "conv1d" => LayerSpec::Conv1d {
+            filters: req_usize(o, "filters")?,
+            kernel: sizes(o, "kernel_size", None)?[0],
+            stride: sizes(o, "strides", Some(vec![1]))?[0],
+            padding: padding(o)?,
+        },
+        "conv2d" => {
+            let k = sizes(o, "kernel_size", None)?;
+            let s = sizes(o, "strides", Some(vec![1]))?;
+            let pair = |v: &[usize]| if v.len() == 1 { [v[0], v[0]] } else { [v[0], v[1]] };
+            LayerSpec::Conv2d { filters: req_usize(o, "filters")?, kernel: pair(&k), stride: pair(&s), padding: padding(o)? }
+        }
+        "max_pool" | "avg_pool" => {
+            let kernel = sizes(o, "kernel_size", Some(vec![2]))?;
+            let stride = sizes(o, "strides", Some(kernel.clone()))?;
+            if kind == "max_pool" { LayerSpec::MaxPool { kernel, stride } } else { LayerSpec::AvgPool { kernel, stride } }
+        }
+        "global_avg_pool" => LayerSpec::GlobalAvgPool,
+        "flatten" => LayerSpec::Flatten,
+        "dropout" => LayerSpec::Dropout { rate: opt_num(o, "rate", 0.5)? },
+        "batch_norm" => LayerSpec::BatchNorm { epsilon: opt_num(o, "epsilon", 1e-5)?, momentum: opt_num(o, "momentum", 0.1)? },
+        "layer_norm" => LayerSpec::LayerNorm { epsilon: opt_num(o, "epsilon", 1e-5)? },
+        "embedding" => LayerSpec::Embedding { vocab: req_usize(o, "vocab_size")?, dim: req_usize(o, "embedding_size")? },
+        "lstm" | "gru" => {
+            let hidden = req_usize(o, "units")?;
+            let return_sequences = opt_bool(o, "return_sequences", true)?;
+            if kind == "lstm" { LayerSpec::Lstm { hidden, return_sequences } } else { LayerSpec::Gru { hidden, return_sequences } }
+        }
+        other => match activation(other, o)? {
+            Some(a) => LayerSpec::Activation(a),
+            None => {
+                return Err(ExError::invalid_with(
+                    "unsupported layer",
+                    vec![("layer", crate::error::Detail::Text(other.to_string()))],
+                ))
+            }
+        },
+    })
+}
+
+fn config(t: Term) -> ExResult<TrainConfig> {
+    let map: Vec<(Term, Term)> = rustler::types::map::MapIterator::new(t)
+        .ok_or(ExError::Arg { name: "config", expected: "a map" })?
+        .collect();
+    let d = TrainConfig::default();
+    let choice = |key: &'static str| -> ExResult<Option<String>> { opt(&map, key).map(|v| term::atom(v, key)).transpose() };
+    let loss = match choice("loss")?.as_deref() {
+        None | Some("mse") => LossKind::Mse,
+        Some("cross_entropy") | Some("categorical_cross_entropy") => LossKind::CrossEntropy,
+        Some("binary_cross_entropy") => LossKind::BinaryCrossEntropy,
+        Some(_) => return Err(ExError::Arg { name: "loss", expected: ":cross_entropy, :mse or :binary_cross_entropy" }),
+    };
+    let optimizer = match choice("optimizer")?.as_deref() {
+        None | Some("adam") => OptimizerKind::Adam,
+        Some("adamw") => OptimizerKind::AdamW,
+        Some("sgd") => OptimizerKind::Sgd,
+        Some("rmsprop") => OptimizerKind::RmsProp,
+        Some(_) => return Err(ExError::Arg { name: "optimizer", expected: ":adam, :adamw, :sgd or :rmsprop" }),
+    };
+    let maybe = |key: &'static str| -> ExResult<Option<f64>> {
+        match opt(&map, key) {
+            Some(v) if !term::is_nil(v) => num(v, key).map(Some),
+            _ => Ok(None),
+        }
+    };
+    Ok(TrainConfig {
+        loss,
+        optimizer,
+        learning_rate: maybe("learning_rate")?.unwrap_or(d.learning_rate),
+        weight_decay: maybe("weight_decay")?,
+        momentum: maybe("momentum")?,
+        beta1: maybe("beta1")?.unwrap_or(d.beta1),
+        beta2: maybe("beta2")?.unwrap_or(d.beta2),
+        epsilon: maybe("epsilon")?.unwrap_or(d.epsilon),
+        clip_norm: maybe("clip_norm")?,
+        clip_value: maybe("clip_value")?,
+    })
+}
+
+fn summary<'a>(env: Env<'a>, t: &Trainer) -> Term<'a> {
+    let layers: Vec<Term> = t
+        .infos
+        .iter()
+        .map(|i| (rustler::Atom::from_str(env, i.name).unwrap(), term::shape(env, &i.output), i.params as u64).encode(env))
+        .collect();
+    (layers, t.num_params() as u64, t.epochs as u64).encode(env)
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn model_new<'a>(env: Env<'a>, layers: Term<'a>, input: Term<'a>, int_input: Term<'a>, cfg: Term<'a>, device: Term<'a>, seed: Term<'a>) -> Term<'a> {
+    guard(env, "compile", || {
+        let specs: Vec<Term> = layers.decode().map_err(|_| ExError::Arg { name: "layers", expected: "a list" })?;
+        let specs = specs.into_iter().map(layer).collect::<ExResult<Vec<_>>>()?;
+        let input = term::usizes(input, "input_shape")?;
+        let int_input = term::boolean(int_input, "integer_input")?;
+        let seed: u64 = seed.decode().map_err(|_| ExError::Arg { name: "seed", expected: "a non-negative integer" })?;
+        let trainer = Trainer::new(specs, input, int_input, config(cfg)?, term::decode_device(device)?, seed)?;
+        let info = summary(env, &trainer);
+        let res = ResourceArc::new(ModelRes { trainer: Mutex::new(trainer), cancel: AtomicBool::new(false) });
+        Ok((res, info).encode(env))
+    })
+}
+
+#[rustler::nif]
+fn model_summary<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
+    guard(env, "summary", || Ok(summary(env, &lock(&*model(m)?))))
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn model_set_schedule<'a>(env: Env<'a>, m: Term<'a>, schedule: Term<'a>) -> Term<'a> {
+    guard(env, "fit", || {
+        let m = model(m)?;
+        let bad = || ExError::Arg {
+            name: "lr_schedule",
+            expected: "nil, {:step, base, step, gamma}, {:exponential, base, gamma} or {:cosine, base, min}",
+        };
+        if term::is_nil(schedule) {
+            let mut t = lock(&m);
+            let base = t.config.learning_rate;
+            t.set_schedule(Schedule::Constant, base)?;
+            return Ok(atoms::ok());
+        }
+        let parts = rustler::types::tuple::get_tuple(schedule).map_err(|_| bad())?;
+        let kind = parts.first().map(|k| term::atom(*k, "lr_schedule")).transpose()?.ok_or_else(bad)?;
+        let f = |i: usize| parts.get(i).ok_or_else(bad).and_then(|t| num(*t, "lr_schedule"));
+        let (schedule, base) = match (kind.as_str(), parts.len()) {
+            ("step", 4) => (Schedule::Step { step: f(2)?.max(1.0) as usize, gamma: f(3)? }, f(1)?),
+            ("exponential", 3) => (Schedule::Exponential { gamma: f(2)? }, f(1)?),
+            ("cosine", 4) => (Schedule::Cosine { min: f(2)?, epochs: f(3)?.max(1.0) as usize }, f(1)?),
+            _ => return Err(bad()),
+        };
+        lock(&m).set_schedule(schedule, base)?;
+        Ok(atoms::ok())
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn model_train_epoch<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, y: Term<'a>, batch_size: Term<'a>, shuffle: Term<'a>) -> Term<'a> {
+    guard(env, "fit", || {
+        let m = model(m)?;
+        let (x, y) = (arg(x)?, arg(y)?);
+        let (bs, shuffle) = (term::usize_arg(batch_size, "batch_size")?, term::boolean(shuffle, "shuffle")?);
+        let loss = lock(&m).train_epoch(&x, &y, bs, shuffle, &m.cancel);
+        loss
+    })
+}
+
+#[rustler::nif]
+fn model_cancel<'a>(env: Env<'a>, m: Term<'a>, flag: Term<'a>) -> Term<'a> {
+    guard(env, "cancel", || {
+        model(m)?.cancel.store(term::boolean(flag, "flag")?, Ordering::Relaxed);
+        Ok(atoms::ok())
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn model_evaluate<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, y: Term<'a>, batch_size: Term<'a>) -> Term<'a> {
+    guard(env, "evaluate", || {
+        let m = model(m)?;
+        let bs = term::usize_arg(batch_size, "batch_size")?;
+        let t = lock(&m);
+        t.evaluate(&arg(x)?, &arg(y)?, bs)
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn model_predict<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, batch_size: Term<'a>) -> Term<'a> {
+    guard(env, "predict", || {
+        let m = model(m)?;
+        let bs = term::usize_arg(batch_size, "batch_size")?;
+        let t = lock(&m);
+        Ok(TensorOut(t.predict(&arg(x)?, bs)?))
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn model_to_bytes<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
+    guard(env, "save", || Ok(BinaryOut::new(&lock(&*model(m)?).to_bytes()?)))
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn model_load_bytes<'a>(env: Env<'a>, m: Term<'a>, bytes: Term<'a>) -> Term<'a> {
+    guard(env, "load", || {
+        let m = model(m)?;
+        let bin: Binary = bytes.decode().map_err(|_| ExError::Arg { name: "bytes", expected: "a binary" })?;
+        lock(&m).load_bytes(bin.as_slice().to_vec())?;
+        Ok(atoms::ok())
+    })
+}
