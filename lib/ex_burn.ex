@@ -23,41 +23,14 @@ defmodule ExBurn do
   end
 
   @doc """
-  The device new tensors go to when no `:device` option is given: `config :ex_burn, device: ...`,
-  else the `EXBURN_DEVICE` environment variable (`cpu`, `vulkan`, `vulkan:1`, ...), else
-  `{:cpu, 0}`.
+  The device new tensors go to when no `:device` option is given. See `ExBurn.Device.default/0`:
+  `configure!/1`, else `config :ex_burn, device: ...`, else `EXBURN_DEVICE`, else `:auto`.
   """
-  def default_device do
-    case Application.get_env(:ex_burn, :device) || System.get_env("EXBURN_DEVICE") do
-      nil -> {:cpu, 0}
-      "" -> {:cpu, 0}
-      spec -> parse_device(spec)
-    end
-  end
+  defdelegate default_device, to: ExBurn.Device, as: :default
 
-  @kinds ~w(cpu vulkan metal cuda rocm)a
-
-  defp parse_device(kind) when kind in @kinds, do: {kind, 0}
-
-  defp parse_device({kind, index} = device) when kind in @kinds and is_integer(index) and index >= 0,
-    do: device
-
-  defp parse_device(spec) when is_binary(spec) do
-    with [kind | rest] <- String.split(String.trim(spec), ":"),
-         kind when kind in @kinds <- Enum.find(@kinds, &(Atom.to_string(&1) == kind)),
-         {index, ""} <- Integer.parse(List.first(rest) || "0") do
-      parse_device({kind, index})
-    else
-      _ -> invalid_device(spec)
-    end
-  end
-
-  defp parse_device(spec), do: invalid_device(spec)
-
-  defp invalid_device(spec) do
-    raise ExBurn.Error,
-      op: :default_device,
-      reason: "invalid device (expected cpu, vulkan, metal, cuda or rocm, optionally :index)",
-      details: %{device: spec}
-  end
+  @doc """
+  Sets the default device: `configure!(device: :auto | :cpu | :vulkan | :metal | :cuda | :rocm |
+  {kind, index})`. Raises `ExBurn.Error` when the device is not usable here.
+  """
+  defdelegate configure!(opts), to: ExBurn.Device
 end

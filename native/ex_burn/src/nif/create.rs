@@ -104,6 +104,27 @@ fn devices(env: Env) -> Term {
     })
 }
 
+/// `{device, reason}`: what `:auto` picks on this machine, and why.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn auto_device(env: Env) -> Term {
+    guard(env, "auto_device", || {
+        let (device, reason) = crate::device::auto();
+        Ok((term::device(env, device), reason).encode(env))
+    })
+}
+
+/// The device kinds compiled into this library (`:cpu` always).
+#[rustler::nif]
+fn compiled_kinds(env: Env) -> Term {
+    guard(env, "compiled_kinds", || {
+        let kinds: Vec<Term> = crate::device::DeviceKind::compiled()
+            .into_iter()
+            .map(|k| rustler::Atom::from_str(env, k.name()).unwrap().encode(env))
+            .collect();
+        Ok(kinds)
+    })
+}
+
 #[rustler::nif(schedule = "DirtyCpu")]
 fn supports_type<'a>(env: Env<'a>, device: Term<'a>, ty: Term<'a>) -> Term<'a> {
     guard(env, "supports_type", || term::decode_device(device)?.supports(term::decode_type(ty)?))

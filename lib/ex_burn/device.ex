@@ -1,0 +1,120 @@
+defmodule ExBurn.Device do
+  @moduledoc """
+  Devices, picked at load time from the backends compiled into the native library.
+
+  A device is `{kind, index}` with kind `:cpu` (Burn's `flex` backend, always present),
+  `:vulkan`, `:metal`, `:cuda` or `:rocm` (each a cargo feature, see the README). Specs accepted
+  wherever a device is asked for: `:auto`, a kind (index 0), `{kind, index}`, or a string such as
+  `"vulkan:1"` (the form `EXBURN_DEVICE` takes).
+
+  `:auto` tries CUDA, ROCm, Metal, Vulkan, then the CPU, among the kinds compiled in. It skips
+  software adapters (lavapipe, llvmpipe: they enumerate as Vulkan devices but are slower than the
+  CPU backend and crash on some kernels) and any device that fails a one-element test upload, and
+  logs what it chose and why, once per VM.
+  """
+
+  require Logger
+
+  @kinds ~w(cpu vulkan metal cuda rocm)a
+  @default_key {__MODULE__, :default}
+  @auto_key {__MODULE__, :auto}
+
+  @type t :: {:cpu | :vulkan | :metal | :cuda | :rocm, non_neg_integer}
+
+  @doc "Device kinds compiled into the native library."
+  def compiled_kinds, do: ExBurn.Error.unwrap!(ExBurn.Native.compiled_kinds())
+
+  @doc """
+  What `:auto` picks on this machine, as `{device, reason}`; computed once per VM.
+  """
+  def auto do
+    case :persistent_term.get(@auto_key, nil) do
+      nil ->
+        {device, reason} = ExBurn.Error.unwrap!(ExBurn.Native.auto_device())
+        Logger.info("ExBurn picked #{format(device)} automatically: #{reason}")
+        :persistent_term.put(@auto_key, {device, reason})
+        {device, reason}
+
+      cached ->
+        cached
+    end
+  end
+
+  @doc """
+  The default device: the one given to `configure!/1`, else `config :ex_burn, device: ...`, else
+  the `EXBURN_DEVICE` environment variable, else `:auto`.
+  """
+  def default do
+    case :persistent_term.get(@default_key, nil) do
+      nil ->
+        spec = Application.get_env(:ex_burn, :device) || env_spec() || :auto
+        device = resolve(spec)
+        :persistent_term.put(@default_key, device)
+        device
+
+      device ->
+        device
+    end
+  end
+
+  defp env_spec do
+    case System.get_env("EXBURN_DEVICE") do
+      nil -> nil
+      "" -> nil
+      spec -> spec
+    end
+  end
+
+  @doc """
+  Makes `device` the default: `configure!(device: spec)`. The device must exist here; asking for
+  one that does not raises `ExBurn.Error` and leaves the default as it was.
+  """
+  def configure!(opts) do
+    opts = Keyword.validate!(opts, device: :auto)
+    device = resolve(opts[:device])
+
+    unless available?(device) do
+      raise ExBurn.Error,
+        op: :configure,
+        reason: "device is not available (not compiled in or not present)",
+        details: %{device: device, available: Enum.map(ExBurn.devices(), &{&1.kind, &1.index})}
+    end
+
+    :persistent_term.put(@default_key, device)
+    device
+  end
+
+  @doc "Forgets the cached default, so the next `default/0` reads the configuration again."
+  def reset_default, do: :persistent_term.erase(@default_key)
+
+  @doc "True when `device` is one of `ExBurn.devices/0`."
+  def available?({kind, index}), do: Enum.any?(ExBurn.devices(), &(&1.kind == kind and &1.index == index))
+
+  @doc "Turns a device spec into `{kind, index}`; `:auto` is resolved with `auto/0`."
+  def resolve(:auto), do: elem(auto(), 0)
+  def resolve("auto"), do: resolve(:auto)
+  def resolve(kind) when kind in @kinds, do: {kind, 0}
+  def resolve({kind, index} = device) when kind in @kinds and is_integer(index) and index >= 0, do: device
+
+  def resolve(spec) when is_binary(spec) do
+    with [kind | rest] <- String.split(String.trim(spec), ":"),
+         kind when kind in @kinds <- Enum.find(@kinds, &(Atom.to_string(&1) == kind)),
+         {index, ""} when index >= 0 <- Integer.parse(List.first(rest) || "0") do
+      {kind, index}
+    else
+      _ -> invalid(spec)
+    end
+  end
+
+  def resolve(spec), do: invalid(spec)
+
+  defp invalid(spec) do
+    raise ExBurn.Error,
+      op: :device,
+      reason: "invalid device (expected :auto, cpu, vulkan, metal, cuda or rocm, optionally with an index)",
+      details: %{device: spec}
+  end
+
+  @doc ~S|`{:vulkan, 0}` as `"vulkan:0"`.|
+  def format({kind, index}), do: "#{kind}:#{index}"
+end

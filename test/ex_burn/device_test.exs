@@ -1,0 +1,78 @@
+defmodule ExBurn.DeviceTest do
+  # Changes the VM-wide default device.
+  use ExUnit.Case, async: false
+
+  alias ExBurn.Device
+
+  setup do
+    previous = System.get_env("EXBURN_DEVICE")
+    Device.reset_default()
+
+    on_exit(fn ->
+      if previous, do: System.put_env("EXBURN_DEVICE", previous), else: System.delete_env("EXBURN_DEVICE")
+      Device.reset_default()
+    end)
+  end
+
+  test "device specs resolve to {kind, index}" do
+    for {spec, expected} <- [
+          {:cpu, {:cpu, 0}},
+          {"cpu", {:cpu, 0}},
+          {"vulkan:1", {:vulkan, 1}},
+          {:metal, {:metal, 0}},
+          {{:cuda, 2}, {:cuda, 2}}
+        ] do
+      assert Device.resolve(spec) == expected
+    end
+
+    for bad <- ["tpu", "cpu:x", "vulkan:-1", {:cpu, -1}, :gpu, 3] do
+      error = assert_raise ExBurn.Error, fn -> Device.resolve(bad) end
+      assert error.op == :device
+      assert error.details == %{device: bad}
+    end
+  end
+
+  test "without GPU backends compiled in, :auto picks the cpu and says why for every kind" do
+    assert Device.compiled_kinds() == [:cpu]
+    {device, reason} = Device.auto()
+    assert device == {:cpu, 0}
+
+    assert reason ==
+             "cuda: not compiled in; rocm: not compiled in; metal: not compiled in; " <>
+               "vulkan: not compiled in; cpu: chosen (no usable GPU)"
+
+    assert Device.resolve(:auto) == {:cpu, 0}
+  end
+
+  test "the default comes from EXBURN_DEVICE, else :auto" do
+    System.put_env("EXBURN_DEVICE", "cpu:0")
+    assert ExBurn.default_device() == {:cpu, 0}
+
+    Device.reset_default()
+    System.put_env("EXBURN_DEVICE", "bogus")
+    assert_raise ExBurn.Error, fn -> ExBurn.default_device() end
+
+    Device.reset_default()
+    System.delete_env("EXBURN_DEVICE")
+    assert ExBurn.default_device() == {:cpu, 0}
+  end
+
+  test "configure! accepts available devices and refuses missing ones" do
+    assert ExBurn.configure!(device: :cpu) == {:cpu, 0}
+    assert ExBurn.default_device() == {:cpu, 0}
+
+    error = assert_raise ExBurn.Error, fn -> ExBurn.configure!(device: {:vulkan, 0}) end
+    assert error.op == :configure
+    assert error.details.device == {:vulkan, 0}
+    assert {:cpu, 0} in error.details.available
+    assert ExBurn.default_device() == {:cpu, 0}
+
+    assert ExBurn.configure!(device: :auto) == {:cpu, 0}
+  end
+
+  test "a tensor on a missing device is an error, never a crash" do
+    error = assert_raise ExBurn.Error, fn -> ExBurn.Tensor.zeros({2}, :f32, device: {:cuda, 0}) end
+    assert error.reason =~ "not available"
+    assert ExBurn.Tensor.zeros({2}, :f32) |> ExBurn.Tensor.device() == {:cpu, 0}
+  end
+end
