@@ -259,21 +259,24 @@ if Code.ensure_loaded?(Nx) do
         tail_dims = tl(Tuple.to_list(shape))
         zeros = Enum.map(tail_dims, fn _ -> 0 end)
         take = fn start, len -> ET.slice(x, [start | zeros], [len | tail_dims]) end
-        batches = Enum.map(ranges, fn {s, l} -> take.(s, l) end)
 
-        batches =
+        # Lazy, like BinaryBackend: batches are sliced as the stream is consumed.
+        leftover =
           if rest != 0 and opts[:leftover] == :repeat,
-            do: batches ++ [ET.concatenate([take.(full * batch, rest), take.(0, batch - rest)])],
-            else: batches
+            do: [:wrap],
+            else: []
 
-        Enum.map(batches, &put(out, &1))
+        Stream.map(ranges ++ leftover, fn
+          {s, l} -> put(out, take.(s, l))
+          :wrap -> put(out, ET.concatenate([take.(full * batch, rest), take.(0, batch - rest)]))
+        end)
       else
         Fallback.bump(:to_batched)
         host = Fallback.to_host(t)
         device = device_of([t])
 
         Nx.BinaryBackend.to_batched(out, host, opts)
-        |> Enum.map(&Fallback.from_host(&1, device))
+        |> Stream.map(&Fallback.from_host(&1, device))
       end
     end
 
@@ -398,6 +401,7 @@ if Code.ensure_loaded?(Nx) do
       def unquote(op)(out, l, r) do
         native unquote(op), out, [l, r] do
           d = device_of([l, r])
+          if unquote(op in [:left_shift, :right_shift]), do: check_shift!(unquote(op), r, d)
 
           compute =
             if unquote(op in @merged_compute),
@@ -408,6 +412,19 @@ if Code.ensure_loaded?(Nx) do
         end
       end
     end
+
+    # Like BinaryBackend, a negative shift amount is an ArgumentError rather than a
+    # device-defined result.
+    defp check_shift!(op, %T{type: {:s, _}} = r, device) do
+      min = et(r, device) |> ET.reduce_min() |> ET.to_flat_list() |> hd()
+
+      if min < 0 do
+        verb = if op == :left_shift, do: "left", else: "right"
+        raise ArgumentError, "cannot #{verb} shift by #{min}"
+      end
+    end
+
+    defp check_shift!(_op, _r, _device), do: :ok
 
     @nx_unary Enum.map(Nx.Shared.unary_math_funs(), &elem(&1, 0)) ++
                 [:abs, :bitwise_not, :ceil, :floor, :negate, :round, :sign] ++
@@ -462,11 +479,28 @@ if Code.ensure_loaded?(Nx) do
       @impl true
       def unquote(op)(out, t, opts) do
         native unquote(op), out, [t, opts] do
-          keep = opts[:keep_axis] == true
-          tie = opts[:tie_break] || :low
-          answer = Native.arg_reduce(unquote(op), ref(t, nil), opts[:axis], keep, tie, out.type)
-          put(out, wrap_native(answer))
+          put(out, arg_reduce(unquote(op), et(t, nil), opts, out.type))
         end
+      end
+    end
+
+    # Nx ranks NaN above everything for both argmax and argmin (BinaryBackend's comparisons
+    # return NaN's position), while Burn's comparisons are false on NaN. A float tensor that
+    # holds a NaN (one read to find out) takes the first NaN's index where its slice has one.
+    defp arg_reduce(op, x, opts, type) do
+      keep = opts[:keep_axis] == true
+      tie = opts[:tie_break] || :low
+      axis = opts[:axis]
+      plain = wrap_native(Native.arg_reduce(op, x.ref, axis, keep, tie, type))
+
+      if Type.float?(x.type) and ET.any(ET.is_nan(x)) |> ET.to_flat_list() == [1] do
+        nan = ET.is_nan(x)
+        first_nan = wrap_native(Native.arg_reduce(:argmax, nan.ref, axis, keep, tie, type))
+        axes = if axis, do: [axis], else: nil
+        has_nan = wrap_native(Native.reduce(:any, nan.ref, axes, keep, {:u, 8}))
+        ET.select(has_nan, first_nan, plain) |> ET.as_type(type)
+      else
+        plain
       end
     end
 
@@ -481,20 +515,206 @@ if Code.ensure_loaded?(Nx) do
 
     ## Blocks
 
+    @cumulative %{
+      Nx.Block.CumulativeSum => :cumulative_sum,
+      Nx.Block.CumulativeProduct => :cumulative_product,
+      Nx.Block.CumulativeMin => :cumulative_min,
+      Nx.Block.CumulativeMax => :cumulative_max
+    }
+
     @impl true
-    def block(struct, _output, args, fun), do: apply(fun, [struct | args])
+    def block(%mod{} = struct, output, args, fun) do
+      if native_block?(mod, output, args) do
+        native_block(struct, output, args)
+      else
+        apply(fun, [struct | args])
+      end
+    end
+
+    defp native_block?(mod, output, args) do
+      (Map.has_key?(@cumulative, mod) or
+         mod in [Nx.Block.Take, Nx.Block.TakeAlongAxis, Nx.Block.TopK, Nx.Block.LogicalNot]) and
+        output |> List.wrap() |> Enum.flat_map(&flat_templates/1) |> Enum.all?(&native_type?(&1.type)) and
+        native_args?(args)
+    end
+
+    defp flat_templates(tuple) when is_tuple(tuple), do: Tuple.to_list(tuple)
+    defp flat_templates(t), do: [t]
+
+    defp native_block(%mod{axis: axis, reverse: reverse}, out, [t]) when is_map_key(@cumulative, mod) do
+      x = ET.as_type(et(t, nil), out.type)
+      op = Map.fetch!(@cumulative, mod)
+      put(out, wrap_native(Native.cumulative(op, x.ref, axis, reverse)))
+    end
+
+    defp native_block(%Nx.Block.Take{axis: axis}, out, [t, idx]) do
+      d = device_of([t, idx])
+      put(out, wrap_native(Native.take(ref(t, d), ref(idx, d), axis)))
+    end
+
+    defp native_block(%Nx.Block.TakeAlongAxis{axis: axis}, out, [t, idx]) do
+      d = device_of([t, idx])
+      put(out, wrap_native(Native.take_along_axis(ref(t, d), ref(idx, d), axis)))
+    end
+
+    defp native_block(%Nx.Block.TopK{k: k}, {values_out, idx_out}, [t]) do
+      x = et(t, nil)
+      axis = tuple_size(x.shape) - 1
+      order = wrap_native(Native.argsort(x.ref, axis, true, {:s, 64}))
+      dims = Tuple.to_list(x.shape)
+      starts = Enum.map(dims, fn _ -> 0 end)
+      top = ET.slice(order, starts, List.replace_at(dims, axis, k))
+      values = wrap_native(Native.take_along_axis(x.ref, top.ref, axis))
+      {put(values_out, values), put(idx_out, top)}
+    end
+
+    defp native_block(%Nx.Block.LogicalNot{}, out, [t]) do
+      put(out, wrap_native(Native.unary(:logical_not, ref(t, nil), {:u, 8})))
+    end
+
+    ## Reordering and indexing
+
+    @impl true
+    def reverse(out, t, axes) do
+      native :reverse, out, [t, axes] do
+        put(out, wrap_native(Native.reverse(ET.as_type(et(t, nil), out.type).ref, axes)))
+      end
+    end
+
+    @impl true
+    def sort(out, t, opts) do
+      native :sort, out, [t, opts] do
+        x = ET.as_type(et(t, nil), out.type)
+        put(out, wrap_native(Native.sort(x.ref, opts[:axis], opts[:direction] == :desc)))
+      end
+    end
+
+    @impl true
+    def argsort(out, t, opts) do
+      native :argsort, out, [t, opts] do
+        answer = Native.argsort(ref(t, nil), opts[:axis], opts[:direction] == :desc, out.type)
+        put(out, wrap_native(answer))
+      end
+    end
+
+    @impl true
+    def put_slice(out, t, starts, slice) do
+      native :put_slice, out, [t, starts, slice] do
+        d = device_of([t, slice])
+        starts = clamp_starts(starts, t.shape, Tuple.to_list(slice.shape))
+        x = ET.as_type(et(t, d), out.type)
+        put(out, wrap_native(Native.put_slice(x.ref, starts, ref(slice, d))))
+      end
+    end
+
+    @impl true
+    def gather(out, t, idx, opts) do
+      native :gather, out, [t, idx, opts] do
+        d = device_of([t, idx])
+        axes = opts[:axes]
+        {x, flat} = linearize(et(t, d), et(idx, d), axes)
+        put(out, wrap_native(Native.take(x.ref, flat.ref, 0)))
+      end
+    end
+
+    # Moves `axes` to the front and merges them into one axis; `idx` (last dimension: one
+    # coordinate per axis) becomes indices into that merged axis. Coordinates out of range raise
+    # like BinaryBackend.
+    defp linearize(x, idx, axes) do
+      rank = tuple_size(x.shape)
+      perm = axes ++ (Enum.to_list(0..(rank - 1)) -- axes)
+      x = if perm == Enum.to_list(0..(rank - 1)), do: x, else: ET.transpose(x, axes: perm)
+      dims = Enum.map(axes, &elem(x.shape, Enum.find_index(perm, fn p -> p == &1 end)))
+      rest = x.shape |> Tuple.to_list() |> Enum.drop(length(axes))
+      x = ET.reshape(x, [Enum.product(dims) | rest])
+      idx = ET.as_type(idx, {:s, 64})
+      bounds = ET.tensor(dims, type: {:s, 64}, device: x.device)
+
+      bad = ET.logical_or(ET.less(idx, 0), ET.greater_equal(idx, bounds)) |> ET.any()
+
+      if ET.to_flat_list(bad) == [1] do
+        raise ArgumentError, "index out of bounds for axes #{inspect(axes)} of sizes #{inspect(dims)}"
+      end
+
+      strides = dims |> Enum.reverse() |> Enum.scan(1, &(&1 * &2)) |> Enum.reverse() |> tl() |> Kernel.++([1])
+      strides = ET.tensor(strides, type: {:s, 64}, device: x.device)
+      last = tuple_size(idx.shape) - 1
+      {x, ET.sum(ET.multiply(idx, strides), axes: [last])}
+    end
+
+    for {name, op} <- [indexed_add: :add, indexed_put: :put] do
+      @impl true
+      def unquote(name)(out, t, idx, updates, opts) do
+        native unquote(name), out, [t, idx, updates, opts] do
+          d = device_of([t, idx, updates])
+          indexed(unquote(op), out, et(t, d), et(idx, d), et(updates, d), opts[:axes])
+        end
+      end
+    end
+
+    defp indexed(op, out, x, idx, updates, axes) do
+      rank = tuple_size(x.shape)
+      axes = axes || Enum.to_list(0..(elem(idx.shape, 1) - 1)//1)
+      perm = axes ++ (Enum.to_list(0..(rank - 1)) -- axes)
+      permuted_shape = Enum.map(perm, &elem(x.shape, &1))
+      {x2, flat} = linearize(x, idx, axes)
+      rows = elem(updates.shape, 0)
+      upd = ET.reshape(updates, [rows | tl(Tuple.to_list(x2.shape))])
+      r = wrap_native(Native.index_update(op, x2.ref, flat.ref, upd.ref, out.type))
+      r = ET.reshape(r, permuted_shape)
+      inverse = perm |> Enum.with_index() |> Enum.sort() |> Enum.map(&elem(&1, 1))
+      put(out, if(perm == Enum.sort(perm), do: r, else: ET.transpose(r, axes: inverse)))
+    end
+
+    @impl true
+    def pad(out, t, pad_value, config) do
+      if Enum.all?(config, fn {_, _, interior} -> interior == 0 end) do
+        native :pad, out, [t, pad_value, config] do
+          d = device_of([t, pad_value])
+          x = ET.as_type(et(t, d), out.type)
+          value = ET.as_type(et(pad_value, d), out.type)
+          put(out, edge_pad(x, value, config))
+        end
+      else
+        fallback(:pad, out, [t, pad_value, config])
+      end
+    end
+
+    # Positive edges are concatenated blocks of the pad value; negative ones are sliced off.
+    defp edge_pad(x, value, config) do
+      config
+      |> Enum.with_index()
+      |> Enum.reduce(x, fn {{lo, hi, 0}, axis}, x ->
+        x = grow(x, value, axis, max(lo, 0), :lo)
+        x = grow(x, value, axis, max(hi, 0), :hi)
+        shrink(x, axis, max(-lo, 0), max(-hi, 0))
+      end)
+    end
+
+    defp grow(x, _value, _axis, 0, _side), do: x
+
+    defp grow(x, value, axis, n, side) do
+      shape = put_elem(x.shape, axis, n)
+      block = wrap_native(Native.broadcast(value.ref, Tuple.to_list(shape), []))
+      parts = if side == :lo, do: [block, x], else: [x, block]
+
+      if ExBurn.Tensor.Util.size(x.shape) == 0 and elem(x.shape, axis) == 0,
+        do: block,
+        else: ET.concatenate(parts, axis: axis)
+    end
+
+    defp shrink(x, _axis, 0, 0), do: x
+
+    defp shrink(x, axis, lo, hi) do
+      dims = Tuple.to_list(x.shape)
+      starts = dims |> Enum.map(fn _ -> 0 end) |> List.replace_at(axis, lo)
+      lengths = List.replace_at(dims, axis, max(elem(x.shape, axis) - lo - hi, 0))
+      ET.slice(x, starts, lengths)
+    end
 
     ## Fallbacks (no Burn kernel yet)
 
     @fallbacks [
-      pad: 4,
-      reverse: 3,
-      put_slice: 4,
-      gather: 4,
-      indexed_add: 5,
-      indexed_put: 5,
-      sort: 3,
-      argsort: 3,
       conv: 4,
       reduce: 5,
       window_reduce: 6,

@@ -7,6 +7,7 @@
 
 mod create;
 mod elementwise;
+mod indexing;
 mod linalg;
 mod model;
 mod reduce;

@@ -3,6 +3,7 @@
 
 pub mod create;
 pub mod elementwise;
+pub mod indexing;
 pub mod linalg;
 pub mod reduce;
 pub mod shape;

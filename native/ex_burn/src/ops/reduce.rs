@@ -78,7 +78,18 @@ pub fn reduce(op: &str, h: &Handle, axes: Option<Vec<usize>>, keep: bool, out: N
     if op == "mean" && !out.is_float() {
         return Err(ExError::invalid(format!("mean needs a floating output type, got {out}")));
     }
-    let x = if is_pred { h.prim.clone() } else { cast_to(h, out) };
+    // Narrow floats accumulate in f64 (as Nx.BinaryBackend does): f32 running sums drift by
+    // several ulps on long axes. Max/min are exact in any width.
+    let widen = matches!(op, "sum" | "product" | "mean")
+        && matches!(out, NxType::F(16) | NxType::F(32) | NxType::BF16)
+        && h.device.check_type(NxType::F(64)).is_ok();
+    let x = if is_pred {
+        h.prim.clone()
+    } else if widen {
+        dispatch::cast(cast_to(h, out), DType::F64)
+    } else {
+        cast_to(h, out)
+    };
     let reduced = reduce_prim(op, x, &axes)?;
     let prim = dispatch::reshape(dispatch::cast(reduced, out.dtype()), &shape);
     Ok(Handle::new(prim, out, shape, h.device))
