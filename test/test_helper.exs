@@ -1,5 +1,9 @@
-# Tests tagged :nx need the optional Nx dependency (from Hex, or EXBURN_NX_PATH).
-exclude = if Code.ensure_loaded?(Nx), do: [], else: [:nx]
+# Tests tagged :nx / :axon / :telemetry need those optional dependencies (from Hex, or local
+# checkouts); they are excluded when the module is not loaded.
+exclude =
+  for {tag, module} <- [nx: Nx, axon: Axon, telemetry: :telemetry], not Code.ensure_loaded?(module),
+    do: tag
+
 ExUnit.start(exclude: exclude)
 
 defmodule ExBurn.TestHelpers do
@@ -31,5 +35,31 @@ defmodule ExBurn.TestHelpers do
     end
 
     tensor
+  end
+end
+
+defmodule ExBurn.ModelTestData do
+  @moduledoc false
+  # Deterministic synthetic data sets for the model tests.
+
+  def xor, do: {[[0, 0], [0, 1], [1, 0], [1, 1]], [0, 1, 1, 0]}
+
+  @doc "`n` points around `classes` Gaussian centers in `dims` dimensions: `{x_rows, labels}`."
+  def blobs(n, classes, dims, seed \\ 7) do
+    :rand.seed(:exsss, {seed, seed * 3 + 1, seed * 7 + 2})
+    centers = for _ <- 1..classes, do: for(_ <- 1..dims, do: (:rand.uniform() - 0.5) * 8.0)
+
+    Enum.map(0..(n - 1), fn i ->
+      label = rem(i, classes)
+      center = Enum.at(centers, label)
+      {Enum.map(center, &(&1 + :rand.normal())), label}
+    end)
+    |> Enum.unzip()
+  end
+
+  @doc "Fraction of rows of `predictions` whose argmax is the label."
+  def accuracy(predictions, labels) do
+    got = predictions |> ExBurn.Tensor.argmax(axis: 1) |> ExBurn.Tensor.to_flat_list()
+    Enum.count(Enum.zip(got, labels), fn {a, b} -> a == b end) / length(labels)
   end
 end

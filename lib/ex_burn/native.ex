@@ -48,7 +48,16 @@ defmodule ExBurn.Native do
     take: 3,
     take_along_axis: 3,
     index_update: 5,
-    native_bench: 3
+    native_bench: 3,
+    model_new: 6,
+    model_summary: 1,
+    model_set_schedule: 2,
+    model_train_epoch: 5,
+    model_cancel: 2,
+    model_evaluate: 4,
+    model_predict: 3,
+    model_to_bytes: 1,
+    model_load_bytes: 2
   ]
 
   @status_key {__MODULE__, :load_status}

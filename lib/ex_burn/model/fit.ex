@@ -1,0 +1,204 @@
+defmodule ExBurn.Model.Fit do
+  @moduledoc false
+  # The epoch loop behind ExBurn.Model.fit/3: one dirty NIF call per epoch, then validation,
+  # progress, telemetry and callbacks in the caller's process.
+
+  alias ExBurn.{Error, Model, Native}
+  alias ExBurn.Model.{Data, Options}
+  import Options, only: [keyword!: 3, fail!: 3, pos_int!: 3, boolean!: 3]
+
+  @opts [:epochs, :batch_size, :shuffle, :validation_data, :callbacks, :lr_schedule] ++
+          [:clip_norm, :clip_value, :verbose]
+
+  def run(%Model{} = model, data, opts) do
+    op = :fit
+    opts = keyword!(op, opts, @opts)
+    epochs = pos_int!(op, :epochs, Keyword.get(opts, :epochs, 1))
+    batch_size = pos_int!(op, :batch_size, Keyword.get(opts, :batch_size, 32))
+    shuffle = boolean!(op, :shuffle, Keyword.get(opts, :shuffle, true))
+    verbose = boolean!(op, :verbose, Keyword.get(opts, :verbose, false))
+    callbacks = callbacks!(Keyword.get(opts, :callbacks, []))
+    schedule = schedule!(Keyword.get(opts, :lr_schedule), epochs)
+
+    {x, y} = Data.pair!(op, data)
+    model = with_clipping(model, opts)
+    {x, y} = {Data.inputs!(op, x, model), Data.targets!(op, y, model)}
+
+    validation =
+      case Keyword.get(opts, :validation_data) do
+        nil ->
+          nil
+
+        {vx, vy} ->
+          {Data.inputs!(op, vx, model), Data.targets!(op, vy, model)}
+
+        other ->
+          fail!(op, "invalid value for option :validation_data: expected {inputs, targets}", %{
+            option: :validation_data,
+            value: other
+          })
+      end
+
+    nif!(Native.model_cancel(model.ref, false))
+    nif!(Native.model_set_schedule(model.ref, schedule))
+
+    loop = %{
+      epochs: epochs,
+      batch_size: batch_size,
+      shuffle: shuffle,
+      verbose: verbose,
+      callbacks: callbacks,
+      x: x,
+      y: y,
+      validation: validation
+    }
+
+    start = System.monotonic_time()
+    ExBurn.Model.Telemetry.execute(:start, %{system_time: System.system_time()}, %{model: model, epochs: epochs})
+
+    try do
+      {history, halted} = epochs(model, loop)
+      history = mark_halted(history, halted)
+      done = model.epochs + length(history)
+      model = %{Model.refresh(model) | epochs: done, history: history, halted: halted}
+
+      ExBurn.Model.Telemetry.execute(
+        :stop,
+        %{duration: System.monotonic_time() - start, epochs: length(history)},
+        %{model: model, history: history, halted: halted}
+      )
+
+      {model, history}
+    rescue
+      e ->
+        ExBurn.Model.Telemetry.execute(:stop, %{duration: System.monotonic_time() - start}, %{
+          model: model,
+          error: e
+        })
+
+        reraise e, __STACKTRACE__
+    end
+  end
+
+  def run(other, _data, _opts), do: fail!(:fit, "expected a compiled ExBurn.Model", %{got: other})
+
+  defp epochs(model, loop) do
+    Enum.reduce_while(1..loop.epochs, {[], nil}, fn epoch, {history, nil} ->
+      t0 = System.monotonic_time()
+
+      case Native.model_train_epoch(model.ref, loop.x.ref, loop.y.ref, loop.batch_size, loop.shuffle) do
+        {:ok, loss} ->
+          val_loss = validate(model, loop.validation, loop.batch_size)
+          entry = %{epoch: epoch, loss: loss, val_loss: val_loss}
+          history = history ++ [entry]
+          duration = System.monotonic_time() - t0
+          if loop.verbose, do: IO.puts(progress_line(entry, loop.epochs, duration))
+
+          ExBurn.Model.Telemetry.execute(:epoch, %{loss: loss, val_loss: val_loss, duration: duration}, %{
+            model: model,
+            epoch: epoch
+          })
+
+          current = %{model | epochs: model.epochs + epoch, history: history}
+          info = Map.merge(entry, %{epochs: loop.epochs, history: history, model: current})
+
+          case run_callbacks(loop.callbacks, info) do
+            :cont -> {:cont, {history, nil}}
+            {:halt, reason} -> {:halt, {history, reason}}
+          end
+
+        {:error, {_, "training was cancelled", _}} ->
+          {:halt, {history, :cancelled}}
+
+        {:error, {_, reason, details}} ->
+          raise Error, op: :fit, reason: reason, details: details
+      end
+    end)
+  end
+
+  defp validate(_model, nil, _bs), do: nil
+
+  defp validate(model, {vx, vy}, bs) do
+    case Native.model_evaluate(model.ref, vx.ref, vy.ref, bs) do
+      {:ok, loss} -> loss
+      {:error, {_, reason, details}} -> raise Error, op: :fit, reason: "validation_data: " <> reason, details: details
+    end
+  end
+
+  defp run_callbacks(callbacks, info) do
+    Enum.reduce_while(callbacks, :cont, fn callback, :cont ->
+      case callback.(info) do
+        :halt -> {:halt, {:halt, :halted}}
+        {:halt, reason} -> {:halt, {:halt, reason}}
+        _ -> {:cont, :cont}
+      end
+    end)
+  end
+
+  defp mark_halted(history, nil), do: history
+  defp mark_halted([], _reason), do: []
+  defp mark_halted(history, reason), do: List.update_at(history, -1, &Map.put(&1, :halted, reason))
+
+  defp progress_line(%{epoch: epoch, loss: loss, val_loss: val_loss}, epochs, duration) do
+    ms = System.convert_time_unit(duration, :native, :millisecond)
+    val = if val_loss, do: " - val_loss: #{fmt(val_loss)}", else: ""
+    "Epoch #{epoch}/#{epochs} - loss: #{fmt(loss)}#{val} (#{ms} ms)"
+  end
+
+  defp fmt(x), do: :erlang.float_to_binary(x * 1.0, decimals: 6)
+
+  defp callbacks!(list) when is_list(list) do
+    Enum.map(list, fn
+      f when is_function(f, 1) -> f
+      other -> Options.bad!(:fit, :callbacks, other, "a list of functions of one argument")
+    end)
+  end
+
+  defp callbacks!(other), do: Options.bad!(:fit, :callbacks, other, "a list of functions of one argument")
+
+  @schedules "{:step, base, step_epochs, gamma}, {:exponential, base, gamma} or {:cosine, base, min}"
+
+  @doc false
+  def schedule!(nil, _epochs), do: nil
+
+  def schedule!({:step, base, step, gamma} = s, _epochs) when is_integer(step) and step > 0,
+    do: check_rates(s, [base, gamma], s)
+
+  def schedule!({:exponential, base, gamma} = s, _epochs), do: check_rates(s, [base, gamma], s)
+
+  def schedule!({:cosine, base, min} = s, epochs),
+    do: check_rates(s, [base, min], {:cosine, base, min, epochs})
+
+  def schedule!(other, _epochs), do: Options.bad!(:fit, :lr_schedule, other, @schedules)
+
+  defp check_rates(s, [base | rest], nif_schedule) do
+    if is_number(base) and base > 0 and Enum.all?(rest, &(is_number(&1) and &1 >= 0)),
+      do: nif_schedule,
+      else: Options.bad!(:fit, :lr_schedule, s, @schedules <> " with a positive base and non-negative rates")
+  end
+
+  # Burn's optimizer takes its clipping rule when it is built: new clipping options rebuild the
+  # native model with the current weights (the optimizer state restarts).
+  defp with_clipping(model, opts) do
+    changes =
+      for key <- [:clip_norm, :clip_value], Keyword.has_key?(opts, key), into: %{} do
+        value = Options.number!(:fit, key, opts[key], min: 0, nullable: true)
+        if value == 0.0, do: Options.bad!(:fit, key, value, "a number > 0")
+        {key, value}
+      end
+
+    config = Map.merge(model.config, changes)
+
+    if config == model.config do
+      model
+    else
+      weights = nif!(Native.model_to_bytes(model.ref))
+      rebuilt = Model.build!(:fit, model.spec, config, model.device, model.seed)
+      nif!(Native.model_load_bytes(rebuilt.ref, weights))
+      %{rebuilt | epochs: model.epochs}
+    end
+  end
+
+  defp nif!({:error, {_, reason, details}}), do: raise(Error, op: :fit, reason: reason, details: details)
+  defp nif!(answer), do: Error.unwrap!(answer)
+end
