@@ -1,0 +1,115 @@
+defmodule Dala.ML.BurnTest do
+  use ExUnit.Case, async: false
+
+  alias Dala.ML.Burn
+  alias Dala.ML.Burn.Training
+  alias ExBurn.{Model, Tensor}
+  import ExBurn.ModelTestData
+
+  test "availability and devices" do
+    assert Burn.available?() == true
+    gpu = Enum.any?(ExBurn.devices(), &(&1.kind != :cpu))
+    assert Burn.gpu?() == gpu
+    expected = if elem(ExBurn.default_device(), 0) == :cpu, do: :cpu, else: :gpu
+    assert Burn.default_device() == expected
+  end
+
+  test "configure! sets the default device and rejects what is not there" do
+    before = ExBurn.default_device()
+
+    try do
+      assert Burn.configure!(device: :cpu) == :ok
+      assert ExBurn.default_device() == {:cpu, 0}
+      assert Burn.default_device() == :cpu
+      assert Burn.configure!() == :ok
+
+      unless Burn.gpu?() do
+        e = assert_raise ExBurn.Error, fn -> Burn.configure!(device: :gpu) end
+        assert e.reason == "no GPU device is available"
+      end
+
+      e = assert_raise ExBurn.Error, fn -> Burn.configure!(devise: :cpu) end
+      assert e.details.option == :devise
+    after
+      Burn.configure!(device: before)
+    end
+  end
+
+  test "zeros, ones, from_nx/to_nx without Nx, free" do
+    z = Burn.zeros([3, 3], :f32)
+    assert {Tensor.shape(z), Tensor.type(z), Tensor.to_flat_list(z)} == {{3, 3}, {:f, 32}, List.duplicate(0.0, 9)}
+    o = Burn.ones([2, 4], :f32)
+    assert {Tensor.shape(o), Tensor.to_flat_list(o)} == {{2, 4}, List.duplicate(1.0, 8)}
+    assert {:error, %ExBurn.Error{op: :from_nx}} = Burn.from_nx([1, 2])
+    assert Burn.free(o) == :ok
+
+    unless Code.ensure_loaded?(Nx) do
+      assert {:error, %ExBurn.Error{op: :to_nx, reason: "Nx is not loaded"}} = Burn.to_nx(z)
+      assert {:error, %ExBurn.Error{op: :from_nx, reason: "Nx is not loaded"}} = Burn.from_nx(%{__struct__: Nx.Tensor})
+    end
+  end
+
+  @tag :nx
+  test "from_nx/to_nx round trip" do
+    t = apply(Nx, :tensor, [[[1.0, 2.0], [3.0, 4.0]], [type: :f32]])
+    assert {:ok, bt} = Burn.from_nx(t)
+    assert {Tensor.shape(bt), Tensor.to_flat_list(bt)} == {{2, 2}, [1.0, 2.0, 3.0, 4.0]}
+    assert {:ok, back} = Burn.to_nx(bt)
+    assert apply(Nx, :to_binary, [back]) == apply(Nx, :to_binary, [t])
+    assert apply(Nx, :shape, [back]) == {2, 2}
+  end
+
+  @tag :tmp_dir
+  test "the seed's workflow: compile, fit with callbacks, predict, evaluate, summary, save, load, free", %{tmp_dir: dir} do
+    {x, y} = xor()
+
+    model =
+      Model.input({nil, 2})
+      |> Model.dense(8, activation: :tanh)
+      |> Model.dense(2)
+
+    compiled = Burn.compile(model, loss: :cross_entropy, optimizer: :adam, learning_rate: 0.05)
+    assert %Model{} = compiled
+
+    callbacks = [
+      Training.checkpoint_callback(100, Path.join(dir, "ckpt")),
+      Training.screen_callback(self())
+    ]
+
+    trained = Burn.fit(compiled, {x, y}, epochs: 300, batch_size: 4, validation_data: {x, y}, callbacks: callbacks)
+    assert_received {:training_progress, 1, loss, val_loss} when is_float(loss) and is_float(val_loss)
+    assert File.ls!(Path.join(dir, "ckpt")) |> Enum.sort() == ["epoch_100.model", "epoch_200.model", "epoch_300.model"]
+
+    assert {:ok, predictions} = Burn.predict(trained, x)
+    assert accuracy(predictions, y) == 1.0
+    assert {:error, %ExBurn.Error{op: :predict}} = Burn.predict(trained, [[1.0, 2.0, 3.0]])
+
+    avg_loss = Burn.evaluate(trained, {x, y})
+    assert is_float(avg_loss) and avg_loss < 0.05
+
+    summary = Burn.summary(trained)
+    assert is_binary(summary) and summary =~ "ExBurn Model Summary"
+    assert summary =~ ~r/Total params:\s+42 /
+
+    path = Path.join(dir, "my_model.model")
+    assert Burn.save(trained, path) == :ok
+    assert {:ok, loaded} = Burn.load(trained, path)
+    {:ok, p2} = Burn.predict(loaded, x)
+    assert Tensor.to_binary(p2) == Tensor.to_binary(predictions)
+    assert {:ok, %Model{}} = Burn.load(path)
+    assert Burn.free(trained) == :ok
+
+    {_m, history} = Training.fit_with_progress(compiled, {x, y}, epochs: 3, batch_size: 4, validation_data: {x, y})
+    assert [%{epoch: 1, loss: _, val_loss: _}, %{epoch: 2}, %{epoch: 3}] = history
+
+    e = assert_raise ExBurn.Error, fn -> Burn.fit(compiled, {x, y}, epochs: 1, learning_rate: 0.1) end
+    assert {e.op, e.details.option} == {:fit, :learning_rate}
+  end
+
+  test "logging callback" do
+    {x, y} = xor()
+    m = Burn.compile(Model.input({nil, 2}) |> Model.dense(2), loss: :cross_entropy)
+    log = ExUnit.CaptureLog.capture_log([level: :info], fn -> Burn.fit(m, {x, y}, epochs: 1, callbacks: [Training.logging_callback()]) end)
+    assert log =~ "ExBurn fit epoch 1/1: loss="
+  end
+end
