@@ -1,23 +1,43 @@
 //! Helpers for the crate's unit tests: build tensors from values and read them back as numbers.
+//!
+//! Tests run on the CPU unless `EXBURN_TEST_DEVICE` names another device (`vulkan`, `vulkan:1`,
+//! `cuda`, ...), so the same suite checks a GPU backend. Types the device lacks are skipped by the
+//! tests that loop over types.
 
 use crate::device::DeviceRef;
 use crate::dtype::NxType;
 use crate::ops::elementwise::as_type;
 use crate::tensor::Handle;
 
+pub fn device() -> DeviceRef {
+    let spec = std::env::var("EXBURN_TEST_DEVICE").unwrap_or_default();
+    let (kind, index) = spec.split_once(':').unwrap_or((spec.as_str(), "0"));
+    match kind {
+        "" | "cpu" => DeviceRef::CPU,
+        name => DeviceRef {
+            kind: crate::device::DeviceKind::from_name(name).unwrap_or_else(|| panic!("unknown EXBURN_TEST_DEVICE {spec}")),
+            index: index.parse().expect("EXBURN_TEST_DEVICE index"),
+        },
+    }
+}
+
+pub fn supports(ty: NxType) -> bool {
+    device().supports(ty).unwrap()
+}
+
 pub fn f32s(values: &[f32], shape: &[usize]) -> Handle {
     let bytes = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
-    Handle::from_bytes(bytes, shape.to_vec(), NxType::F(32), DeviceRef::CPU).unwrap()
+    Handle::from_bytes(bytes, shape.to_vec(), NxType::F(32), device()).unwrap()
 }
 
 pub fn f64s(values: &[f64], shape: &[usize]) -> Handle {
     let bytes = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
-    Handle::from_bytes(bytes, shape.to_vec(), NxType::F(64), DeviceRef::CPU).unwrap()
+    Handle::from_bytes(bytes, shape.to_vec(), NxType::F(64), device()).unwrap()
 }
 
 pub fn i64s(values: &[i64], shape: &[usize]) -> Handle {
     let bytes = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
-    Handle::from_bytes(bytes, shape.to_vec(), NxType::S(64), DeviceRef::CPU).unwrap()
+    Handle::from_bytes(bytes, shape.to_vec(), NxType::S(64), device()).unwrap()
 }
 
 pub fn as_f64(h: &Handle) -> Handle {

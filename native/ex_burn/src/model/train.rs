@@ -296,7 +296,7 @@ mod tests {
             LayerSpec::Dense { units: 2, bias: true },
         ];
         let config = TrainConfig { loss: LossKind::CrossEntropy, learning_rate: 0.05, ..TrainConfig::default() };
-        Trainer::new(specs, vec![2], false, config, DeviceRef::CPU, 42).unwrap()
+        Trainer::new(specs, vec![2], false, config, crate::testing::device(), 42).unwrap()
     }
 
     fn argmax_rows(h: &Handle) -> Vec<i64> {
@@ -345,7 +345,7 @@ mod tests {
             (Schedule::Cosine { min: 1e-5, epochs: 5 }, TrainConfig { optimizer: OptimizerKind::AdamW, weight_decay: Some(0.01), clip_norm: Some(1.0), clip_value: Some(0.1), ..TrainConfig::default() }),
         ] {
             let config = TrainConfig { loss: LossKind::CrossEntropy, learning_rate: 0.01, ..config };
-            let mut t = Trainer::new(vec![LayerSpec::Dense { units: 2, bias: true }], vec![2], false, config, DeviceRef::CPU, 1).unwrap();
+            let mut t = Trainer::new(vec![LayerSpec::Dense { units: 2, bias: true }], vec![2], false, config, crate::testing::device(), 1).unwrap();
             t.set_schedule(schedule, 0.01).unwrap();
             for _ in 0..5 {
                 assert!(t.train_epoch(&x, &y, 2, true, &AtomicBool::new(false)).unwrap().is_finite());

@@ -100,30 +100,30 @@ mod tests {
 
     #[test]
     fn iota_along_an_axis_and_flat() {
-        let h = iota(vec![2, 3], NxType::S(64), Some(1), DeviceRef::CPU).unwrap();
+        let h = iota(vec![2, 3], NxType::S(64), Some(1), crate::testing::device()).unwrap();
         assert_eq!(ints(&h), vec![0, 1, 2, 0, 1, 2]);
-        let h = iota(vec![2, 3], NxType::F(32), None, DeviceRef::CPU).unwrap();
+        let h = iota(vec![2, 3], NxType::F(32), None, crate::testing::device()).unwrap();
         assert_eq!(floats(&h), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
     }
 
     #[test]
     fn eye_is_identity_on_last_two_axes() {
-        let h = eye(vec![2, 2, 3], NxType::U(8), DeviceRef::CPU).unwrap();
+        let h = eye(vec![2, 2, 3], NxType::U(8), crate::testing::device()).unwrap();
         assert_eq!(h.to_bytes().unwrap(), vec![1, 0, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0]);
     }
 
     #[test]
     fn full_of_every_type_reads_back_the_value() {
-        for ty in crate::dtype::ALL_TYPES {
+        for ty in crate::dtype::ALL_TYPES.into_iter().filter(|t| supports(*t)) {
             let value = if ty.is_float() { Scalar::Float(3.0) } else { Scalar::Int(3) };
-            let h = full(value, vec![2, 2], ty, DeviceRef::CPU).unwrap();
+            let h = full(value, vec![2, 2], ty, crate::testing::device()).unwrap();
             assert_eq!(floats(&as_f64(&h)), vec![3.0; 4], "{ty}");
         }
     }
 
     #[test]
     fn read_with_a_limit_returns_a_prefix() {
-        let h = iota(vec![3, 4], NxType::S(32), None, DeviceRef::CPU).unwrap();
+        let h = iota(vec![3, 4], NxType::S(32), None, crate::testing::device()).unwrap();
         let bytes = read(&h, Some(5)).unwrap();
         assert_eq!(bytes.len(), 20);
         assert_eq!(&bytes[16..20], &4i32.to_ne_bytes());
@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn huge_shapes_are_refused_before_allocating() {
-        let err = full(Scalar::Float(0.0), vec![1 << 40, 1 << 40], NxType::F(32), DeviceRef::CPU).unwrap_err();
+        let err = full(Scalar::Float(0.0), vec![1 << 40, 1 << 40], NxType::F(32), crate::testing::device()).unwrap_err();
         assert!(matches!(err, ExError::TooLarge { .. }), "{err:?}");
     }
 }

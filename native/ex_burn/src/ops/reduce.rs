@@ -171,7 +171,7 @@ mod tests {
 
     #[test]
     fn reductions_of_nothing_give_the_identity() {
-        let e = crate::tensor::Handle::from_bytes(vec![], vec![0, 2], NxType::F(32), crate::device::DeviceRef::CPU).unwrap();
+        let e = crate::tensor::Handle::from_bytes(vec![], vec![0, 2], NxType::F(32), crate::testing::device()).unwrap();
         assert_eq!(floats(&reduce("sum", &e, Some(vec![0]), false, NxType::F(32)).unwrap()), vec![0.0, 0.0]);
         assert_eq!(floats(&reduce("product", &e, None, false, NxType::F(32)).unwrap()), vec![1.0]);
     }
@@ -185,7 +185,7 @@ mod tests {
         assert_eq!(ints(&hi), vec![2, 2]);
         let flat = arg_reduce("argmin", &x, None, false, false, NxType::S(32)).unwrap();
         assert_eq!((flat.shape.clone(), ints(&flat)), (vec![], vec![3]));
-        let big = crate::ops::create::iota(vec![300], NxType::U(8), None, crate::device::DeviceRef::CPU).unwrap();
+        let big = crate::ops::create::iota(vec![300], NxType::U(8), None, crate::testing::device()).unwrap();
         // u8 iota wraps at 256, so the maximum (255) sits at index 255, an index u8 could hold,
         // while the int path widens before Burn computes indices in the input's dtype.
         assert_eq!(ints(&arg_reduce("argmax", &big, None, false, false, NxType::S(64)).unwrap()), vec![255]);

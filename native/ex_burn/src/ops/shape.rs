@@ -179,7 +179,7 @@ mod tests {
 
     #[test]
     fn slice_with_strides() {
-        let x = crate::ops::create::iota(vec![4, 5], NxType::S(64), None, crate::device::DeviceRef::CPU).unwrap();
+        let x = crate::ops::create::iota(vec![4, 5], NxType::S(64), None, crate::testing::device()).unwrap();
         let s = slice(&x, vec![1, 0], vec![3, 5], vec![2, 2]).unwrap();
         assert_eq!((s.shape.clone(), ints(&s)), (vec![2, 3], vec![5, 7, 9, 15, 17, 19]));
         assert!(slice(&x, vec![3, 0], vec![2, 5], vec![1, 1]).is_err());

@@ -1,0 +1,66 @@
+defmodule ExBurn.DocExamples do
+  @moduledoc """
+  Runs the ```elixir blocks of a Markdown file as tests: a line `# => value` asserts that the code
+  since the previous assertion evaluates to `value`. Each block runs with the binding and aliases
+  its earlier chunks left.
+
+      use ExBurn.DocExamples, file: "guides/devices.md"
+  """
+
+  defmacro __using__(opts) do
+    file = Path.expand(Keyword.fetch!(opts, :file), Path.expand("../..", __DIR__))
+
+    blocks =
+      Regex.scan(~r/```elixir\n(.*?)```/s, File.read!(file), capture: :all_but_first)
+      |> Enum.map(&hd/1)
+
+    quote bind_quoted: [file: file, blocks: blocks] do
+      @external_resource file
+
+      test "#{Path.basename(file)} has Elixir examples" do
+        assert unquote(length(blocks)) >= 1
+      end
+
+      for {block, index} <- Enum.with_index(blocks, 1) do
+        @block block
+        test "#{Path.basename(file)} example #{index}" do
+          assert ExBurn.DocExamples.run_block(@block, unquote(file)) >= 1
+        end
+      end
+    end
+  end
+
+  import ExUnit.Assertions
+
+  @doc "Evaluates a block, checking its `# =>` lines; returns how many it checked."
+  def run_block(block, file) do
+    env = Code.env_for_eval(file: file)
+
+    {binding, env, pending, count} =
+      block
+      |> String.split("\n")
+      |> Enum.reduce({[], env, [], 0}, fn line, {binding, env, pending, count} ->
+        case Regex.run(~r/^\s*# => (.*)$/, line) do
+          [_, expected] ->
+            code = pending |> Enum.reverse() |> Enum.join("\n")
+            {value, binding, env} = eval(code, binding, env, file)
+            {expected_value, _} = Code.eval_string(expected)
+            assert value == expected_value, "#{file}: #{code}\n  expected #{expected}, got #{inspect(value)}"
+            {binding, env, [], count + 1}
+
+          nil ->
+            {binding, env, [line | pending], count}
+        end
+      end)
+
+    # trailing code without an assertion must still run
+    if Enum.any?(pending, &(String.trim(&1) != "")),
+      do: eval(pending |> Enum.reverse() |> Enum.join("\n"), binding, env, file)
+
+    count
+  end
+
+  defp eval(code, binding, env, file) do
+    Code.eval_quoted_with_env(Code.string_to_quoted!(code, file: file), binding, env)
+  end
+end
