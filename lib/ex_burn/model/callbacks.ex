@@ -6,8 +6,8 @@ defmodule ExBurn.Model.Callbacks do
 
       %{epoch: e, epochs: total, loss: l, val_loss: v | nil, history: [entry], model: %ExBurn.Model{}}
 
-  Returning `:halt` or `{:halt, reason}` stops the fit (`model.halted` is then `reason`, or
-  `:halted`); any other value continues. A callback that raises stops the fit and the exception
+  Returning `:halt` or `{:halt, reason}` stops the fit after this epoch's callbacks have all run
+  (`model.halted` is then the first `reason`, or `:halted`); any other value continues. A callback that raises stops the fit and the exception
   reaches the caller of `fit/3`; the model keeps the last completed epoch.
   """
 

@@ -125,12 +125,13 @@ defmodule ExBurn.Model.Fit do
     end
   end
 
+  # Every callback runs; the first halt request wins.
   defp run_callbacks(callbacks, info) do
-    Enum.reduce_while(callbacks, :cont, fn callback, :cont ->
-      case callback.(info) do
-        :halt -> {:halt, {:halt, :halted}}
-        {:halt, reason} -> {:halt, {:halt, reason}}
-        _ -> {:cont, :cont}
+    Enum.reduce(callbacks, :cont, fn callback, acc ->
+      case {callback.(info), acc} do
+        {:halt, :cont} -> {:halt, :halted}
+        {{:halt, reason}, :cont} -> {:halt, reason}
+        _ -> acc
       end
     end)
   end
