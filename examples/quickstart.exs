@@ -33,3 +33,49 @@ show.("slice(a, [0, 1], [2, 2])", T.slice(a, [0, 1], [2, 2]))
 m = T.iota({1024, 1024}, :f32) |> T.divide(1024 * 1024)
 {us, c} = :timer.tc(fn -> T.dot(m, m) |> T.sum() end)
 IO.puts("1024x1024 f32 matmul + sum: #{Float.round(us / 1000, 1)} ms -> #{inspect(T.to_flat_list(c))}")
+
+# Training: a small classifier on the default device, trained natively by Burn (autodiff + Adam
+# inside the NIF, one dirty-scheduler call per epoch).
+alias ExBurn.Model
+
+IO.puts("\n-- training on #{inspect(device)} --")
+
+# 600 points around 3 centers in 2-D, made deterministically.
+:rand.seed(:exsss, {1, 2, 3})
+centers = [[-2.0, 0.0], [2.0, 1.0], [0.0, -2.5]]
+
+{points, labels} =
+  for i <- 0..599 do
+    label = rem(i, 3)
+    [cx, cy] = Enum.at(centers, label)
+    {[cx + :rand.normal() * 0.6, cy + :rand.normal() * 0.6], label}
+  end
+  |> Enum.unzip()
+
+model =
+  Model.input({nil, 2})
+  |> Model.dense(16, activation: :relu)
+  |> Model.dense(3)
+  |> Model.compile(loss: :cross_entropy, optimizer: :adam, learning_rate: 0.02, device: device)
+
+IO.puts(Model.summary_string(model))
+
+{us, {model, history}} =
+  :timer.tc(fn ->
+    Model.fit_with_progress(model, {points, labels},
+      epochs: 20,
+      batch_size: 32,
+      validation_data: {points, labels}
+    )
+  end)
+
+for %{epoch: e, loss: l, val_loss: v} <- history, rem(e, 5) == 0 do
+  IO.puts("epoch #{String.pad_leading(to_string(e), 2)}  loss #{Float.round(l, 4)}  val_loss #{Float.round(v, 4)}")
+end
+
+predicted = Model.predict(model, points) |> T.argmax(axis: 1) |> T.to_flat_list()
+correct = Enum.count(Enum.zip(predicted, labels), fn {p, l} -> p == l end)
+IO.puts("trained #{length(history)} epochs in #{div(us, 1000)} ms; training accuracy #{correct}/#{length(labels)}")
+
+new_points = [[-2.1, 0.2], [1.8, 1.1], [0.1, -2.4]]
+IO.puts("predict #{inspect(new_points)} -> classes #{inspect(Model.predict(model, new_points) |> T.argmax(axis: 1) |> T.to_flat_list())}")
