@@ -32,7 +32,7 @@ defmodule ExBurn.Model.AxonTest do
       |> then(&ax(:flatten, [&1]))
       |> then(&ax(:dense, [&1, 3]))
 
-    spec = ExBurn.Model.Axon.to_spec(axon)
+    spec = apply(ExBurn.Model.Axon, :to_spec, [axon])
 
     assert Enum.map(spec.layers, &elem(&1, 0)) == [:conv2d, :relu, :max_pool, :flatten, :dense]
     assert {:conv2d, [filters: 4, kernel_size: [3, 3], strides: 1, padding: :same]} = hd(spec.layers)
