@@ -16,10 +16,18 @@ defmodule Dala.ML.BurnTest do
 
   test "configure! sets the default device and rejects what is not there" do
     before = ExBurn.default_device()
+    nx? = Code.ensure_loaded?(Nx)
+    nx_backend = if nx?, do: apply(Nx, :default_backend, [])
 
     try do
       assert Burn.configure!(device: :cpu) == :ok
       assert ExBurn.default_device() == {:cpu, 0}
+
+      if nx? and Code.ensure_loaded?(ExBurn.Backend) do
+        # a fresh process reads the global default
+        task = Task.async(fn -> apply(Nx, :default_backend, []) end)
+        assert Task.await(task) == {ExBurn.Backend, [device: {:cpu, 0}]}
+      end
       assert Burn.default_device() == :cpu
       assert Burn.configure!() == :ok
 
@@ -32,6 +40,7 @@ defmodule Dala.ML.BurnTest do
       assert e.details.option == :devise
     after
       Burn.configure!(device: before)
+      if nx?, do: apply(Nx, :global_default_backend, [nx_backend])
     end
   end
 

@@ -57,6 +57,17 @@ defmodule ExBurn.Model.TrainTest do
     assert length(Enum.uniq(results)) == 1
   end
 
+  @tag :nx
+  test "Nx tensors as inputs and targets train like lists" do
+    {x, y} = xor()
+    nx_x = apply(Nx, :tensor, [x, [type: :f32]])
+    nx_y = apply(Nx, :tensor, [y, [type: :s64]])
+    from_nx = Model.fit(xor_model(), {nx_x, nx_y}, epochs: 5, batch_size: 2, shuffle: false)
+    from_lists = Model.fit(xor_model(), {x, y}, epochs: 5, batch_size: 2, shuffle: false)
+    assert Tensor.to_binary(Model.predict(from_nx, nx_x)) == Tensor.to_binary(Model.predict(from_lists, x))
+    assert is_float(Model.evaluate(from_nx, {nx_x, nx_y}))
+  end
+
   test "one-hot float targets, mse and binary cross-entropy train" do
     {x, y} = xor()
     one_hot = Enum.map(y, &if(&1 == 0, do: [1.0, 0.0], else: [0.0, 1.0]))
