@@ -234,8 +234,8 @@ defmodule ExBurn.Model do
     * `:callbacks` - functions of one argument, see `ExBurn.Model.Callbacks`
     * `:lr_schedule` - `{:step, base, step_epochs, gamma}`, `{:exponential, base, gamma}` or
       `{:cosine, base, min}` (annealed over this fit's epochs); stepped once per epoch
-    * `:clip_norm`, `:clip_value` - gradient clipping; when they differ from the compiled model's,
-      the model is rebuilt with them and the current weights (optimizer state restarts)
+    * `:clip_norm`, `:clip_value` - gradient clipping, changed on the live model when they differ
+      from the compiled model's (removing norm clipping resets the optimizer's moments)
     * `:verbose` - prints one line per epoch (false)
 
   The returned model's `history` is `[%{epoch: 1, loss: .., val_loss: ..}, ...]` (`val_loss` is
@@ -317,11 +317,16 @@ defmodule ExBurn.Model do
   defdelegate load!(path_or_model, path_or_opts \\ []), to: ExBurn.Model.Store
 
   @doc """
-  Releases the model. The native library has no explicit model free: the weights are freed when
-  the last reference to the struct is garbage collected, so drop every reference after this
-  call. Returns `:ok`.
+  Frees the model's weights and optimizer state now, instead of when the struct is garbage
+  collected; a running `fit/3` is cancelled. Later use of the model raises `ExBurn.Error`.
+  Returns `:ok` (also when it was already freed).
   """
-  def free(%__MODULE__{ref: ref}) when is_reference(ref), do: :ok
+  def free(%__MODULE__{ref: ref}) when is_reference(ref) do
+    case Native.model_free(ref) do
+      {:ok, _} -> :ok
+      {:error, {op, reason, details}} -> raise ExBurn.Error, op: op, reason: reason, details: details
+    end
+  end
   def free(other), do: fail!(:free, "expected an ExBurn.Model", %{got: other})
 
   defimpl Inspect do

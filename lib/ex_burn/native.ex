@@ -20,6 +20,8 @@ defmodule ExBurn.Native do
     deallocate: 1,
     devices: 0,
     supports_type: 2,
+    auto_device: 0,
+    compiled_kinds: 0,
     from_binary: 4,
     to_binary: 2,
     full: 4,
@@ -57,7 +59,9 @@ defmodule ExBurn.Native do
     model_evaluate: 4,
     model_predict: 3,
     model_to_bytes: 1,
-    model_load_bytes: 2
+    model_load_bytes: 2,
+    model_configure: 2,
+    model_free: 1
   ]
 
   @status_key {__MODULE__, :load_status}

@@ -178,8 +178,8 @@ defmodule ExBurn.Model.Fit do
       else: Options.bad!(:fit, :lr_schedule, s, @schedules <> " with a positive base and non-negative rates")
   end
 
-  # Burn's optimizer takes its clipping rule when it is built: new clipping options rebuild the
-  # native model with the current weights (the optimizer state restarts).
+  # New clipping options are applied to the live native model; Burn keeps the optimizer's moments
+  # when norm clipping is added or changed and resets them only when it is removed.
   defp with_clipping(model, opts) do
     changes =
       for key <- [:clip_norm, :clip_value], Keyword.has_key?(opts, key), into: %{} do
@@ -193,10 +193,8 @@ defmodule ExBurn.Model.Fit do
     if config == model.config do
       model
     else
-      weights = nif!(Native.model_to_bytes(model.ref))
-      rebuilt = Model.build!(:fit, model.spec, config, model.device, model.seed)
-      nif!(Native.model_load_bytes(rebuilt.ref, weights))
-      %{rebuilt | epochs: model.epochs}
+      nif!(Native.model_configure(model.ref, changes))
+      %{model | config: config}
     end
   end
 

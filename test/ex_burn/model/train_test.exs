@@ -112,15 +112,33 @@ defmodule ExBurn.Model.TrainTest do
     end
   end
 
-  test "fit with clipping options rebuilds the model with the same weights" do
+  test "fit with new clipping options changes the live model and keeps its weights" do
     {x, y} = xor()
-    model = Model.fit(xor_model(), {x, y}, epochs: 20, batch_size: 4)
-    before = Tensor.to_binary(Model.predict(model, x))
-    clipped = Model.fit(model, {x, y}, epochs: 0 + 1, batch_size: 4, clip_norm: 1.0)
-    assert clipped.config.clip_norm == 1.0
-    assert clipped.epochs == 21
-    # the original model is untouched by the rebuilt one's epoch
-    assert Tensor.to_binary(Model.predict(model, x)) == before
+    model = Model.fit(xor_model(), {x, y}, epochs: 200, batch_size: 4)
+    trained_loss = Model.evaluate(model, {x, y})
+    untrained_loss = Model.evaluate(xor_model(), {x, y})
+    assert trained_loss < untrained_loss / 4
+
+    clipped = Model.fit(model, {x, y}, epochs: 1, batch_size: 4, clip_norm: 1.0, clip_value: 0.5)
+    assert {clipped.config.clip_norm, clipped.config.clip_value} == {1.0, 0.5}
+    assert clipped.ref == model.ref
+    assert clipped.epochs == 201
+    # one clipped epoch continues from the trained weights instead of starting over
+    assert Model.evaluate(clipped, {x, y}) < untrained_loss / 4
+
+    unclipped = Model.fit(clipped, {x, y}, epochs: 1, batch_size: 4, clip_norm: nil)
+    assert unclipped.config.clip_norm == nil
+    assert Model.evaluate(unclipped, {x, y}) < untrained_loss / 4
+  end
+
+  test "free releases the native model at once; later use is an ExBurn.Error" do
+    {x, y} = xor()
+    model = Model.fit(xor_model(), {x, y}, epochs: 1, batch_size: 4)
+    assert Model.free(model) == :ok
+    error = assert_raise ExBurn.Error, fn -> Model.predict(model, x) end
+    assert error.reason == "model was freed"
+    assert Model.free(model) == :ok
+    assert Model.summary(model).params == 42
   end
 
   test "validation data gives val_loss, verbose prints one line per epoch" do

@@ -107,6 +107,28 @@ impl Trainer {
         self.net.num_params()
     }
 
+    /// Changes the learning rate and the clipping between fits. Norm clipping is added to the
+    /// live optimizer (its moments are kept); removing it rebuilds the optimizer, which resets them.
+    pub fn configure(&mut self, learning_rate: Option<f64>, clip_norm: Option<Option<f64>>, clip_value: Option<Option<f64>>) {
+        if let Some(lr) = learning_rate {
+            self.config.learning_rate = lr;
+        }
+        if let Some(v) = clip_value {
+            self.config.clip_value = v;
+        }
+        match clip_norm {
+            Some(Some(n)) => {
+                self.config.clip_norm = Some(n);
+                self.optim = self.optim.clone().with_grad_clipping(GradientClippingConfig::Norm(n as f32).init());
+            }
+            Some(None) if self.config.clip_norm.is_some() => {
+                self.config.clip_norm = None;
+                self.optim = optimizer(&self.config);
+            }
+            _ => {}
+        }
+    }
+
     /// Installs a per-epoch schedule starting from `base` (`Constant` removes it).
     pub fn set_schedule(&mut self, schedule: Schedule, base: f64) -> ExResult<()> {
         let bad = |e: String| ExError::invalid(format!("invalid learning-rate schedule: {e}"));

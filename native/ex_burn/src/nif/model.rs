@@ -4,7 +4,7 @@
 //! filled in; the training configuration arrives as a map.
 
 use std::panic::{RefUnwindSafe, UnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use rustler::{Binary, Encoder, Env, ResourceArc, Term};
@@ -13,11 +13,17 @@ use super::resource::{arg, BinaryOut, TensorOut};
 use super::{atoms, guard, term};
 use crate::error::{ExError, ExResult};
 use crate::model::spec::{Activation, LayerSpec, LossKind, OptimizerKind, Padding, Schedule, TrainConfig};
+use crate::model::net::LayerInfo;
 use crate::model::train::Trainer;
 
 pub struct ModelRes {
-    trainer: Mutex<Trainer>,
+    /// `None` once freed.
+    trainer: Mutex<Option<Trainer>>,
     cancel: AtomicBool,
+    /// Kept outside the lock so `summary` never waits for a running epoch.
+    layers: Vec<LayerInfo>,
+    params: usize,
+    epochs: AtomicUsize,
 }
 
 // The trainer is only replaced whole at the end of an epoch (see `Trainer::train_epoch`), so an
@@ -32,8 +38,13 @@ fn model(term: Term) -> ExResult<ResourceArc<ModelRes>> {
     term.decode().map_err(|_| ExError::Arg { name: "model", expected: "an ExBurn model reference" })
 }
 
-fn lock(m: &ModelRes) -> MutexGuard<'_, Trainer> {
-    m.trainer.lock().unwrap_or_else(|e| e.into_inner())
+/// Runs `f` on the model's trainer under its lock; a freed model is an error.
+fn with_trainer<R>(m: &ModelRes, f: impl FnOnce(&mut Trainer) -> ExResult<R>) -> ExResult<R> {
+    let mut guard: MutexGuard<'_, Option<Trainer>> = m.trainer.lock().unwrap_or_else(|e| e.into_inner());
+    let trainer = guard.as_mut().ok_or_else(|| ExError::invalid("model was freed"))?;
+    let result = f(trainer);
+    m.epochs.store(trainer.epochs, Ordering::Relaxed);
+    result
 }
 
 /// A keyword list, decoded.
@@ -181,13 +192,13 @@ fn config(t: Term) -> ExResult<TrainConfig> {
     })
 }
 
-fn summary<'a>(env: Env<'a>, t: &Trainer) -> Term<'a> {
-    let layers: Vec<Term> = t
-        .infos
+fn summary<'a>(env: Env<'a>, m: &ModelRes) -> Term<'a> {
+    let layers: Vec<Term> = m
+        .layers
         .iter()
         .map(|i| (rustler::Atom::from_str(env, i.name).unwrap(), term::shape(env, &i.output), i.params as u64).encode(env))
         .collect();
-    (layers, t.num_params() as u64, t.epochs as u64).encode(env)
+    (layers, m.params as u64, m.epochs.load(Ordering::Relaxed) as u64).encode(env)
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
@@ -199,15 +210,21 @@ fn model_new<'a>(env: Env<'a>, layers: Term<'a>, input: Term<'a>, int_input: Ter
         let int_input = term::boolean(int_input, "integer_input")?;
         let seed: u64 = seed.decode().map_err(|_| ExError::Arg { name: "seed", expected: "a non-negative integer" })?;
         let trainer = Trainer::new(specs, input, int_input, config(cfg)?, term::decode_device(device)?, seed)?;
-        let info = summary(env, &trainer);
-        let res = ResourceArc::new(ModelRes { trainer: Mutex::new(trainer), cancel: AtomicBool::new(false) });
+        let res = ResourceArc::new(ModelRes {
+            layers: trainer.infos.clone(),
+            params: trainer.num_params(),
+            epochs: AtomicUsize::new(0),
+            trainer: Mutex::new(Some(trainer)),
+            cancel: AtomicBool::new(false),
+        });
+        let info = summary(env, &res);
         Ok((res, info).encode(env))
     })
 }
 
 #[rustler::nif]
 fn model_summary<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
-    guard(env, "summary", || Ok(summary(env, &lock(&*model(m)?))))
+    guard(env, "summary", || Ok(summary(env, &*model(m)?)))
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
@@ -219,9 +236,10 @@ fn model_set_schedule<'a>(env: Env<'a>, m: Term<'a>, schedule: Term<'a>) -> Term
             expected: "nil, {:step, base, step, gamma}, {:exponential, base, gamma} or {:cosine, base, min}",
         };
         if term::is_nil(schedule) {
-            let mut t = lock(&m);
-            let base = t.config.learning_rate;
-            t.set_schedule(Schedule::Constant, base)?;
+            with_trainer(&m, |t| {
+                let base = t.config.learning_rate;
+                t.set_schedule(Schedule::Constant, base)
+            })?;
             return Ok(atoms::ok());
         }
         let parts = rustler::types::tuple::get_tuple(schedule).map_err(|_| bad())?;
@@ -233,7 +251,7 @@ fn model_set_schedule<'a>(env: Env<'a>, m: Term<'a>, schedule: Term<'a>) -> Term
             ("cosine", 4) => (Schedule::Cosine { min: f(2)?, epochs: f(3)?.max(1.0) as usize }, f(1)?),
             _ => return Err(bad()),
         };
-        lock(&m).set_schedule(schedule, base)?;
+        with_trainer(&m, |t| t.set_schedule(schedule, base))?;
         Ok(atoms::ok())
     })
 }
@@ -244,8 +262,7 @@ fn model_train_epoch<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, y: Term<'a>, ba
         let m = model(m)?;
         let (x, y) = (arg(x)?, arg(y)?);
         let (bs, shuffle) = (term::usize_arg(batch_size, "batch_size")?, term::boolean(shuffle, "shuffle")?);
-        let loss = lock(&m).train_epoch(&x, &y, bs, shuffle, &m.cancel);
-        loss
+        with_trainer(&m, |t| t.train_epoch(&x, &y, bs, shuffle, &m.cancel))
     })
 }
 
@@ -262,8 +279,8 @@ fn model_evaluate<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, y: Term<'a>, batch
     guard(env, "evaluate", || {
         let m = model(m)?;
         let bs = term::usize_arg(batch_size, "batch_size")?;
-        let t = lock(&m);
-        t.evaluate(&arg(x)?, &arg(y)?, bs)
+        let (x, y) = (arg(x)?, arg(y)?);
+        with_trainer(&m, |t| t.evaluate(&x, &y, bs))
     })
 }
 
@@ -272,14 +289,14 @@ fn model_predict<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, batch_size: Term<'a
     guard(env, "predict", || {
         let m = model(m)?;
         let bs = term::usize_arg(batch_size, "batch_size")?;
-        let t = lock(&m);
-        Ok(TensorOut(t.predict(&arg(x)?, bs)?))
+        let x = arg(x)?;
+        Ok(TensorOut(with_trainer(&m, |t| t.predict(&x, bs))?))
     })
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
 fn model_to_bytes<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
-    guard(env, "save", || Ok(BinaryOut::new(&lock(&*model(m)?).to_bytes()?)))
+    guard(env, "save", || Ok(BinaryOut::new(&with_trainer(&*model(m)?, |t| t.to_bytes())?)))
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
@@ -287,7 +304,45 @@ fn model_load_bytes<'a>(env: Env<'a>, m: Term<'a>, bytes: Term<'a>) -> Term<'a> 
     guard(env, "load", || {
         let m = model(m)?;
         let bin: Binary = bytes.decode().map_err(|_| ExError::Arg { name: "bytes", expected: "a binary" })?;
-        lock(&m).load_bytes(bin.as_slice().to_vec())?;
+        let bytes = bin.as_slice().to_vec();
+        with_trainer(&m, |t| t.load_bytes(bytes))?;
         Ok(atoms::ok())
+    })
+}
+
+/// Changes learning rate and clipping between fits: a map with any of `learning_rate`,
+/// `clip_norm`, `clip_value` (nil removes a clipping).
+#[rustler::nif(schedule = "DirtyCpu")]
+fn model_configure<'a>(env: Env<'a>, m: Term<'a>, changes: Term<'a>) -> Term<'a> {
+    guard(env, "fit", || {
+        let m = model(m)?;
+        let map: Vec<(Term, Term)> = rustler::types::map::MapIterator::new(changes)
+            .ok_or(ExError::Arg { name: "changes", expected: "a map" })?
+            .collect();
+        let clip = |key: &'static str| -> ExResult<Option<Option<f64>>> {
+            match opt(&map, key) {
+                None => Ok(None),
+                Some(v) if term::is_nil(v) => Ok(Some(None)),
+                Some(v) => num(v, key).map(|n| Some(Some(n))),
+            }
+        };
+        let lr = opt(&map, "learning_rate").map(|v| num(v, "learning_rate")).transpose()?;
+        let (norm, value) = (clip("clip_norm")?, clip("clip_value")?);
+        with_trainer(&m, |t| {
+            t.configure(lr, norm, value);
+            Ok(())
+        })?;
+        Ok(atoms::ok())
+    })
+}
+
+/// Frees the model's weights and optimizer state now instead of at garbage collection.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn model_free<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
+    guard(env, "free", || {
+        let m = model(m)?;
+        m.cancel.store(true, Ordering::Relaxed);
+        let freed = m.trainer.lock().unwrap_or_else(|e| e.into_inner()).take().is_some();
+        Ok(if freed { atoms::ok() } else { atoms::already_deallocated() })
     })
 }
