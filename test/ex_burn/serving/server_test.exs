@@ -1,0 +1,276 @@
+defmodule ExBurn.Serving.ServerTest do
+  use ExUnit.Case, async: true
+
+  alias ExBurn.{Error, Model, Tensor}
+  alias ExBurn.Serving.Server
+
+  # Exact integer arithmetic: row [a, b] -> [2a + 1, 2b + 1]; reports each batch's size.
+  defp affine(test_pid) do
+    fn batch ->
+      send(test_pid, {:batch_rows, elem(Tensor.shape(batch), 0)})
+      batch |> Tensor.multiply(2) |> Tensor.add(1)
+    end
+  end
+
+  defp mlp do
+    Model.input({nil, 4})
+    |> Model.dense(16, activation: :tanh)
+    |> Model.dense(3)
+    |> Model.compile(seed: 3)
+  end
+
+  defp rows_seen(acc \\ []) do
+    receive do
+      {:batch_rows, n} -> rows_seen([n | acc])
+    after
+      0 -> Enum.reverse(acc)
+    end
+  end
+
+  defp concurrently(clients, per_client, fun) do
+    1..clients
+    |> Enum.map(fn c -> Task.async(fn -> for r <- 1..per_client, do: fun.(c * 1000 + r) end) end)
+    |> Enum.flat_map(&Task.await(&1, 30_000))
+  end
+
+  test "256 requests from 64 processes get their own rows (exact, function target)" do
+    {:ok, server} = Server.start_link(affine(self()), batch_size: 16, batch_timeout: 5)
+
+    results = concurrently(64, 4, fn i -> {i, Server.run(server, Tensor.tensor([i, -i], type: :s32))} end)
+
+    assert length(results) == 256
+
+    for {i, result} <- results do
+      assert {:ok, row} = result
+      assert {Tensor.shape(row), Tensor.type(row)} == {{2}, {:s, 32}}
+      assert Tensor.to_flat_list(row) == [2 * i + 1, -2 * i + 1]
+    end
+
+    sizes = rows_seen()
+    assert Enum.sum(sizes) == 256
+    assert Enum.max(sizes) > 1, "requests were never batched: #{inspect(sizes)}"
+    assert Enum.max(sizes) <= 16
+  end
+
+  test "256 requests from 64 processes on an MLP match per-sample predictions" do
+    model = mlp()
+    {:ok, server} = Server.start_link(model, batch_size: 32, batch_timeout: 5)
+    input = fn i -> [rem(i, 7) / 7, rem(i, 5) - 2.0, i / 10_000, 1.0] end
+
+    results = concurrently(64, 4, fn i -> {i, Server.run(server, input.(i))} end)
+    assert length(results) == 256
+
+    for {i, result} <- results do
+      assert {:ok, row} = result
+      expected = model |> Model.predict([input.(i)]) |> Tensor.to_flat_list()
+      got = Tensor.to_flat_list(row)
+      assert Tensor.shape(row) == {3}
+      for {g, e} <- Enum.zip(got, expected), do: assert_in_delta(g, e, 1.0e-5)
+    end
+  end
+
+  test "inputs may be lists, tensors and {binary, type, shape}; run! raises" do
+    {:ok, server} = Server.start_link(affine(self()), batch_timeout: 0)
+    assert Tensor.to_flat_list(Server.run!(server, [1, 2])) == [3, 5]
+    assert Tensor.to_flat_list(Server.run!(server, {<<7::signed-native-32, 8::signed-native-32>>, {:s, 32}, {2}})) == [15, 17]
+    assert {:error, %Error{op: :serving}} = Server.run(server, :junk)
+    assert_raise Error, fn -> Server.run!(server, %{}) end
+  end
+
+  test "an erroring function fails only the requests that fail on their own" do
+    fun = fn batch ->
+      if Enum.any?(Tensor.to_flat_list(batch), &(&1 < 0)), do: raise(ArgumentError, "negative input")
+      Tensor.add(batch, 10)
+    end
+
+    {:ok, server} = Server.start_link(fun, batch_size: 8, batch_timeout: 20)
+    results = concurrently(10, 10, fn i -> {i, Server.run(server, [if(rem(i, 7) == 0, do: -i, else: i)])} end)
+
+    for {i, result} <- results do
+      if rem(i, 7) == 0 do
+        assert {:error, %Error{op: :serving, reason: "the serving function raised: negative input"}} = result
+      else
+        assert {:ok, row} = result
+        assert Tensor.to_flat_list(row) == [i + 10]
+      end
+    end
+
+    # 16 of the 100 ids are multiples of 7: the batches they shared must still have succeeded.
+    assert Enum.count(results, &match?({_, {:error, _}}, &1)) == 16
+  end
+
+  test "a bad sample fails alone when batched with good ones for a model" do
+    model = mlp()
+    {:ok, server} = Server.start_link(model, batch_size: 4, batch_timeout: 50)
+
+    [good1, bad, good2] =
+      [[1.0, 2.0, 3.0, 4.0], [1.0, 2.0], [0.0, 0.5, 0.0, -1.0]]
+      |> Enum.map(fn x -> Task.async(fn -> Server.run(server, x) end) end)
+      |> Enum.map(&Task.await/1)
+
+    assert {:error, %Error{op: :predict}} = bad
+
+    for {{:ok, row}, x} <- [{good1, [1.0, 2.0, 3.0, 4.0]}, {good2, [0.0, 0.5, 0.0, -1.0]}] do
+      expected = model |> Model.predict([x]) |> Tensor.to_flat_list()
+      for {g, e} <- Enum.zip(Tensor.to_flat_list(row), expected), do: assert_in_delta(g, e, 1.0e-5)
+    end
+  end
+
+  test "a function returning the wrong number of rows fails with a clear error" do
+    {:ok, server} = Server.start_link(fn batch -> Tensor.sum(batch) end, batch_timeout: 0)
+    assert {:error, %Error{op: :serving, reason: "the model must return a tensor with one row per input"}} = Server.run(server, [1, 2])
+  end
+
+  test "callers killed while queued are dropped from the batch; the others get their rows" do
+    {:ok, server} = Server.start_link(affine(self()), batch_size: 100, batch_timeout: 300)
+    parent = self()
+
+    callers =
+      for i <- 1..10 do
+        spawn(fn -> send(parent, {:result, i, Server.run(server, [i, i])}) end)
+      end
+
+    # All ten are queued (the batch waits for its timeout), then every odd one dies.
+    wait_until(fn -> :sys.get_state(server).queued == 10 end)
+    for {pid, i} <- Enum.with_index(callers, 1), rem(i, 2) == 1, do: Process.exit(pid, :kill)
+
+    for i <- 2..10//2 do
+      assert_receive {:result, ^i, {:ok, row}}, 2_000
+      assert Tensor.to_flat_list(row) == [2 * i + 1, 2 * i + 1]
+    end
+
+    assert rows_seen() == [5]
+    refute_received {:result, _, _}
+    assert {:ok, _} = Server.run(server, [0, 0])
+  end
+
+  test "a caller killed while its batch runs does not break the batch for the others" do
+    fun = fn batch ->
+      Process.sleep(100)
+      Tensor.add(batch, 1)
+    end
+
+    {:ok, server} = Server.start_link(fun, batch_size: 4, batch_timeout: 0)
+    parent = self()
+    pids = for i <- 1..4, do: spawn(fn -> send(parent, {:result, i, Server.run(server, [i])}) end)
+    wait_until(fn -> :sys.get_state(server).task != nil end)
+    Process.exit(hd(pids), :kill)
+
+    # The first request may have run alone (batch_timeout 0); either way the survivors answer.
+    for i <- 2..4, do: assert_receive({:result, ^i, {:ok, _}}, 2_000)
+    assert Process.alive?(server)
+    assert {:ok, row} = Server.run(server, [41])
+    assert Tensor.to_flat_list(row) == [42]
+  end
+
+  test "a batch process that dies fails its requests only; the server keeps serving" do
+    fun = fn batch ->
+      if Tensor.to_flat_list(batch) == [13], do: Process.exit(self(), :kill)
+      batch
+    end
+
+    {:ok, server} = Server.start_link(fun, batch_timeout: 0)
+    assert {:error, %Error{details: %{cause: :batch_exit, exit: :killed}}} = Server.run(server, [13])
+    assert {:ok, row} = Server.run(server, [12])
+    assert Tensor.to_flat_list(row) == [12]
+  end
+
+  test "the queue is bounded: overload is refused at once with a clear error" do
+    parent = self()
+
+    fun = fn batch ->
+      send(parent, {:running, self()})
+      receive do: (:go -> batch)
+    end
+
+    {:ok, server} = Server.start_link(fun, batch_size: 1, batch_timeout: 0, max_queue: 3)
+    first = Task.async(fn -> Server.run(server, [0]) end)
+    assert_receive {:running, batch_pid}, 2_000
+
+    queued = for i <- 1..3, do: Task.async(fn -> Server.run(server, [i]) end)
+    wait_until(fn -> :sys.get_state(server).queued == 3 end)
+
+    assert {:error, %Error{op: :serving, details: %{cause: :overloaded, max_queue: 3}} = e} = Server.run(server, [99])
+    assert Exception.message(e) =~ "overloaded"
+
+    send(batch_pid, :go)
+    assert {:ok, _} = Task.await(first)
+
+    # The queued three run one at a time, in whatever order they arrived.
+    for _ <- 1..3 do
+      assert_receive {:running, pid}, 2_000
+      send(pid, :go)
+    end
+
+    for {task, i} <- Enum.with_index(queued, 1) do
+      assert {:ok, row} = Task.await(task)
+      assert Tensor.to_flat_list(row) == [i]
+    end
+  end
+
+  test "a request that times out is reported and skipped" do
+    fun = fn batch ->
+      Process.sleep(200)
+      batch
+    end
+
+    {:ok, server} = Server.start_link(fun, batch_size: 1, batch_timeout: 0)
+    busy = Task.async(fn -> Server.run(server, [1]) end)
+    wait_until(fn -> :sys.get_state(server).task != nil end)
+    assert {:error, %Error{details: %{cause: :timeout, timeout: 50}}} = Server.run(server, [2], 50)
+    assert {:ok, _} = Task.await(busy)
+    assert {:error, %Error{details: %{cause: :down}}} = Server.run(:no_such_server, [1])
+  end
+
+  test "a supervised server is restarted and serves again" do
+    name = :"serving_restart_#{System.unique_integer([:positive])}"
+    children = [{Server, model: affine(self()), name: name, batch_timeout: 0}]
+    start_supervised!(%{id: :sup, type: :supervisor, start: {Supervisor, :start_link, [children, [strategy: :one_for_one]]}})
+    old = Process.whereis(name)
+    assert {:ok, _} = Server.run(name, [1, 1])
+
+    ref = Process.monitor(old)
+    Process.exit(old, :kill)
+    assert_receive {:DOWN, ^ref, :process, ^old, :killed}
+    wait_until(fn -> Process.whereis(name) not in [nil, old] end)
+
+    assert {:ok, row} = Server.run(name, [20, 21])
+    assert Tensor.to_flat_list(row) == [41, 43]
+  end
+
+  @tag :telemetry
+  test "each batch emits [:ex_burn, :serving, :batch] with its size, queue and execution times" do
+    parent = self()
+    id = "serving-telemetry-#{inspect(parent)}"
+    handler = fn _event, measurements, metadata, _ -> send(parent, {:telemetry, measurements, metadata}) end
+    :ok = apply(:telemetry, :attach, [id, [:ex_burn, :serving, :batch], handler, nil])
+    on_exit(fn -> apply(:telemetry, :detach, [id]) end)
+
+    fun = fn batch ->
+      if Enum.any?(Tensor.to_flat_list(batch), &(&1 < 0)), do: raise("negative")
+      batch
+    end
+
+    {:ok, server} = Server.start_link(fun, batch_size: 3, batch_timeout: 1_000)
+    tasks = for x <- [1, -2, 3], do: Task.async(fn -> Server.run(server, [x]) end)
+    assert [{:ok, _}, {:error, _}, {:ok, _}] = Enum.map(tasks, &Task.await/1)
+
+    assert_receive {:telemetry, %{batch_size: 3, queue_time: q, execution_time: e}, %{server: ^server, errors: 1, fallback: true}}
+    assert is_integer(q) and q >= 0 and is_integer(e) and e > 0
+  end
+
+  test "options are validated" do
+    assert_raise Error, ~r/unknown option :batch/, fn -> Server.start_link(& &1, batch: 3) end
+    assert_raise Error, ~r/:batch_size must be a positive integer/, fn -> Server.start_link(& &1, batch_size: 0) end
+    assert_raise Error, ~r/expected an ExBurn.Model/, fn -> Server.start_link(:nope, []) end
+    assert %{id: :x, start: {Server, :start_link, [_]}} = Server.child_spec(model: & &1, name: :x)
+  end
+
+  defp wait_until(fun, tries \\ 200) do
+    cond do
+      fun.() -> :ok
+      tries == 0 -> flunk("condition never held")
+      true -> Process.sleep(10) && wait_until(fun, tries - 1)
+    end
+  end
+end
