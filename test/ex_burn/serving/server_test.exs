@@ -259,6 +259,14 @@ defmodule ExBurn.Serving.ServerTest do
     assert is_integer(q) and q >= 0 and is_integer(e) and e > 0
   end
 
+  test "without Nx, ExBurn.Serving and Dala.ML.Burn.Serving point to this server" do
+    if Code.ensure_loaded?(ExBurn.Serving.Nx) do
+      assert %{__struct__: Nx.Serving} = Dala.ML.Burn.Serving.build(& &1)
+    else
+      assert_raise Error, ~r/Nx is not loaded; use ExBurn.Serving.Server/, fn -> Dala.ML.Burn.Serving.build(& &1) end
+    end
+  end
+
   test "options are validated" do
     assert_raise Error, ~r/unknown option :batch/, fn -> Server.start_link(& &1, batch: 3) end
     assert_raise Error, ~r/:batch_size must be a positive integer/, fn -> Server.start_link(& &1, batch_size: 0) end
