@@ -57,7 +57,7 @@ defmodule ExBurn.Serving.DistributedTest do
 
     for {row, exp} <- Enum.zip(results, expected) do
       # Replies crossed the node boundary as host tensors.
-      assert %Nx.BinaryBackend{} = row.data
+      assert row.data.__struct__ == Nx.BinaryBackend
       assert Nx.shape(row) == {2}
       for {g, e} <- Enum.zip(Nx.to_flat_list(row), exp), do: assert_in_delta(g, e, 1.0e-5)
     end
