@@ -148,7 +148,13 @@ if Code.ensure_loaded?(Nx) do
     def constant(%T{type: type, shape: shape} = out, number, opts) do
       if native_type?(type) and (is_number(number) or number in [:nan, :infinity, :neg_infinity]) do
         value = constant_value(number, type)
-        put(out, wrap_native(Native.full(value, Tuple.to_list(shape), type, backend_device(opts))))
+
+        if is_integer(value) and value > 0x7FFFFFFFFFFFFFFF do
+          # Burn's fill takes a signed 64-bit scalar: the top half of u64 is uploaded as bytes.
+          from_binary(out, :binary.copy(ET.encode!(:constant, value, type), Nx.size(shape)), opts)
+        else
+          put(out, wrap_native(Native.full(value, Tuple.to_list(shape), type, backend_device(opts))))
+        end
       else
         Fallback.bump(:constant)
         from_binary(out, Nx.to_binary(Nx.BinaryBackend.constant(out, number, [])), opts)
@@ -632,14 +638,33 @@ if Code.ensure_loaded?(Nx) do
 
       bad = ET.logical_or(ET.less(idx, 0), ET.greater_equal(idx, bounds)) |> ET.any()
 
-      if ET.to_flat_list(bad) == [1] do
-        raise ArgumentError, "index out of bounds for axes #{inspect(axes)} of sizes #{inspect(dims)}"
-      end
+      if ET.to_flat_list(bad) == [1], do: raise_out_of_bounds(idx, dims, x.shape)
 
       strides = dims |> Enum.reverse() |> Enum.scan(1, &(&1 * &2)) |> Enum.reverse() |> tl() |> Kernel.++([1])
       strides = ET.tensor(strides, type: {:s, 64}, device: x.device)
       last = tuple_size(idx.shape) - 1
       {x, ET.sum(ET.multiply(idx, strides), axes: [last])}
+    end
+
+    # BinaryBackend's message, naming the first offending coordinate (read only on this path).
+    defp raise_out_of_bounds(idx, dims, shape) do
+      k = length(dims)
+
+      {i, axis} =
+        idx
+        |> ET.to_flat_list()
+        |> Enum.chunk_every(k)
+        |> Enum.find_value(fn row ->
+          row
+          |> Enum.zip(dims)
+          |> Enum.with_index()
+          |> Enum.find_value(fn {{i, d}, a} -> if i < 0 or i >= d, do: {i, a} end)
+        end)
+
+      shape = dims ++ (shape |> Tuple.to_list() |> Enum.drop(k))
+
+      raise ArgumentError,
+            "index #{i} is out of bounds for axis #{axis} in shape #{inspect(List.to_tuple(shape))}"
     end
 
     for {name, op} <- [indexed_add: :add, indexed_put: :put] do

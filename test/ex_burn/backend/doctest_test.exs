@@ -1,17 +1,19 @@
-defmodule ExBurn.Backend.DoctestTest do
-  # Nx's own documentation examples, run with ExBurn.Backend as the default backend. The
-  # examples compare printed values exactly; every exclusion below is a last-digits difference
-  # of a float result, not a wrong value.
-  use ExUnit.Case, async: false
+# Compiled only where Nx is present (doctest/Nx calls expand at compile time); the :nx tag
+# keeps it out of runs without Nx either way.
+if Code.ensure_loaded?(Nx) do
+  defmodule ExBurn.Backend.DoctestTest do
+    # Nx's own documentation examples, run with ExBurn.Backend as the default backend. The
+    # examples compare printed values exactly; every exclusion below is a last-digits difference
+    # of a float result, not a wrong value.
+    use ExUnit.Case, async: false
 
-  @moduletag :nx
+    @moduletag :nx
 
-  setup do
-    previous = Nx.default_backend(ExBurn.Backend)
-    on_exit(fn -> Nx.default_backend(previous) end)
-  end
+    setup do
+      previous = Nx.default_backend(ExBurn.Backend)
+      on_exit(fn -> Nx.default_backend(previous) end)
+    end
 
-  if Code.ensure_loaded?(Nx) do
     doctest Nx,
       except: [
         # f64 results differ from Erlang's libm in the last 1-2 digits (Burn's kernels):

@@ -277,7 +277,17 @@ fn arith(op: &str, a: Prim, b: Prim, ty: NxType) -> ExResult<Prim> {
             } else {
                 by_kind2!(a.clone(), b.clone(), float_lower_equal, int_lower_equal, BOOL)
             };
-            dispatch::select(a_wins, a, b)
+            let picked = dispatch::select(a_wins, a.clone(), b.clone());
+            if float {
+                // Nx propagates NaN through min/max; a comparison with NaN is false, which
+                // would pick the other operand.
+                let b_nan = Dispatch::float_is_nan(b.clone(), BOOL);
+                let with_b = dispatch::select(b_nan, b, picked);
+                let a_nan = Dispatch::float_is_nan(a.clone(), BOOL);
+                dispatch::select(a_nan, a, with_b)
+            } else {
+                picked
+            }
         }
         "atan2" if float => Dispatch::float_atan2(a, b),
         "bitwise_and" | "bitwise_or" | "bitwise_xor" | "left_shift" | "right_shift" => {
@@ -354,6 +364,17 @@ pub fn as_type(h: &Handle, ty: NxType) -> ExResult<Handle> {
 mod tests {
     use super::*;
     use crate::testing::*;
+
+    #[test]
+    fn float_min_max_propagate_nan() {
+        let a = f32s(&[f32::NAN, 1.0, 2.0], &[3]);
+        let b = f32s(&[f32::INFINITY, f32::NAN, 0.5], &[3]);
+        for op in ["min", "max"] {
+            let r = floats(&binary(op, &a, &b, NxType::F(32)).unwrap());
+            assert!(r[0].is_nan() && r[1].is_nan(), "{op}: {r:?}");
+            assert_eq!(r[2], if op == "min" { 0.5 } else { 2.0 });
+        }
+    }
 
     #[test]
     fn binary_broadcasts_like_nx() {

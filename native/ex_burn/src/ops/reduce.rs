@@ -148,6 +148,15 @@ mod tests {
     use crate::testing::*;
 
     #[test]
+    fn f32_sum_accumulates_in_f64() {
+        let n = 100_000;
+        let x = f32s(&vec![0.1; n], &[n]);
+        let got = floats(&reduce("sum", &x, None, false, NxType::F(32)).unwrap())[0];
+        let want = (0.1f32 as f64 * n as f64) as f32 as f64;
+        assert_eq!(got, want);
+    }
+
+    #[test]
     fn out_shape_drops_or_keeps_reduced_axes() {
         assert_eq!(out_shape(&[2, 3, 4], &[1], false), vec![2, 4]);
         assert_eq!(out_shape(&[2, 3, 4], &[0, 2], true), vec![1, 3, 1]);
