@@ -54,6 +54,11 @@ defmodule ExBurn.Serving do
   defp call(fun, args) do
     if Code.ensure_loaded?(ExBurn.Serving.Nx),
       do: apply(ExBurn.Serving.Nx, fun, args),
-      else: raise(Error, op: :serving, reason: "Nx is not loaded; use ExBurn.Serving.Server", details: %{function: fun})
+      else:
+        raise(Error,
+          op: :serving,
+          reason: "Nx is not loaded; use ExBurn.Serving.Server",
+          details: %{function: fun}
+        )
   end
 end

@@ -34,8 +34,14 @@ defmodule ExBurn.Serving.Batch do
     out = call(target, batch, n)
 
     case out do
-      %Tensor{shape: shape} when tuple_size(shape) >= 1 and elem(shape, 0) == n -> split(out, n)
-      other -> raise Error, op: :serving, reason: "the model must return a tensor with one row per input", details: %{rows: n, got: summary(other)}
+      %Tensor{shape: shape} when tuple_size(shape) >= 1 and elem(shape, 0) == n ->
+        split(out, n)
+
+      other ->
+        raise Error,
+          op: :serving,
+          reason: "the model must return a tensor with one row per input",
+          details: %{rows: n, got: summary(other)}
     end
   end
 
@@ -56,10 +62,18 @@ defmodule ExBurn.Serving.Batch do
   def to_error(%Error{} = e), do: e
 
   def to_error(e) when is_exception(e),
-    do: %Error{op: :serving, reason: "the serving function raised: " <> Exception.message(e), details: %{exception: e}}
+    do: %Error{
+      op: :serving,
+      reason: "the serving function raised: " <> Exception.message(e),
+      details: %{exception: e}
+    }
 
   def caught(kind, value),
-    do: %Error{op: :serving, reason: "the serving function #{verb(kind)}", details: %{kind: kind, value: value}}
+    do: %Error{
+      op: :serving,
+      reason: "the serving function #{verb(kind)}",
+      details: %{kind: kind, value: value}
+    }
 
   defp verb(:throw), do: "threw"
   defp verb(_), do: "exited"

@@ -21,7 +21,8 @@ if Code.ensure_loaded?(Nx) do
       batch_timeout = Keyword.get(opts, :batch_timeout, 10)
 
       unless is_integer(batch_timeout) and batch_timeout >= 0,
-        do: fail!(":batch_timeout must be a non-negative integer", %{option: :batch_timeout, got: batch_timeout})
+        do:
+          fail!(":batch_timeout must be a non-negative integer", %{option: :batch_timeout, got: batch_timeout})
 
       defn_options = [
         compiler: Partitions,
@@ -46,13 +47,18 @@ if Code.ensure_loaded?(Nx) do
 
     def run(%Nx.Serving{} = serving, input), do: Nx.Serving.run(serving, input)
 
-    def batched_run(name, input), do: Nx.Serving.batched_run(name, input, &Nx.backend_copy(&1, Nx.BinaryBackend))
+    def batched_run(name, input),
+      do: Nx.Serving.batched_run(name, input, &Nx.backend_copy(&1, Nx.BinaryBackend))
 
     def supervise(%Nx.Serving{} = serving, opts) do
       {name, opts} = Keyword.pop(opts, :name)
       {supervisor, opts} = Keyword.pop(opts, :supervisor)
       unless is_atom(name) and name != nil, do: fail!(":name must be an atom", %{option: :name, got: name})
-      spec = {Nx.Serving, [serving: serving, name: name] ++ Keyword.take(opts, [:batch_size, :batch_timeout, :partitions, :shutdown])}
+
+      spec =
+        {Nx.Serving,
+         [serving: serving, name: name] ++
+           Keyword.take(opts, [:batch_size, :batch_timeout, :partitions, :shutdown])}
 
       if supervisor,
         do: DynamicSupervisor.start_child(supervisor, spec),
@@ -81,7 +87,10 @@ if Code.ensure_loaded?(Nx) do
     defp batch_fun({:fun, fun}, opts) do
       device = Partitions.device(opts)
       jitted = Nx.Defn.jit(fun, [compiler: Partitions.compiler(opts)] ++ Partitions.inner(opts))
-      fn batch -> batch |> batch_tensor() |> Nx.backend_transfer({ExBurn.Backend, device: device}) |> jitted.() end
+
+      fn batch ->
+        batch |> batch_tensor() |> Nx.backend_transfer({ExBurn.Backend, device: device}) |> jitted.()
+      end
     end
 
     # Partition 0 on the model's own device serves the model itself; every other partition
@@ -89,7 +98,11 @@ if Code.ensure_loaded?(Nx) do
     defp model_on(%Model{device: device} = model, device, 0), do: model
 
     defp model_on(model, device, partition) do
-      path = Path.join(System.tmp_dir!(), "ex_burn_serving_#{System.unique_integer([:positive])}_#{partition}.model")
+      path =
+        Path.join(
+          System.tmp_dir!(),
+          "ex_burn_serving_#{System.unique_integer([:positive])}_#{partition}.model"
+        )
 
       try do
         Model.save!(model, path)
@@ -118,7 +131,9 @@ if Code.ensure_loaded?(Nx) do
     defp sample(other), do: fail!("cannot use this as a sample", %{got: other})
 
     defp postprocess({output, _metadata}, :batch), do: output
-    defp postprocess({output, _metadata}, :single), do: Nx.Defn.Composite.traverse(output, &Nx.squeeze(&1, axes: [0]))
+
+    defp postprocess({output, _metadata}, :single),
+      do: Nx.Defn.Composite.traverse(output, &Nx.squeeze(&1, axes: [0]))
 
     ## Options
 

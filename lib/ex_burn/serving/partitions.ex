@@ -25,7 +25,8 @@ if Code.ensure_loaded?(Nx) do
     def __compile__(key, vars, fun, opts), do: compiler(opts).__compile__(key, vars, fun, inner(opts))
 
     @doc "The partition's device: its own, else the serving's first."
-    def device(opts), do: opts[:exburn_device] || hd(Keyword.get(opts, :exburn_devices, [ExBurn.default_device()]))
+    def device(opts),
+      do: opts[:exburn_device] || hd(Keyword.get(opts, :exburn_devices, [ExBurn.default_device()]))
 
     @doc "The real compiler and its options, without the serving's keys."
     def compiler(opts), do: Keyword.get(opts, :exburn_compiler, Nx.Defn.Evaluator)

@@ -92,10 +92,20 @@ defmodule ExBurn.Serving.Server do
     e in Error -> {:error, e}
   catch
     :exit, {:timeout, _} ->
-      {:error, %Error{op: :serving, reason: "no reply within #{timeout} ms", details: %{cause: :timeout, timeout: timeout}}}
+      {:error,
+       %Error{
+         op: :serving,
+         reason: "no reply within #{timeout} ms",
+         details: %{cause: :timeout, timeout: timeout}
+       }}
 
     :exit, {reason, _} ->
-      {:error, %Error{op: :serving, reason: "the serving process is not running", details: %{cause: :down, exit: reason}}}
+      {:error,
+       %Error{
+         op: :serving,
+         reason: "the serving process is not running",
+         details: %{cause: :down, exit: reason}
+       }}
   end
 
   @doc "Like `run/3`, but returns the row or raises `ExBurn.Error`."
@@ -113,7 +123,12 @@ defmodule ExBurn.Serving.Server do
 
   @impl true
   def handle_call({:run, _sample, _deadline}, _from, %{queued: n, max_queue: max} = s) when n >= max do
-    error = %Error{op: :serving, reason: "overloaded: #{n} requests are already queued", details: %{cause: :overloaded, max_queue: max}}
+    error = %Error{
+      op: :serving,
+      reason: "overloaded: #{n} requests are already queued",
+      details: %{cause: :overloaded, max_queue: max}
+    }
+
     {:reply, {:error, error}, s}
   end
 
@@ -127,16 +142,27 @@ defmodule ExBurn.Serving.Server do
   def handle_info({:flush, timer}, %{timer: timer} = s), do: {:noreply, schedule(%{s | timer: nil})}
   def handle_info({:flush, _stale}, s), do: {:noreply, s}
 
-  def handle_info({:batch_done, pid, results}, %{task: {pid, mref, entries}} = s) do
+  # The batch process has already replied to its callers.
+  def handle_info({:batch_done, pid}, %{task: {pid, mref, entries}} = s) do
     Process.demonitor(mref, [:flush])
-    reply_all(entries, results)
+    Enum.each(entries, fn {caller_mref, _, _, _, _} -> Process.demonitor(caller_mref, [:flush]) end)
     {:noreply, schedule(%{s | task: nil})}
   end
 
   # The batch process died without answering (killed, or a NIF crash it could not catch).
   def handle_info({:DOWN, mref, :process, _, reason}, %{task: {_, mref, entries}} = s) do
-    error = %Error{op: :serving, reason: "the batch process exited", details: %{cause: :batch_exit, exit: reason}}
-    reply_all(entries, Enum.map(entries, fn _ -> {:error, error} end))
+    error = %Error{
+      op: :serving,
+      reason: "the batch process exited",
+      details: %{cause: :batch_exit, exit: reason}
+    }
+
+    # Callers it answered before dying ignore this second reply (their call has returned).
+    Enum.each(entries, fn {caller_mref, from, _, _, _} ->
+      Process.demonitor(caller_mref, [:flush])
+      GenServer.reply(from, {:error, error})
+    end)
+
     {:noreply, schedule(%{s | task: nil})}
   end
 
@@ -183,10 +209,16 @@ defmodule ExBurn.Serving.Server do
       _ ->
         server = self()
         target = s.target
-        inputs = Enum.map(entries, &elem(&1, 2))
         t0 = entries |> Enum.map(&elem(&1, 3)) |> Enum.min()
-        # Not linked: a batch that dies must fail its requests, not the server.
-        {pid, mref} = spawn_monitor(fn -> send(server, {:batch_done, self(), execute(target, inputs, t0, server)}) end)
+
+        # Not linked: a batch that dies must fail its requests, not the server. It replies to
+        # the callers itself, which keeps that work out of the server's loop.
+        {pid, mref} =
+          spawn_monitor(fn ->
+            reply_all(entries, execute(target, Enum.map(entries, &elem(&1, 2)), t0, server))
+            send(server, {:batch_done, self()})
+          end)
+
         %{s | task: {pid, mref, entries}, queue: queue, queued: :queue.len(queue)}
     end
   end
@@ -223,12 +255,8 @@ defmodule ExBurn.Serving.Server do
     results
   end
 
-  defp reply_all(entries, results) do
-    Enum.zip_with(entries, results, fn {mref, from, _, _, _}, result ->
-      Process.demonitor(mref, [:flush])
-      GenServer.reply(from, result)
-    end)
-  end
+  defp reply_all(entries, results),
+    do: Enum.zip_with(entries, results, fn {_, from, _, _, _}, result -> GenServer.reply(from, result) end)
 
   defp telemetry(measurements, metadata) do
     if Code.ensure_loaded?(:telemetry),
@@ -240,7 +268,8 @@ defmodule ExBurn.Serving.Server do
   ## Options and inputs
 
   defp config!(target, opts) do
-    for {key, _} <- opts, key not in @options,
+    for {key, _} <- opts,
+        key not in @options,
         do: fail!("unknown option #{inspect(key)}", %{option: key, allowed: @options})
 
     %{

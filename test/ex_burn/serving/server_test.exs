@@ -72,7 +72,11 @@ defmodule ExBurn.Serving.ServerTest do
   test "inputs may be lists, tensors and {binary, type, shape}; run! raises" do
     {:ok, server} = Server.start_link(affine(self()), batch_timeout: 0)
     assert Tensor.to_flat_list(Server.run!(server, [1, 2])) == [3, 5]
-    assert Tensor.to_flat_list(Server.run!(server, {<<7::signed-native-32, 8::signed-native-32>>, {:s, 32}, {2}})) == [15, 17]
+
+    assert Tensor.to_flat_list(
+             Server.run!(server, {<<7::signed-native-32, 8::signed-native-32>>, {:s, 32}, {2}})
+           ) == [15, 17]
+
     assert {:error, %Error{op: :serving}} = Server.run(server, :junk)
     assert_raise Error, fn -> Server.run!(server, %{}) end
   end
@@ -118,7 +122,9 @@ defmodule ExBurn.Serving.ServerTest do
 
   test "a function returning the wrong number of rows fails with a clear error" do
     {:ok, server} = Server.start_link(fn batch -> Tensor.sum(batch) end, batch_timeout: 0)
-    assert {:error, %Error{op: :serving, reason: "the model must return a tensor with one row per input"}} = Server.run(server, [1, 2])
+
+    assert {:error, %Error{op: :serving, reason: "the model must return a tensor with one row per input"}} =
+             Server.run(server, [1, 2])
   end
 
   test "callers killed while queued are dropped from the batch; the others get their rows" do
@@ -190,7 +196,9 @@ defmodule ExBurn.Serving.ServerTest do
     queued = for i <- 1..3, do: Task.async(fn -> Server.run(server, [i]) end)
     wait_until(fn -> :sys.get_state(server).queued == 3 end)
 
-    assert {:error, %Error{op: :serving, details: %{cause: :overloaded, max_queue: 3}} = e} = Server.run(server, [99])
+    assert {:error, %Error{op: :serving, details: %{cause: :overloaded, max_queue: 3}} = e} =
+             Server.run(server, [99])
+
     assert Exception.message(e) =~ "overloaded"
 
     send(batch_pid, :go)
@@ -225,7 +233,13 @@ defmodule ExBurn.Serving.ServerTest do
   test "a supervised server is restarted and serves again" do
     name = :"serving_restart_#{System.unique_integer([:positive])}"
     children = [{Server, model: affine(self()), name: name, batch_timeout: 0}]
-    start_supervised!(%{id: :sup, type: :supervisor, start: {Supervisor, :start_link, [children, [strategy: :one_for_one]]}})
+
+    start_supervised!(%{
+      id: :sup,
+      type: :supervisor,
+      start: {Supervisor, :start_link, [children, [strategy: :one_for_one]]}
+    })
+
     old = Process.whereis(name)
     assert {:ok, _} = Server.run(name, [1, 1])
 
@@ -255,7 +269,9 @@ defmodule ExBurn.Serving.ServerTest do
     tasks = for x <- [1, -2, 3], do: Task.async(fn -> Server.run(server, [x]) end)
     assert [{:ok, _}, {:error, _}, {:ok, _}] = Enum.map(tasks, &Task.await/1)
 
-    assert_receive {:telemetry, %{batch_size: 3, queue_time: q, execution_time: e}, %{server: ^server, errors: 1, fallback: true}}
+    assert_receive {:telemetry, %{batch_size: 3, queue_time: q, execution_time: e},
+                    %{server: ^server, errors: 1, fallback: true}}
+
     assert is_integer(q) and q >= 0 and is_integer(e) and e > 0
   end
 
@@ -263,13 +279,19 @@ defmodule ExBurn.Serving.ServerTest do
     if Code.ensure_loaded?(ExBurn.Serving.Nx) do
       assert %{__struct__: Nx.Serving} = Dala.ML.Burn.Serving.build(& &1)
     else
-      assert_raise Error, ~r/Nx is not loaded; use ExBurn.Serving.Server/, fn -> Dala.ML.Burn.Serving.build(& &1) end
+      assert_raise Error, ~r/Nx is not loaded; use ExBurn.Serving.Server/, fn ->
+        Dala.ML.Burn.Serving.build(& &1)
+      end
     end
   end
 
   test "options are validated" do
     assert_raise Error, ~r/unknown option :batch/, fn -> Server.start_link(& &1, batch: 3) end
-    assert_raise Error, ~r/:batch_size must be a positive integer/, fn -> Server.start_link(& &1, batch_size: 0) end
+
+    assert_raise Error, ~r/:batch_size must be a positive integer/, fn ->
+      Server.start_link(& &1, batch_size: 0)
+    end
+
     assert_raise Error, ~r/expected an ExBurn.Model/, fn -> Server.start_link(:nope, []) end
     assert %{id: :x, start: {Server, :start_link, [_]}} = Server.child_spec(model: & &1, name: :x)
   end
