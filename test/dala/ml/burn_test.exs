@@ -107,11 +107,14 @@ defmodule Dala.ML.BurnTest do
     assert Tensor.to_binary(p2) == Tensor.to_binary(predictions)
     assert {:ok, %Model{}} = Burn.load(path)
     assert Burn.free(trained) == :ok
+    # fit trains the native model in place: `compiled` and `trained` are one model, now freed
+    assert {:error, %ExBurn.Error{reason: "model was freed"}} = Burn.predict(compiled, x)
 
-    {_m, history} = Training.fit_with_progress(compiled, {x, y}, epochs: 3, batch_size: 4, validation_data: {x, y})
+    fresh = Burn.compile(model, loss: :cross_entropy, optimizer: :adam, learning_rate: 0.05)
+    {_m, history} = Training.fit_with_progress(fresh, {x, y}, epochs: 3, batch_size: 4, validation_data: {x, y})
     assert [%{epoch: 1, loss: _, val_loss: _}, %{epoch: 2}, %{epoch: 3}] = history
 
-    e = assert_raise ExBurn.Error, fn -> Burn.fit(compiled, {x, y}, epochs: 1, learning_rate: 0.1) end
+    e = assert_raise ExBurn.Error, fn -> Burn.fit(fresh, {x, y}, epochs: 1, learning_rate: 0.1) end
     assert {e.op, e.details.option} == {:fit, :learning_rate}
   end
 

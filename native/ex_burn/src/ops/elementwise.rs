@@ -37,6 +37,9 @@ const FLOAT_UNARY: &[(&str, UnaryFn)] = &[
     ("ceil", Dispatch::float_ceil),
 ];
 
+/// Float ops built from several Burn kernels.
+const COMPOSITES: &[&str] = &["expm1", "cbrt", "erfc", "erf_inv"];
+
 fn fscalar(v: f64) -> Scalar {
     Scalar::Float(v)
 }
@@ -187,6 +190,11 @@ pub fn unary(op: &str, h: &Handle, out: NxType) -> ExResult<Handle> {
         "logical_not" => dispatch::pred(by_kind!(h.prim.clone(), float_equal_elem, int_equal_elem, dispatch::zero_of(h.ty.dtype()), BOOL)),
         "is_nan" | "is_infinity" if h.ty.is_float() => float_unary(op, h.prim.clone())?,
         "is_nan" | "is_infinity" => int_unary(op, h.prim.clone(), h.ty)?,
+        // Composites of several kernels (Newton steps, 1 - erf, the tanh form of expm1) round at
+        // every step; narrow floats are computed in f64 and rounded once, as BinaryBackend does.
+        _ if COMPOSITES.contains(&op) && out.is_float() && out != NxType::F(64) && h.device.supports(NxType::F(64))? => {
+            float_unary(op, cast_to(h, NxType::F(64)))?
+        }
         _ => {
             let x = cast_to(h, out);
             if out.is_float() { float_unary(op, x)? } else { int_unary(op, x, out)? }
@@ -436,6 +444,15 @@ mod tests {
         let y = f64s(&[0.5, -0.25, 0.0, 0.999], &[4]);
         let x = unary("erf_inv", &y, NxType::F(64)).unwrap();
         assert_close(&floats(&x), &[0.476_936_276_204_469_9, -0.225_312_055_012_178_1, 0.0, 2.326_753_765_513_524], 1e-9);
+    }
+
+    #[test]
+    fn narrow_float_composites_are_correctly_rounded() {
+        // erf_inv(0.1) = 0.08885599049425769; the nearest f32 is 0.08885599 (bits 0x3db5fa0f).
+        let x = unary("erf_inv", &f32s(&[0.1], &[1]), NxType::F(32)).unwrap();
+        assert_eq!(x.ty, NxType::F(32));
+        let got = f32::from_ne_bytes(x.to_bytes().unwrap()[..4].try_into().unwrap());
+        assert_eq!(got, 0.088_855_990_494_257_69_f64 as f32);
     }
 
     #[test]
