@@ -35,10 +35,27 @@ if Code.ensure_loaded?(Axon) do
       template = Nx.template(put_elem(shape, 0, 1), type)
       params = params(model, template)
 
-      Enum.reduce(layers, Spec.input(shape, type: if(tokens?, do: :s64, else: :f32)), fn node, spec ->
-        out_shape = Axon.get_output_shape(%Axon{output: node.id, nodes: nodes}, template)
-        layer(node, spec, out_shape, Map.get(params, node.name, %{}))
-      end)
+      {spec, _counts} =
+        Enum.reduce(layers, {Spec.input(shape, type: if(tokens?, do: :s64, else: :f32)), %{input: 1}}, fn node, {spec, counts} ->
+          # Axon names layers lazily (`node.name` is a function of the per-op counts so far), the
+          # way its compiler walks the graph: that name keys the initialised parameters.
+          name = layer_name(node, counts)
+          out_shape = output_shape(%Axon{output: node.id, nodes: nodes}, template)
+          {layer(node, spec, out_shape, Map.get(params, name, %{})), Map.update(counts, node.op_name, 1, &(&1 + 1))}
+        end)
+
+      spec
+    end
+
+    defp layer_name(%{name: name}, _counts) when is_binary(name), do: name
+    defp layer_name(%{name: name_fn, op_name: op}, counts) when is_function(name_fn, 2), do: name_fn.(op, counts)
+
+    # Axon >= 0.6 answers with a template tensor, earlier versions with a shape.
+    defp output_shape(model, template) do
+      case Axon.get_output_shape(model, template) do
+        %Nx.Tensor{} = t -> Nx.shape(t)
+        shape when is_tuple(shape) -> shape
+      end
     end
 
     # Walks from the output to the input; every node must have exactly one parent.
@@ -46,9 +63,16 @@ if Code.ensure_loaded?(Axon) do
       node = Map.fetch!(nodes, id)
 
       case {node.op_name, node.parent} do
-        {:input, []} -> [node | acc]
-        {_, [parent]} -> chain!(nodes, parent, [node | acc])
-        {op, parents} -> fail!("only sequential Axon graphs are supported", %{layer: node.name, op: op, inputs: length(parents)})
+        {:input, []} ->
+          [node | acc]
+
+        # Merges (add, concatenate, ...) take their inputs through a container node.
+        {op, [parent]} when op != :container ->
+          chain!(nodes, parent, [node | acc])
+
+        {_, parents} ->
+          consumer = List.first(acc, node)
+          fail!("only sequential Axon graphs are supported", %{op: consumer.op_name, inputs: length(parents)})
       end
     end
 
@@ -113,7 +137,7 @@ if Code.ensure_loaded?(Axon) do
     defp unsupported_unless(node, _), do: unsupported!(node)
 
     defp unsupported!(node),
-      do: fail!("unsupported Axon layer #{node.name} (#{inspect(node.op_name)})", %{layer: node.name, op: node.op_name, opts: node.opts})
+      do: fail!("unsupported Axon layer #{inspect(node.op_name)}", %{op: node.op_name, opts: node.opts})
 
     defp all_ones?(nil), do: true
     defp all_ones?(1), do: true
