@@ -61,7 +61,9 @@ defmodule ExBurn.Native do
     model_to_bytes: 1,
     model_load_bytes: 2,
     model_configure: 2,
-    model_free: 1
+    model_free: 1,
+    program_new: 4,
+    program_run: 2
   ]
 
   @status_key {__MODULE__, :load_status}

@@ -5,6 +5,7 @@
 //! only decodes terms, calls the core and encodes results.
 
 pub mod bench;
+pub mod compiler;
 pub mod device;
 pub mod dispatch;
 pub mod dtype;

@@ -5,6 +5,7 @@
 //! naming the argument, rather than rustler's bare `ArgumentError`. Everything that computes runs
 //! on a dirty CPU scheduler.
 
+mod compiler;
 mod create;
 mod elementwise;
 mod indexing;

@@ -1,0 +1,10 @@
+//! Whole-graph execution for `ExBurn.Defn.Compiler`: a defn expression lowered by Elixir into a
+//! flat instruction list, validated once and then run in one NIF call per step.
+//!
+//! Each instruction reuses the same core op (`crate::ops::*`) the backend's per-op NIFs call, with
+//! the same result-type and shape fix-ups the backend applies in Elixir, so a compiled program and
+//! op-by-op evaluation agree bit for bit.
+
+pub mod program;
+
+pub use program::{Instr, Op, Program};

@@ -1,0 +1,312 @@
+//! The instruction list and its interpreter.
+
+use burn::backend::Scalar;
+
+use crate::device::DeviceRef;
+use crate::dtype::NxType;
+use crate::error::{Detail, ExError, ExResult};
+use crate::ops::linalg::DotSpec;
+use crate::ops::{create, elementwise as ew, indexing, linalg, reduce, shape as sh};
+use crate::tensor::Handle;
+
+/// One node of the expression. Operands are earlier instructions, named by position.
+pub enum Op {
+    /// The n-th run-time input (defn parameters first, then literal tensors of the graph).
+    Input(usize),
+    Full(Scalar),
+    Iota(Option<usize>),
+    Eye,
+    Unary(String),
+    /// `compute` is the type the op computes in (Nx's out type, or the merged operand type
+    /// for comparisons and logical ops).
+    Binary { op: String, compute: NxType },
+    Select,
+    Clip,
+    AsType,
+    Reduce { op: String, axes: Option<Vec<usize>>, keep: bool },
+    ArgReduce { op: String, axis: Option<usize>, keep: bool, high: bool },
+    Dot { a: DotSpec, b: DotSpec },
+    Reshape,
+    Transpose(Vec<usize>),
+    Broadcast(Vec<usize>),
+    Slice { starts: Vec<usize>, lengths: Vec<usize>, strides: Vec<usize> },
+    Concatenate(usize),
+    Stack(usize),
+    Reverse(Vec<usize>),
+    /// The operand, unchanged (Nx `metadata` nodes such as `stop_grad`'s).
+    Alias,
+}
+
+pub struct Instr {
+    pub op: Op,
+    pub args: Vec<usize>,
+    pub ty: NxType,
+    pub shape: Vec<usize>,
+}
+
+pub struct Program {
+    instrs: Vec<Instr>,
+    outputs: Vec<usize>,
+    inputs: usize,
+    device: DeviceRef,
+    /// For each instruction, the instructions after which its value is no longer needed.
+    frees: Vec<Vec<usize>>,
+}
+
+fn arity(op: &Op) -> Option<usize> {
+    Some(match op {
+        Op::Input(_) | Op::Full(_) | Op::Iota(_) | Op::Eye => 0,
+        Op::Unary(_) | Op::AsType | Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Reshape => 1,
+        Op::Transpose(_) | Op::Broadcast(_) | Op::Slice { .. } | Op::Reverse(_) | Op::Alias => 1,
+        Op::Binary { .. } | Op::Dot { .. } => 2,
+        Op::Select | Op::Clip => 3,
+        Op::Concatenate(_) | Op::Stack(_) => return None,
+    })
+}
+
+fn bad(i: usize, reason: &str) -> ExError {
+    ExError::invalid_with(format!("invalid program: {reason}"), vec![("instruction", Detail::Int(i as i128))])
+}
+
+impl Program {
+    /// Validates the graph (operands refer backwards, inputs and outputs in range) so `run`
+    /// never indexes out of bounds.
+    pub fn new(instrs: Vec<Instr>, outputs: Vec<usize>, inputs: usize, device: DeviceRef) -> ExResult<Self> {
+        let mut last_use = vec![usize::MAX; instrs.len()];
+        for (i, ins) in instrs.iter().enumerate() {
+            match arity(&ins.op) {
+                Some(n) if n != ins.args.len() => return Err(bad(i, "wrong operand count")),
+                None if ins.args.is_empty() => return Err(bad(i, "list op without operands")),
+                _ => {}
+            }
+            if let Op::Input(n) = ins.op {
+                if n >= inputs {
+                    return Err(bad(i, "input index out of range"));
+                }
+            }
+            for &a in &ins.args {
+                if a >= i {
+                    return Err(bad(i, "operand does not precede its use"));
+                }
+                last_use[a] = i;
+            }
+            crate::ops::check_alloc(&ins.shape, ins.ty)?;
+        }
+        for &o in &outputs {
+            if o >= instrs.len() {
+                return Err(bad(o, "output out of range"));
+            }
+            // outputs live to the end
+            last_use[o] = usize::MAX;
+        }
+        let mut frees = vec![Vec::new(); instrs.len()];
+        for (v, &at) in last_use.iter().enumerate() {
+            if at != usize::MAX {
+                frees[at].push(v);
+            }
+        }
+        Ok(Program { instrs, outputs, inputs, device, frees })
+    }
+
+    pub fn len(&self) -> usize {
+        self.instrs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.instrs.is_empty()
+    }
+
+    pub fn inputs(&self) -> usize {
+        self.inputs
+    }
+
+    /// Executes every instruction in order; values are dropped right after their last use so
+    /// peak memory follows the graph's live set, not its size.
+    pub fn run(&self, inputs: &[Handle]) -> ExResult<Vec<Handle>> {
+        if inputs.len() != self.inputs {
+            return Err(ExError::invalid_with(
+                "wrong number of program inputs",
+                vec![("expected", Detail::Int(self.inputs as i128)), ("given", Detail::Int(inputs.len() as i128))],
+            ));
+        }
+        let mut values: Vec<Option<Handle>> = Vec::with_capacity(self.instrs.len());
+        for (i, ins) in self.instrs.iter().enumerate() {
+            let h = {
+                let args: Vec<&Handle> =
+                    ins.args.iter().map(|&a| values[a].as_ref().expect("value freed before its last use")).collect();
+                let h = self.step(ins, &args, inputs)?;
+                self.fix(h, ins)?
+            };
+            values.push(Some(h));
+            for &v in &self.frees[i] {
+                values[v] = None;
+            }
+        }
+        Ok(self.outputs.iter().map(|&o| values[o].clone().expect("output kept alive")).collect())
+    }
+
+    fn step(&self, ins: &Instr, a: &[&Handle], inputs: &[Handle]) -> ExResult<Handle> {
+        let (ty, shape) = (ins.ty, ins.shape.clone());
+        match &ins.op {
+            Op::Input(n) => {
+                let h = &inputs[*n];
+                if h.shape != ins.shape || h.ty != ins.ty {
+                    return Err(ExError::invalid_with(
+                        "program input does not match its template",
+                        vec![("input", Detail::Int(*n as i128)), crate::ops::dims_detail("shape", &h.shape)],
+                    ));
+                }
+                Ok(h.clone())
+            }
+            Op::Full(v) => create::full(*v, shape, ty, self.device),
+            Op::Iota(axis) => create::iota(shape, ty, *axis, self.device),
+            Op::Eye => create::eye(shape, ty, self.device),
+            Op::Unary(op) => ew::unary(op, a[0], ty),
+            Op::Binary { op, compute } => ew::binary(op, a[0], a[1], *compute),
+            Op::Select => ew::select(a[0], a[1], a[2], ty),
+            Op::Clip => {
+                let (x, lo, hi) = (ew::as_type(a[0], ty)?, ew::as_type(a[1], ty)?, ew::as_type(a[2], ty)?);
+                ew::clip(&x, &lo, &hi)
+            }
+            Op::AsType => ew::as_type(a[0], ty),
+            Op::Reduce { op, axes, keep } => reduce::reduce(op, a[0], axes.clone(), *keep, ty),
+            Op::ArgReduce { op, axis, keep, high } => reduce::arg_reduce(op, a[0], *axis, *keep, *high, ty),
+            Op::Dot { a: sa, b: sb } => linalg::dot(a[0], sa, a[1], sb, ty),
+            Op::Reshape => sh::reshape(a[0], shape),
+            Op::Transpose(axes) => sh::transpose(a[0], axes.clone()),
+            Op::Broadcast(axes) => sh::broadcast(&ew::as_type(a[0], ty)?, shape, axes.clone()),
+            Op::Slice { starts, lengths, strides } => sh::slice(a[0], starts.clone(), lengths.clone(), strides.clone()),
+            Op::Concatenate(axis) => sh::concatenate(&owned(a), *axis, ty),
+            Op::Stack(axis) => sh::stack(&owned(a), *axis, ty),
+            Op::Reverse(axes) => indexing::reverse(&ew::as_type(a[0], ty)?, axes.clone()),
+            Op::Alias => Ok(a[0].clone()),
+        }
+    }
+
+    /// The backend's `put/2`: the value takes exactly the type and shape Nx computed.
+    fn fix(&self, h: Handle, ins: &Instr) -> ExResult<Handle> {
+        let h = if h.ty == ins.ty { h } else { ew::as_type(&h, ins.ty)? };
+        if h.shape == ins.shape {
+            Ok(h)
+        } else {
+            sh::reshape(&h, ins.shape.clone())
+        }
+    }
+}
+
+fn owned(a: &[&Handle]) -> Vec<Handle> {
+    a.iter().map(|h| (*h).clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{device, f32s, floats, ints};
+
+    fn ins(op: Op, args: &[usize], ty: NxType, shape: &[usize]) -> Instr {
+        Instr { op, args: args.to_vec(), ty, shape: shape.to_vec() }
+    }
+
+    const F32: NxType = NxType::F(32);
+
+    fn bin(op: &str) -> Op {
+        Op::Binary { op: op.into(), compute: F32 }
+    }
+
+    #[test]
+    fn runs_a_dense_layer_with_relu_in_one_call() {
+        // relu(x . w + b), then its sum: the shape of one MLP forward step.
+        let prog = Program::new(
+            vec![
+                ins(Op::Input(0), &[], F32, &[2, 3]),
+                ins(Op::Input(1), &[], F32, &[3, 2]),
+                ins(Op::Input(2), &[], F32, &[2]),
+                ins(Op::Dot { a: DotSpec { contract: vec![1], batch: vec![] }, b: DotSpec { contract: vec![0], batch: vec![] } }, &[0, 1], F32, &[2, 2]),
+                ins(bin("add"), &[3, 2], F32, &[2, 2]),
+                ins(Op::Full(Scalar::Float(0.0)), &[], F32, &[]),
+                ins(bin("max"), &[4, 5], F32, &[2, 2]),
+                ins(Op::Reduce { op: "sum".into(), axes: None, keep: false }, &[6], F32, &[]),
+            ],
+            vec![6, 7],
+            3,
+            device(),
+        )
+        .unwrap();
+        let x = f32s(&[1.0, 2.0, 3.0, -1.0, -2.0, -3.0], &[2, 3]);
+        let w = f32s(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2]);
+        let b = f32s(&[0.5, -0.5], &[2]);
+        let out = prog.run(&[x, w, b]).unwrap();
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].shape, vec![2, 2]);
+        assert_eq!(floats(&out[0]), vec![4.5, 4.5, 0.0, 0.0]);
+        assert_eq!(out[1].shape, Vec::<usize>::new());
+        assert_eq!(floats(&out[1]), vec![9.0]);
+    }
+
+    #[test]
+    fn results_take_the_declared_type_and_shape() {
+        // greater gives u8; declaring s32 casts like the backend's put/2. Reshape to [2, 1] too.
+        let prog = Program::new(
+            vec![
+                ins(Op::Input(0), &[], F32, &[2]),
+                ins(Op::Full(Scalar::Float(1.5)), &[], F32, &[]),
+                ins(bin("greater"), &[0, 1], NxType::S(32), &[2]),
+                ins(Op::Reshape, &[2], NxType::S(32), &[2, 1]),
+                ins(Op::Iota(None), &[], NxType::S(64), &[3]),
+                ins(Op::Reverse(vec![0]), &[4], NxType::S(64), &[3]),
+            ],
+            vec![3, 5],
+            1,
+            device(),
+        )
+        .unwrap();
+        let out = prog.run(&[f32s(&[1.0, 2.0], &[2])]).unwrap();
+        assert_eq!((out[0].ty, out[0].shape.clone()), (NxType::S(32), vec![2, 1]));
+        assert_eq!(ints(&out[0]), vec![0, 1]);
+        assert_eq!(ints(&out[1]), vec![2, 1, 0]);
+    }
+
+    #[test]
+    fn an_output_may_be_an_input_and_appear_twice() {
+        let prog = Program::new(vec![ins(Op::Input(0), &[], F32, &[1]), ins(Op::Alias, &[0], F32, &[1])], vec![0, 1, 0], 1, device()).unwrap();
+        let out = prog.run(&[f32s(&[3.0], &[1])]).unwrap();
+        assert_eq!(out.iter().map(|h| floats(h)[0]).collect::<Vec<_>>(), vec![3.0, 3.0, 3.0]);
+    }
+
+    #[test]
+    fn malformed_programs_are_rejected_before_running() {
+        let fwd = vec![ins(Op::Input(0), &[], F32, &[1]), ins(Op::Unary("exp".into()), &[1], F32, &[1])];
+        assert!(Program::new(fwd, vec![1], 1, device()).is_err());
+        let arity = vec![ins(Op::Input(0), &[], F32, &[1]), ins(bin("add"), &[0], F32, &[1])];
+        assert!(Program::new(arity, vec![1], 1, device()).is_err());
+        assert!(Program::new(vec![ins(Op::Input(1), &[], F32, &[1])], vec![0], 1, device()).is_err());
+        assert!(Program::new(vec![ins(Op::Input(0), &[], F32, &[1])], vec![3], 1, device()).is_err());
+        assert!(Program::new(vec![ins(Op::Concatenate(0), &[], F32, &[1])], vec![0], 0, device()).is_err());
+    }
+
+    #[test]
+    fn run_checks_inputs_against_their_templates() {
+        let prog = Program::new(vec![ins(Op::Input(0), &[], F32, &[2])], vec![0], 1, device()).unwrap();
+        assert!(prog.run(&[]).is_err());
+        assert!(prog.run(&[f32s(&[1.0, 2.0, 3.0], &[3])]).is_err());
+        assert!(prog.run(&[f32s(&[1.0, 2.0], &[2])]).is_ok());
+    }
+
+    #[test]
+    fn errors_from_ops_surface_as_errors() {
+        // integer division by zero is an error in the core, not a panic or a wrong answer
+        let s32 = NxType::S(32);
+        let prog = Program::new(
+            vec![
+                ins(Op::Iota(None), &[], s32, &[3]),
+                ins(Op::Full(Scalar::Int(0)), &[], s32, &[]),
+                ins(Op::Binary { op: "quotient".into(), compute: s32 }, &[0, 1], s32, &[3]),
+            ],
+            vec![2],
+            0,
+            device(),
+        )
+        .unwrap();
+        assert!(prog.run(&[]).is_err());
+    }
+}
