@@ -182,6 +182,10 @@ if Code.ensure_loaded?(Nx) do
       emit(op, indices, axis, t, state)
     end
 
+    # tuples only come out of while, cond, hooks and multi-output blocks: name the producer
+    defp lower_node(%T{data: %Expr{op: :elem, args: [%T{data: %Expr{op: op}}, _]}}, state),
+      do: unsupported(op, state)
+
     defp lower_node(%T{data: %Expr{op: op}}, state), do: unsupported(op, state)
 
     # The backend's constant/3 rules: integers wrap into the type, floats fill as f64; the top
