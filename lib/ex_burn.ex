@@ -33,4 +33,22 @@ defmodule ExBurn do
   {kind, index})`. Raises `ExBurn.Error` when the device is not usable here.
   """
   defdelegate configure!(opts), to: ExBurn.Device
+
+  # `compiler: ExBurn` in `Nx.Defn.jit/2` or `defn` options: the module delegates to
+  # `ExBurn.Defn.Compiler`, as `compiler: EXLA` does in EXLA. Defined only when Nx is loaded.
+  if Code.ensure_loaded?(Nx.Defn.Compiler) do
+    @behaviour Nx.Defn.Compiler
+
+    @impl true
+    defdelegate __jit__(key, vars, fun, args_list, opts), to: ExBurn.Defn.Compiler
+
+    @impl true
+    defdelegate __compile__(key, vars, fun, opts), to: ExBurn.Defn.Compiler
+
+    @impl true
+    defdelegate __partitions_options__(opts), to: ExBurn.Defn.Compiler
+
+    @impl true
+    defdelegate __to_backend__(opts), to: ExBurn.Defn.Compiler
+  end
 end
