@@ -233,6 +233,22 @@ mod tests {
         assert!(DeviceRef { kind: DeviceKind::Cuda, index: 0 }.burn().is_err());
     }
 
+    /// On a machine whose only Vulkan adapters are software ones (CI's lavapipe), `:auto` must
+    /// fall back to the CPU and say why; where a hardware adapter exists it must pick that.
+    #[cfg(feature = "vulkan")]
+    #[test]
+    fn auto_never_picks_a_software_adapter() {
+        let found = enumerate(DeviceKind::Vulkan);
+        let (device, reason) = auto();
+        if !found.is_empty() && found.iter().all(is_software) {
+            assert_eq!(device, DeviceRef::CPU, "{reason}");
+            assert!(reason.contains("{:vulkan, 0}: skipped, software adapter"), "{reason}");
+        }
+        if found.iter().any(|d| !is_software(d)) {
+            assert_eq!(device.kind, DeviceKind::Vulkan, "{reason}");
+        }
+    }
+
     #[test]
     fn the_cpu_supports_every_type() {
         for t in ALL_TYPES {
