@@ -6,6 +6,7 @@
 //! on a dirty CPU scheduler.
 
 mod compiler;
+mod conv;
 mod create;
 mod elementwise;
 mod indexing;
@@ -15,6 +16,7 @@ mod reduce;
 mod resource;
 mod shape;
 mod term;
+mod window;
 
 use rustler::{Encoder, Env, Term};
 

@@ -1,12 +1,14 @@
 //! Op families. Each module holds the NIFs of one family; the helpers here are what they share:
 //! broadcasting, device agreement and the allocation check.
 
+pub mod conv;
 pub mod create;
 pub mod elementwise;
 pub mod indexing;
 pub mod linalg;
 pub mod reduce;
 pub mod shape;
+pub mod window;
 
 use std::sync::OnceLock;
 

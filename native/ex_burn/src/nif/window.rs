@@ -1,0 +1,69 @@
+//! Window reduction, window scatter and interior padding NIFs.
+
+use rustler::{Env, Term};
+
+use super::conv::pairs;
+use super::resource::{arg, TensorOut};
+use super::{guard, op_name, term};
+use crate::error::{ExError, ExResult};
+use crate::ops::window::{self, WindowSpec};
+
+fn spec(opts: Term) -> ExResult<WindowSpec> {
+    let bad = || ExError::Arg { name: "opts", expected: "{window_dimensions, strides, padding, window_dilations}" };
+    let t = rustler::types::tuple::get_tuple(opts).map_err(|_| bad())?;
+    if t.len() != 4 {
+        return Err(bad());
+    }
+    Ok(WindowSpec {
+        dims: term::usizes(t[0], "window_dimensions")?,
+        strides: term::usizes(t[1], "strides")?,
+        padding: pairs(t[2], "padding")?,
+        dilations: term::usizes(t[3], "window_dilations")?,
+    })
+}
+
+/// `op`: `:window_sum | :window_product | :window_max | :window_min`.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn window_reduce<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, opts: Term<'a>, out_type: Term<'a>) -> Term<'a> {
+    guard(env, &op_name(op, "window_reduce"), || {
+        let op = term::atom(op, "op")?;
+        Ok(TensorOut(window::window_reduce(&op, &arg(t)?, &spec(opts)?, term::decode_type(out_type)?)?))
+    })
+}
+
+/// `op`: `:window_scatter_max | :window_scatter_min`; `opts`: `{window_dimensions, strides,
+/// padding}`; the tensor is compared in `select_type`.
+#[rustler::nif(schedule = "DirtyCpu")]
+#[allow(clippy::too_many_arguments)]
+fn window_scatter<'a>(
+    env: Env<'a>,
+    op: Term<'a>,
+    t: Term<'a>,
+    source: Term<'a>,
+    init: Term<'a>,
+    opts: Term<'a>,
+    select_type: Term<'a>,
+    out_type: Term<'a>,
+) -> Term<'a> {
+    guard(env, &op_name(op, "window_scatter"), || {
+        let max = match term::atom(op, "op")?.as_str() {
+            "window_scatter_max" => true,
+            "window_scatter_min" => false,
+            _ => return Err(ExError::Arg { name: "op", expected: ":window_scatter_max or :window_scatter_min" }),
+        };
+        let bad = || ExError::Arg { name: "opts", expected: "{window_dimensions, strides, padding}" };
+        let o = rustler::types::tuple::get_tuple(opts).map_err(|_| bad())?;
+        if o.len() != 3 {
+            return Err(bad());
+        }
+        let (dims, strides, padding) = (term::usizes(o[0], "window_dimensions")?, term::usizes(o[1], "strides")?, pairs(o[2], "padding")?);
+        let (sel, out) = (term::decode_type(select_type)?, term::decode_type(out_type)?);
+        let r = window::window_scatter(max, &arg(t)?, &arg(source)?, &arg(init)?, dims, strides, padding, sel, out)?;
+        Ok(TensorOut(r))
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn pad_interior<'a>(env: Env<'a>, t: Term<'a>, value: Term<'a>, interior: Term<'a>) -> Term<'a> {
+    guard(env, "pad", || Ok(TensorOut(window::pad_interior(&arg(t)?, &arg(value)?, term::usizes(interior, "interior")?)?)))
+}
