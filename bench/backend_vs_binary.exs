@@ -39,6 +39,11 @@ if Code.ensure_loaded?(Nx) do
         {"sum {512,512} f32", fn x -> Nx.sum(x.a) end},
         {"dot 512x512 f32", fn x -> Nx.dot(x.a, x.b) end},
         {"conv {1,3,64,64}*{8,3,3,3}", fn x -> Nx.conv(x.img, x.k, padding: :same) end},
+        {"conv strided, dilated",
+         fn x -> Nx.conv(x.img, x.k, strides: 2, kernel_dilation: 2, padding: :same) end},
+        {"window_sum {1,3,64,64} 3x3", fn x -> Nx.window_sum(x.img, {1, 1, 3, 3}, padding: :same) end},
+        {"window_max {1,3,64,64} 2x2/2",
+         fn x -> Nx.window_max(x.img, {1, 1, 2, 2}, strides: [1, 1, 2, 2]) end},
         {"argsort {512,512} axis 1", fn x -> Nx.argsort(x.a, axis: 1) end}
       ]
 

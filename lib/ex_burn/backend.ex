@@ -12,9 +12,11 @@ if Code.ensure_loaded?(Nx) do
     ## Native and fallback
 
     Element-wise ops, reductions, `dot`, shape ops, creation, `select`, `clip`, `slice` (dynamic
-    starts too), `put_slice`, `reverse`, `pad`, `gather`, `indexed_add`/`indexed_put`, `sort`/
-    `argsort`, `conv`, `window_sum`/`window_max`/`window_min`/`window_product` and the cumulative
-    and `take`/`take_along_axis`/`top_k` blocks run on Burn (see the guide for the exact list).
+    starts too), `put_slice`, `reverse`, `pad` (interior padding too), `gather`, `indexed_add`/
+    `indexed_put`, `sort`/`argsort`, `conv` (1 to 3 spatial axes, every option),
+    `window_sum`/`window_max`/`window_min`/`window_product`, `window_scatter_max`/
+    `window_scatter_min` and the cumulative and `take`/`take_along_axis`/`top_k` blocks run on
+    Burn (see the guide for the exact list).
     Everything else runs through a counted fallback to `Nx.BinaryBackend` (host round trip):
     `ExBurn.Backend.Fallback.counts/0` reports how often each callback fell back. Types Burn
     cannot hold (complex, f8, 2/4-bit integers) are kept as host bytes and every op on them
@@ -34,6 +36,10 @@ if Code.ensure_loaded?(Nx) do
          GPU devices.
       5. `Nx.Backend.inspect/3` output is identical to BinaryBackend's (the device is not
          printed); use `ExBurn.Backend.device/1` to read it.
+      6. `conv` accumulates f32/f16/bf16 results in f32 (BinaryBackend: f64), and converts
+         integer operands to the float output type first (integers above 2^24 are rounded
+         before they are multiplied). Float `window_sum`/`window_product` accumulate in f64
+         axis by axis, so their last bit can differ.
     """
 
     @behaviour Nx.Backend
@@ -693,15 +699,20 @@ if Code.ensure_loaded?(Nx) do
 
     @impl true
     def pad(out, t, pad_value, config) do
-      if Enum.all?(config, fn {_, _, interior} -> interior == 0 end) do
-        native :pad, out, [t, pad_value, config] do
-          d = device_of([t, pad_value])
-          x = ET.as_type(et(t, d), out.type)
-          value = ET.as_type(et(pad_value, d), out.type)
-          put(out, edge_pad(x, value, config))
-        end
-      else
-        fallback(:pad, out, [t, pad_value, config])
+      native :pad, out, [t, pad_value, config] do
+        d = device_of([t, pad_value])
+        x = ET.as_type(et(t, d), out.type)
+        value = ET.as_type(et(pad_value, d), out.type)
+        interior = Enum.map(config, &elem(&1, 2))
+
+        # Interior padding first: negative edges then cut into the interior-padded tensor, as in
+        # BinaryBackend.
+        x =
+          if Enum.all?(interior, &(&1 == 0)),
+            do: x,
+            else: wrap_native(Native.pad_interior(x.ref, value.ref, interior))
+
+        put(out, edge_pad(x, value, config))
       end
     end
 
@@ -709,7 +720,7 @@ if Code.ensure_loaded?(Nx) do
     defp edge_pad(x, value, config) do
       config
       |> Enum.with_index()
-      |> Enum.reduce(x, fn {{lo, hi, 0}, axis}, x ->
+      |> Enum.reduce(x, fn {{lo, hi, _interior}, axis}, x ->
         x = grow(x, value, axis, max(lo, 0), :lo)
         x = grow(x, value, axis, max(hi, 0), :hi)
         shrink(x, axis, max(-lo, 0), max(-hi, 0))
@@ -737,18 +748,84 @@ if Code.ensure_loaded?(Nx) do
       ET.slice(x, starts, lengths)
     end
 
-    ## Fallbacks (no Burn kernel yet)
+    ## Convolution and windows
+
+    @impl true
+    def conv(out, t, k, opts) do
+      spatial = tuple_size(t.shape) - 2
+
+      # Burn has conv1d/2d/3d; more spatial axes take the fallback.
+      if spatial in 1..3 do
+        native :conv, out, [t, k, opts] do
+          d = device_of([t, k])
+          axes = Enum.to_list(0..(spatial + 1))
+
+          spec =
+            {opts[:strides], opts[:padding], opts[:input_dilation], opts[:kernel_dilation],
+             opts[:feature_group_size], opts[:batch_group_size], opts[:input_permutation] || axes,
+             opts[:kernel_permutation] || axes, opts[:output_permutation] || axes}
+
+          put(out, wrap_native(Native.conv(ref(t, d), ref(k, d), spec, out.type)))
+        end
+      else
+        fallback(:conv, out, [t, k, opts])
+      end
+    end
+
+    for op <- [:window_sum, :window_product, :window_max, :window_min] do
+      @impl true
+      def unquote(op)(out, t, window, opts) do
+        native unquote(op), out, [t, window, opts] do
+          ones = List.duplicate(1, tuple_size(t.shape))
+          spec = {Tuple.to_list(window), opts[:strides], opts[:padding], opts[:window_dilations] || ones}
+          put(out, wrap_native(Native.window_reduce(unquote(op), ref(t, nil), spec, out.type)))
+        end
+      end
+    end
+
+    for op <- [:window_scatter_max, :window_scatter_min] do
+      @impl true
+      def unquote(op)(out, t, source, init, window, opts) do
+        if Enum.all?(opts[:padding], fn {lo, hi} -> lo >= 0 and hi >= 0 end) do
+          native unquote(op), out, [t, source, init, window, opts] do
+            d = device_of([t, source, init])
+            spec = {Tuple.to_list(window), opts[:strides], opts[:padding]}
+
+            answer =
+              Native.window_scatter(
+                unquote(op),
+                ref(t, d),
+                ref(source, d),
+                ref(init, d),
+                spec,
+                scatter_select_type(t.type, init.type),
+                out.type
+              )
+
+            put(out, wrap_native(answer))
+          end
+        else
+          fallback(unquote(op), out, [t, source, init, window, opts])
+        end
+      end
+    end
+
+    # BinaryBackend pads the tensor with the init value as a number and compares in the padded
+    # tensor's type (Nx.Type.merge_number): float tensors keep their type, integer tensors with a
+    # float init become f32. Integer widening does not change the order, so merge is enough.
+    defp scatter_select_type(type, init_type) do
+      cond do
+        Type.float?(type) -> type
+        Type.float?(init_type) -> {:f, 32}
+        true -> Nx.Type.merge(type, init_type)
+      end
+    end
+
+    ## Fallbacks (no Burn kernel: they take Elixir functions, or Burn lacks the op)
 
     @fallbacks [
-      conv: 4,
       reduce: 5,
       window_reduce: 6,
-      window_sum: 4,
-      window_product: 4,
-      window_max: 4,
-      window_min: 4,
-      window_scatter_max: 6,
-      window_scatter_min: 6,
       triangular_solve: 4,
       fft: 3,
       ifft: 3
