@@ -17,7 +17,6 @@ type UnaryFn = fn(Prim) -> Prim;
 const FLOAT_UNARY: &[(&str, UnaryFn)] = &[
     ("exp", Dispatch::float_exp),
     ("log", Dispatch::float_log),
-    ("log1p", Dispatch::float_log1p),
     ("sqrt", Dispatch::float_sqrt),
     ("sin", Dispatch::float_sin),
     ("cos", Dispatch::float_cos),
@@ -38,7 +37,7 @@ const FLOAT_UNARY: &[(&str, UnaryFn)] = &[
 ];
 
 /// Float ops built from several Burn kernels.
-const COMPOSITES: &[&str] = &["expm1", "cbrt", "erfc", "erf_inv"];
+const COMPOSITES: &[&str] = &["expm1", "log1p", "cbrt", "erfc", "erf_inv"];
 
 fn fscalar(v: f64) -> Scalar {
     Scalar::Float(v)
@@ -60,6 +59,14 @@ fn float_unary(op: &str, t: Prim) -> ExResult<Prim> {
             let far = Dispatch::float_sub_scalar(Dispatch::float_exp(t.clone()), fscalar(1.0));
             let small = Dispatch::float_lower_elem(Dispatch::float_abs(t), fscalar(0.5), BOOL);
             Dispatch::float_mask_where(far, small, near)
+        }
+        // log(w) - ((w - 1) - x) / w with w = 1 + x: the correction term restores what rounding
+        // 1 + x lost, so this is accurate near 0 and exact where 1 + x is (Burn's f64 log1p is
+        // one ulp off at log1p(2)).
+        "log1p" => {
+            let w = Dispatch::float_add_scalar(t.clone(), fscalar(1.0));
+            let lost = Dispatch::float_sub(Dispatch::float_sub_scalar(w.clone(), fscalar(1.0)), t);
+            Dispatch::float_sub(Dispatch::float_log(w.clone()), Dispatch::float_div(lost, w))
         }
         "rsqrt" => Dispatch::float_recip(Dispatch::float_sqrt(t)),
         "cbrt" => {
@@ -444,6 +451,17 @@ mod tests {
         let y = f64s(&[0.5, -0.25, 0.0, 0.999], &[4]);
         let x = unary("erf_inv", &y, NxType::F(64)).unwrap();
         assert_close(&floats(&x), &[0.476_936_276_204_469_9, -0.225_312_055_012_178_1, 0.0, 2.326_753_765_513_524], 1e-9);
+    }
+
+    #[test]
+    fn log1p_is_accurate_near_zero_and_exact_where_one_plus_x_is() {
+        let x = f64s(&[2.0, 1e-10, -0.5, 0.0], &[4]);
+        let got = floats(&unary("log1p", &x, NxType::F(64)).unwrap());
+        assert_eq!(got[0], 3f64.ln());
+        assert_eq!(got[3], 0.0);
+        // naive log(1 + 1e-10) is off by 8e-7 relative; the corrected form by at most an ulp
+        assert!(((got[1] - 1e-10_f64.ln_1p()) / 1e-10).abs() < 1e-15, "{}", got[1]);
+        assert_close(&got[2..3], &[(-0.5f64).ln_1p()], 1e-15);
     }
 
     #[test]
