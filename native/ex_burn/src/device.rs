@@ -96,6 +96,13 @@ impl DeviceRef {
         Ok(self.burn()?.supports_dtype(ty.dtype()))
     }
 
+    /// Whether f64 transcendental functions (exp, log, sin, pow, erf, ...) run here. SPIR-V's
+    /// GLSL.std.450 defines them for 16/32-bit floats only, so a Vulkan device that stores and adds
+    /// f64 still cannot compile an f64 `exp`; the NVIDIA driver then poisons the whole device.
+    pub fn f64_math(&self) -> bool {
+        self.kind != DeviceKind::Vulkan
+    }
+
     /// Fails with an error naming both the device and the type when the device lacks `ty`.
     /// Uploading an unsupported dtype can poison a GPU device, so this runs before any upload.
     pub fn check_type(&self, ty: NxType) -> ExResult<()> {
