@@ -2,9 +2,11 @@ defmodule ExBurn.DocExamples do
   @moduledoc """
   Runs the ```elixir blocks of a Markdown file as tests: a line `# => value` asserts that the code
   since the previous assertion evaluates to `value`. Each block runs with the binding and aliases
-  its earlier chunks left.
+  its earlier chunks left; with `shared: true` the blocks run in order as one test and later
+  blocks see earlier blocks' variables (a guide that builds one example step by step).
 
       use ExBurn.DocExamples, file: "guides/devices.md"
+      use ExBurn.DocExamples, file: "guides/training.md", shared: true, min_blocks: 8, min_assertions: 15
   """
 
   defmacro __using__(opts) do
@@ -14,17 +16,25 @@ defmodule ExBurn.DocExamples do
       Regex.scan(~r/```elixir\n(.*?)```/s, File.read!(file), capture: :all_but_first)
       |> Enum.map(&hd/1)
 
-    quote bind_quoted: [file: file, blocks: blocks] do
+    quote bind_quoted: [file: file, blocks: blocks, opts: opts] do
       @external_resource file
 
       test "#{Path.basename(file)} has Elixir examples" do
-        assert unquote(length(blocks)) >= 1
+        assert unquote(length(blocks)) >= max(1, unquote(Keyword.get(opts, :min_blocks, 1)))
       end
 
-      for {block, index} <- Enum.with_index(blocks, 1) do
-        @block block
-        test "#{Path.basename(file)} example #{index}" do
-          assert ExBurn.DocExamples.run_block(@block, unquote(file)) >= 1
+      if Keyword.get(opts, :shared, false) do
+        @blocks blocks
+        test "#{Path.basename(file)} examples, in order" do
+          count = ExBurn.DocExamples.run_blocks(@blocks, unquote(file))
+          assert count >= unquote(Keyword.get(opts, :min_assertions, 1))
+        end
+      else
+        for {block, index} <- Enum.with_index(blocks, 1) do
+          @block block
+          test "#{Path.basename(file)} example #{index}" do
+            assert ExBurn.DocExamples.run_block(@block, unquote(file)) >= 1
+          end
         end
       end
     end
@@ -34,12 +44,26 @@ defmodule ExBurn.DocExamples do
 
   @doc "Evaluates a block, checking its `# =>` lines; returns how many it checked."
   def run_block(block, file) do
-    env = Code.env_for_eval(file: file)
+    {_binding, _env, count} = run_chunks(block, file, [], Code.env_for_eval(file: file))
+    count
+  end
 
+  @doc "Evaluates blocks in order with one binding; returns how many `# =>` lines it checked."
+  def run_blocks(blocks, file) do
+    {_binding, _env, count} =
+      Enum.reduce(blocks, {[], Code.env_for_eval(file: file), 0}, fn block, {binding, env, total} ->
+        {binding, env, count} = run_chunks(block, file, binding, env)
+        {binding, env, total + count}
+      end)
+
+    count
+  end
+
+  defp run_chunks(block, file, binding, env) do
     {binding, env, pending, count} =
       block
       |> String.split("\n")
-      |> Enum.reduce({[], env, [], 0}, fn line, {binding, env, pending, count} ->
+      |> Enum.reduce({binding, env, [], 0}, fn line, {binding, env, pending, count} ->
         case Regex.run(~r/^\s*# => (.*)$/, line) do
           [_, expected] ->
             code = pending |> Enum.reverse() |> Enum.join("\n")
@@ -54,10 +78,12 @@ defmodule ExBurn.DocExamples do
       end)
 
     # trailing code without an assertion must still run
-    if Enum.any?(pending, &(String.trim(&1) != "")),
-      do: eval(pending |> Enum.reverse() |> Enum.join("\n"), binding, env, file)
-
-    count
+    if Enum.any?(pending, &(String.trim(&1) != "")) do
+      {_value, binding, env} = eval(pending |> Enum.reverse() |> Enum.join("\n"), binding, env, file)
+      {binding, env, count}
+    else
+      {binding, env, count}
+    end
   end
 
   defp eval(code, binding, env, file) do

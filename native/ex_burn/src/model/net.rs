@@ -16,31 +16,19 @@ use crate::error::{ExError, ExResult};
 
 #[derive(Module, Debug)]
 pub struct ActivationLayer {
-    /// Index into `ACTIVATIONS`; plain numbers keep the module free of non-module fields.
+    /// Index into `Activation::NAMES`; plain numbers keep the module free of non-module fields.
     kind: usize,
     alpha: f64,
 }
 
-const ACTIVATIONS: [&str; 8] = ["relu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax", "leaky_relu", "silu"];
-
 impl ActivationLayer {
     fn new(a: Activation) -> Self {
         let alpha = if let Activation::LeakyRelu(alpha) = a { alpha } else { 0.0 };
-        let name = LayerSpec::Activation(a).name();
-        ActivationLayer { kind: ACTIVATIONS.iter().position(|n| *n == name).unwrap(), alpha }
+        ActivationLayer { kind: Activation::NAMES.iter().position(|n| *n == a.name()).unwrap(), alpha }
     }
 
     pub fn activation(&self) -> Activation {
-        match ACTIVATIONS[self.kind] {
-            "relu" => Activation::Relu,
-            "gelu" => Activation::Gelu,
-            "sigmoid" => Activation::Sigmoid,
-            "tanh" => Activation::Tanh,
-            "softmax" => Activation::Softmax,
-            "log_softmax" => Activation::LogSoftmax,
-            "leaky_relu" => Activation::LeakyRelu(self.alpha),
-            _ => Activation::Silu,
-        }
+        Activation::from_name(Activation::NAMES[self.kind], self.alpha).expect("NAMES and from_name agree")
     }
 
     fn apply<const D: usize>(&self, t: Tensor<D>) -> Tensor<D> {
@@ -198,7 +186,7 @@ impl Layer {
             Layer::Embedding(_) => "embedding",
             Layer::Lstm(_) => "lstm",
             Layer::Gru(_) => "gru",
-            Layer::Activation(a) => LayerSpec::Activation(a.activation()).name(),
+            Layer::Activation(a) => a.activation().name(),
         }
     }
 

@@ -13,6 +13,38 @@ pub enum Activation {
     Silu,
 }
 
+impl Activation {
+    pub const NAMES: [&'static str; 8] = ["relu", "gelu", "sigmoid", "tanh", "softmax", "log_softmax", "leaky_relu", "silu"];
+
+    /// The activation called `name`; `alpha` is leaky_relu's negative slope.
+    pub fn from_name(name: &str, alpha: f64) -> Option<Activation> {
+        Some(match name {
+            "relu" => Activation::Relu,
+            "gelu" => Activation::Gelu,
+            "sigmoid" => Activation::Sigmoid,
+            "tanh" => Activation::Tanh,
+            "softmax" => Activation::Softmax,
+            "log_softmax" => Activation::LogSoftmax,
+            "leaky_relu" => Activation::LeakyRelu(alpha),
+            "silu" => Activation::Silu,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Relu => "relu",
+            Activation::Gelu => "gelu",
+            Activation::Sigmoid => "sigmoid",
+            Activation::Tanh => "tanh",
+            Activation::Softmax => "softmax",
+            Activation::LogSoftmax => "log_softmax",
+            Activation::LeakyRelu(_) => "leaky_relu",
+            Activation::Silu => "silu",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Padding {
     Valid,
@@ -56,16 +88,7 @@ impl LayerSpec {
             LayerSpec::Embedding { .. } => "embedding",
             LayerSpec::Lstm { .. } => "lstm",
             LayerSpec::Gru { .. } => "gru",
-            LayerSpec::Activation(a) => match a {
-                Activation::Relu => "relu",
-                Activation::Gelu => "gelu",
-                Activation::Sigmoid => "sigmoid",
-                Activation::Tanh => "tanh",
-                Activation::Softmax => "softmax",
-                Activation::LogSoftmax => "log_softmax",
-                Activation::LeakyRelu(_) => "leaky_relu",
-                Activation::Silu => "silu",
-            },
+            LayerSpec::Activation(a) => a.name(),
         }
     }
 }
@@ -122,5 +145,19 @@ impl Default for TrainConfig {
             clip_norm: None,
             clip_value: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Activation;
+
+    #[test]
+    fn activation_names_round_trip() {
+        for name in Activation::NAMES {
+            assert_eq!(Activation::from_name(name, 0.2).unwrap().name(), name);
+        }
+        assert_eq!(Activation::from_name("leaky_relu", 0.2), Some(Activation::LeakyRelu(0.2)));
+        assert_eq!(Activation::from_name("swish", 0.0), None);
     }
 }

@@ -93,17 +93,7 @@ fn padding<'a>(opts: &Opts<'a>) -> ExResult<Padding> {
 }
 
 fn activation<'a>(name: &str, opts: &Opts<'a>) -> ExResult<Option<Activation>> {
-    Ok(Some(match name {
-        "relu" => Activation::Relu,
-        "gelu" => Activation::Gelu,
-        "sigmoid" => Activation::Sigmoid,
-        "tanh" => Activation::Tanh,
-        "softmax" => Activation::Softmax,
-        "log_softmax" => Activation::LogSoftmax,
-        "leaky_relu" => Activation::LeakyRelu(opt_num(opts, "alpha", 0.01)?),
-        "silu" => Activation::Silu,
-        _ => return Ok(None),
-    }))
+    Ok(Activation::from_name(name, opt_num(opts, "alpha", 0.01)?))
 }
 
 fn layer(t: Term) -> ExResult<LayerSpec> {
