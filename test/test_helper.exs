@@ -14,6 +14,15 @@ defmodule ExBurn.TestHelpers do
 
   def t(data, type), do: Tensor.tensor(data, type: type)
 
+  @doc "Polls `fun` every 10 ms until it returns true; fails the test after `tries` polls."
+  def wait_until(fun, tries \\ 300) do
+    cond do
+      fun.() -> :ok
+      tries == 0 -> flunk("condition never held")
+      true -> Process.sleep(10) && wait_until(fun, tries - 1)
+    end
+  end
+
   def list(tensor), do: Tensor.to_flat_list(tensor)
 
   @doc "Asserts shape, type and exact element values."

@@ -4,6 +4,7 @@ if Code.ensure_loaded?(Nx) do
   defmodule ExBurn.Serving.DistributedTest do
     # Starts distribution on this node and a peer node: not async, and cleaned up on exit.
     use ExUnit.Case, async: false
+    import ExBurn.TestHelpers, only: [wait_until: 1]
     @moduletag :nx
     @moduletag :distributed
 
@@ -98,14 +99,6 @@ if Code.ensure_loaded?(Nx) do
       [{mod, bin}] = Code.compile_string(@peer_helper)
       {:module, ^mod} = :erpc.call(node, :code, :load_binary, [mod, ~c"peer_helper.ex", bin])
       {:ok, peer, node}
-    end
-
-    defp wait_until(fun, tries \\ 300) do
-      cond do
-        fun.() -> :ok
-        tries == 0 -> flunk("condition never held")
-        true -> Process.sleep(10) && wait_until(fun, tries - 1)
-      end
     end
   end
 end

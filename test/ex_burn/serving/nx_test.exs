@@ -3,6 +3,7 @@
 if Code.ensure_loaded?(Nx) do
   defmodule ExBurn.Serving.NxTest do
     use ExUnit.Case, async: true
+    import ExBurn.TestHelpers, only: [wait_until: 1]
     @moduletag :nx
 
     alias ExBurn.{Error, Model, Tensor}
@@ -166,14 +167,6 @@ if Code.ensure_loaded?(Nx) do
 
       assert_raise Error, ~r/invalid device/, fn -> ExBurn.Serving.build(& &1, device: :tpu) end
       assert_raise Error, ~r/expected an ExBurn.Model/, fn -> ExBurn.Serving.build(:nope) end
-    end
-
-    defp wait_until(fun, tries \\ 300) do
-      cond do
-        fun.() -> :ok
-        tries == 0 -> flunk("condition never held")
-        true -> Process.sleep(10) && wait_until(fun, tries - 1)
-      end
     end
   end
 end

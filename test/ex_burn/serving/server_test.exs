@@ -1,5 +1,6 @@
 defmodule ExBurn.Serving.ServerTest do
   use ExUnit.Case, async: true
+  import ExBurn.TestHelpers, only: [wait_until: 1]
 
   alias ExBurn.{Error, Model, Tensor}
   alias ExBurn.Serving.Server
@@ -294,13 +295,5 @@ defmodule ExBurn.Serving.ServerTest do
 
     assert_raise Error, ~r/expected an ExBurn.Model/, fn -> Server.start_link(:nope, []) end
     assert %{id: :x, start: {Server, :start_link, [_]}} = Server.child_spec(model: & &1, name: :x)
-  end
-
-  defp wait_until(fun, tries \\ 200) do
-    cond do
-      fun.() -> :ok
-      tries == 0 -> flunk("condition never held")
-      true -> Process.sleep(10) && wait_until(fun, tries - 1)
-    end
   end
 end
