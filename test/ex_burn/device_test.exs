@@ -70,6 +70,15 @@ defmodule ExBurn.DeviceTest do
     assert ExBurn.configure!(device: :auto) == {:cpu, 0}
   end
 
+  test "every device spec form works wherever a device is asked for" do
+    for spec <- [:auto, :cpu, {:cpu, 0}, "cpu", "cpu:0"] do
+      assert ExBurn.Tensor.zeros({2}, :f32, device: spec) |> ExBurn.Tensor.device() == {:cpu, 0}
+    end
+
+    error = assert_raise ExBurn.Error, fn -> ExBurn.Tensor.zeros({2}, :f32, device: "tpu") end
+    assert {error.op, error.details} == {:zeros, %{device: "tpu"}}
+  end
+
   test "a tensor on a missing device is an error, never a crash" do
     error = assert_raise ExBurn.Error, fn -> ExBurn.Tensor.zeros({2}, :f32, device: {:cuda, 0}) end
     assert error.reason =~ "not available"

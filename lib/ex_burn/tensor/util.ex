@@ -10,7 +10,6 @@ defmodule ExBurn.Tensor.Util do
   # dependency back on ExBurn.Tensor).
   @tensor ExBurn.Tensor
 
-  @device_kinds [:cpu, :vulkan, :metal, :cuda, :rocm]
 
   @doc "Unwraps a NIF answer; a tensor 4-tuple becomes an %ExBurn.Tensor{}."
   def wrap(answer) do
@@ -51,14 +50,14 @@ defmodule ExBurn.Tensor.Util do
   def size(shape) when is_tuple(shape), do: size(Tuple.to_list(shape))
   def size(shape) when is_list(shape), do: Enum.reduce(shape, 1, &(&1 * &2))
 
+  @doc "A device spec (see `ExBurn.Device`) as `{kind, index}`; nil is the default device."
   def device!(_op, nil), do: ExBurn.default_device()
-  def device!(_op, kind) when kind in @device_kinds, do: {kind, 0}
 
-  def device!(_op, {kind, index} = device)
-      when kind in @device_kinds and is_integer(index) and index >= 0,
-      do: device
-
-  def device!(op, other), do: fail!(op, "invalid device", %{device: other})
+  def device!(op, spec) do
+    ExBurn.Device.resolve(spec)
+  rescue
+    e in ExBurn.Error -> reraise %{e | op: op}, __STACKTRACE__
+  end
 
   def opts!(op, opts, allowed) do
     if is_list(opts) and Keyword.keyword?(opts) do
