@@ -29,6 +29,14 @@ defmodule ExBurn.Device do
   """
   def auto do
     case :persistent_term.get(@auto_key, nil) do
+      nil -> :global.trans({@auto_key, self()}, &probe_once/0, [node()])
+      cached -> cached
+    end
+  end
+
+  # Under the lock, so concurrent first callers probe (and log) once.
+  defp probe_once do
+    case :persistent_term.get(@auto_key, nil) do
       nil ->
         {device, reason} = ExBurn.Error.unwrap!(ExBurn.Native.auto_device())
         Logger.info("ExBurn picked #{format(device)} automatically: #{reason}")
