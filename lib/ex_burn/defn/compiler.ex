@@ -13,8 +13,8 @@ if Code.ensure_loaded?(Nx) do
     container structure) and the options: a repeated call with new data skips tracing and
     lowering and goes straight to the NIF.
 
-    Graphs with nodes that have no native lowering (`while`, `cond`, hooks and tokens, `conv`,
-    window ops, gather/indexed ops, sort, float `argmax`, ...) are evaluated node by node by
+    Graphs with nodes that have no native lowering (`while`, `cond`, hooks and tokens, `reduce`
+    and `window_reduce` with Elixir functions, ...) are evaluated node by node by
     `Nx.Defn.Evaluator` on `ExBurn.Backend` instead: same results, one NIF call per node. Which
     path a graph took is logged at debug level and counted in `stats/0`. Results are always
     `ExBurn.Backend` tensors.
@@ -82,9 +82,14 @@ if Code.ensure_loaded?(Nx) do
 
       lowered =
         cond do
-          opts[:native] == false -> {:unsupported, [:native_disabled]}
-          Enum.any?(Composite.flatten_list(vars), &(&1.vectorized_axes != [])) -> {:unsupported, [:vectorized]}
-          true -> Lower.lower(outputs, n_params)
+          opts[:native] == false ->
+            {:unsupported, [:native_disabled]}
+
+          Enum.any?(Composite.flatten_list(vars), &(&1.vectorized_axes != [])) ->
+            {:unsupported, [:vectorized]}
+
+          true ->
+            Lower.lower(outputs, n_params)
         end
 
       case lowered do
@@ -108,7 +113,9 @@ if Code.ensure_loaded?(Nx) do
     defp native_entry(%{instrs: instrs, outputs: outputs, literals: literals}, expr, n_params, device) do
       Cache.bump(:native)
       literal_refs = Enum.map(literals, &ExBurn.Backend.et(&1, device).ref)
-      program = ExBurn.Error.unwrap!(ExBurn.Native.program_new(instrs, outputs, n_params + length(literals), device))
+
+      program =
+        ExBurn.Error.unwrap!(ExBurn.Native.program_new(instrs, outputs, n_params + length(literals), device))
 
       Logger.debug(fn ->
         "ExBurn.Defn.Compiler: native program of #{length(instrs)} instructions, #{length(outputs)} outputs"

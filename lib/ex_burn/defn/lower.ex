@@ -6,12 +6,14 @@ if Code.ensure_loaded?(Nx) do
     # shared by expression id, so common subexpressions run once. Each op mirrors what
     # ExBurn.Backend does for the same callback (compute types, casts, clamped slice starts), so
     # the program and op-by-op evaluation give the same answers. Anything not mirrored here is
-    # reported as unsupported and the caller evaluates the whole graph op by op instead.
+    # reported as unsupported and the caller evaluates the whole graph op by op instead. Where
+    # the backend composes several native calls (pad, float argmax), the same composition is
+    # emitted as several instructions.
 
     alias Nx.Defn.{Composite, Expr}
     alias Nx.Tensor, as: T
 
-    @binary ExBurn.Tensor.Ops.binary_ops() -- [:left_shift, :right_shift]
+    @binary ExBurn.Tensor.Ops.binary_ops()
     @merged_compute [:equal, :not_equal, :greater, :less, :greater_equal, :less_equal] ++
                       [:logical_and, :logical_or, :logical_xor]
     @unary ExBurn.Tensor.Ops.unary_ops()
@@ -145,15 +147,26 @@ if Code.ensure_loaded?(Nx) do
       emit(:reduce, [ia], {op, opts[:axes], opts[:keep_axes] == true}, t, state)
     end
 
-    # Burn's comparisons do not see NaN the way Nx ranks it; the backend patches float inputs
-    # with an extra pass, so only integer inputs lower here.
     defp lower_node(%T{data: %Expr{op: op, args: [a, opts]}} = t, state) when op in [:argmax, :argmin] do
+      {ia, state} = node(a, state)
+      axis = opts[:axis]
+      keep = opts[:keep_axis] == true
+      high = opts[:tie_break] == :high
+      {plain, state} = emit(:arg_reduce, [ia], {op, axis, keep, high}, t, state)
+
       if Nx.Type.float?(a.type) do
-        unsupported(op, state)
+        # Nx ranks NaN above everything for both ops while Burn's comparisons are false on NaN:
+        # the backend takes the first NaN's index where a slice has one. It only does so after
+        # reading whether any NaN exists; selecting unconditionally gives the same values
+        # without the read.
+        u8 = {:u, 8}
+        {nan, state} = emit(:unary, [ia], :is_nan, %{a | type: u8}, state)
+        {first_nan, state} = emit(:arg_reduce, [nan], {:argmax, axis, keep, high}, t, state)
+        axes = if axis, do: [axis], else: nil
+        {has_nan, state} = emit(:reduce, [nan], {:any, axes, keep}, %{t | type: u8}, state)
+        emit(:select, [has_nan, first_nan, plain], nil, t, state)
       else
-        {ia, state} = node(a, state)
-        attrs = {op, opts[:axis], opts[:keep_axis] == true, opts[:tie_break] == :high}
-        emit(:arg_reduce, [ia], attrs, t, state)
+        {plain, state}
       end
     end
 
@@ -163,17 +176,126 @@ if Code.ensure_loaded?(Nx) do
     end
 
     defp lower_node(%T{data: %Expr{op: :slice, args: [a, starts, lengths, strides]}} = t, state) do
-      if Enum.all?(starts, &is_integer/1) do
-        {ia, state} = node(a, state)
+      {ia, state} = node(a, state)
 
+      if Enum.all?(starts, &is_integer/1) do
         starts =
           [starts, Tuple.to_list(a.shape), lengths]
           |> Enum.zip_with(fn [s, dim, len] -> s |> max(0) |> min(dim - len) end)
 
         emit(:slice, [ia], {starts, lengths, strides}, t, state)
       else
-        unsupported(:dynamic_slice, state)
+        {starts, state} = start_nodes(starts, state)
+        emit(:dynamic_slice, [ia | starts], {lengths, strides}, t, state)
       end
+    end
+
+    defp lower_node(%T{data: %Expr{op: :put_slice, args: [a, starts, update]}} = t, state) do
+      {ia, state} = node(a, state)
+      {ia, state} = cast(ia, a, t.type, state)
+      {iu, state} = node(update, state)
+      {starts, state} = start_nodes(starts, state)
+      emit(:put_slice, [ia, iu | starts], nil, t, state)
+    end
+
+    defp lower_node(%T{data: %Expr{op: :pad, args: [a, value, config]}} = t, state) do
+      {ia, state} = node(a, state)
+      {ia, state} = cast(ia, a, t.type, state)
+      {iv, state} = node(value, state)
+      {iv, state} = cast(iv, value, t.type, state)
+      interior = Enum.map(config, &elem(&1, 2))
+
+      # Interior padding first, so negative edges cut into the interior-padded tensor (as in
+      # BinaryBackend and the backend).
+      {x, state} =
+        if Enum.all?(interior, &(&1 == 0)) do
+          {{ia, a.shape}, state}
+        else
+          shape =
+            a.shape
+            |> Tuple.to_list()
+            |> Enum.zip_with(interior, fn d, i -> if d == 0, do: 0, else: (d - 1) * (i + 1) + 1 end)
+            |> List.to_tuple()
+
+          {i, state} = emit(:pad_interior, [ia, iv], interior, %{t | shape: shape}, state)
+          {{i, shape}, state}
+        end
+
+      {{index, _shape}, state} =
+        config
+        |> Enum.with_index()
+        |> Enum.reduce({x, state}, fn {{lo, hi, _}, axis}, {x, state} ->
+          {x, state} = grow(x, iv, axis, max(lo, 0), :lo, t, state)
+          {x, state} = grow(x, iv, axis, max(hi, 0), :hi, t, state)
+          shrink(x, axis, max(-lo, 0), max(-hi, 0), t, state)
+        end)
+
+      {index, state}
+    end
+
+    defp lower_node(%T{data: %Expr{op: :conv, args: [x, k, opts]}} = t, state) do
+      spatial = tuple_size(x.shape) - 2
+
+      # Burn has conv1d/2d/3d; the backend falls back for more spatial axes, so do we
+      if spatial in 1..3 do
+        {[ix, ik], state} = nodes([x, k], state)
+        axes = Enum.to_list(0..(spatial + 1))
+
+        spec =
+          {opts[:strides], opts[:padding], opts[:input_dilation], opts[:kernel_dilation],
+           opts[:feature_group_size], opts[:batch_group_size], opts[:input_permutation] || axes,
+           opts[:kernel_permutation] || axes, opts[:output_permutation] || axes}
+
+        emit(:conv, [ix, ik], spec, t, state)
+      else
+        unsupported(:conv, state)
+      end
+    end
+
+    defp lower_node(%T{data: %Expr{op: op, args: [a, window, opts]}} = t, state)
+         when op in [:window_sum, :window_product, :window_max, :window_min] do
+      {ia, state} = node(a, state)
+      ones = List.duplicate(1, tuple_size(a.shape))
+      spec = {Tuple.to_list(window), opts[:strides], opts[:padding], opts[:window_dilations] || ones}
+      emit(:window, [ia], {op, spec}, t, state)
+    end
+
+    defp lower_node(%T{data: %Expr{op: op, args: [a, source, init, window, opts]}} = t, state)
+         when op in [:window_scatter_max, :window_scatter_min] do
+      if Enum.all?(opts[:padding], fn {lo, hi} -> lo >= 0 and hi >= 0 end) do
+        {indices, state} = nodes([a, source, init], state)
+
+        spec =
+          {op == :window_scatter_max, Tuple.to_list(window), opts[:strides], opts[:padding],
+           scatter_select_type(a.type, init.type)}
+
+        emit(:window_scatter, indices, spec, t, state)
+      else
+        unsupported(op, state)
+      end
+    end
+
+    defp lower_node(%T{data: %Expr{op: :sort, args: [a, opts]}} = t, state) do
+      {ia, state} = node(a, state)
+      {ia, state} = cast(ia, a, t.type, state)
+      emit(:sort, [ia], {opts[:axis], opts[:direction] == :desc}, t, state)
+    end
+
+    defp lower_node(%T{data: %Expr{op: :argsort, args: [a, opts]}} = t, state) do
+      {ia, state} = node(a, state)
+      emit(:argsort, [ia], {opts[:axis], opts[:direction] == :desc}, t, state)
+    end
+
+    defp lower_node(%T{data: %Expr{op: :gather, args: [a, idx, opts]}} = t, state) do
+      {[ia, ii], state} = nodes([a, idx], state)
+      emit(:gather, [ia, ii], opts[:axes], t, state)
+    end
+
+    defp lower_node(%T{data: %Expr{op: op, args: [a, idx, updates, opts]}} = t, state)
+         when op in [:indexed_add, :indexed_put] do
+      {indices, state} = nodes([a, idx, updates], state)
+      axes = opts[:axes] || Enum.to_list(0..(elem(idx.shape, tuple_size(idx.shape) - 1) - 1)//1)
+      emit(:indexed, indices, {op == :indexed_add, axes}, t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: op, args: [tensors, axis]}} = t, state)
@@ -187,6 +309,59 @@ if Code.ensure_loaded?(Nx) do
       do: unsupported(op, state)
 
     defp lower_node(%T{data: %Expr{op: op}}, state), do: unsupported(op, state)
+
+    # The backend's compare type for window scatters (see ExBurn.Backend).
+    defp scatter_select_type(type, init_type) do
+      cond do
+        Nx.Type.float?(type) -> type
+        Nx.Type.float?(init_type) -> {:f, 32}
+        true -> Nx.Type.merge(type, init_type)
+      end
+    end
+
+    # The backend casts some operands to the result type before the op (ET.as_type).
+    defp cast(index, %T{type: type}, type, state), do: {index, state}
+
+    defp cast(index, %T{} = operand, type, state),
+      do: emit(:as_type, [index], nil, %{operand | type: type}, state)
+
+    # Start indices: integers become s64 constants so every start is an operand read at run time.
+    defp start_nodes(starts, state) do
+      Enum.map_reduce(starts, state, fn
+        s, state when is_integer(s) -> emit(:full, [], s, Nx.template({}, {:s, 64}), state)
+        %T{} = s, state -> node(s, state)
+      end)
+    end
+
+    # The backend's edge padding: positive edges are concatenated blocks of the pad value,
+    # negative ones are sliced off.
+    defp grow(x, _value, _axis, 0, _side, _t, state), do: {x, state}
+
+    defp grow({ix, shape}, iv, axis, n, side, t, state) do
+      block_shape = put_elem(shape, axis, n)
+      {block, state} = emit(:broadcast, [iv], [], %{t | shape: block_shape}, state)
+      grown = put_elem(shape, axis, elem(shape, axis) + n)
+
+      if Nx.size(shape) == 0 and elem(shape, axis) == 0 do
+        {{block, block_shape}, state}
+      else
+        parts = if side == :lo, do: [block, ix], else: [ix, block]
+        {i, state} = emit(:concatenate, parts, axis, %{t | shape: grown}, state)
+        {{i, grown}, state}
+      end
+    end
+
+    defp shrink(x, _axis, 0, 0, _t, state), do: {x, state}
+
+    defp shrink({ix, shape}, axis, lo, hi, t, state) do
+      dims = Tuple.to_list(shape)
+      starts = dims |> Enum.map(fn _ -> 0 end) |> List.replace_at(axis, lo)
+      lengths = List.replace_at(dims, axis, max(elem(shape, axis) - lo - hi, 0))
+      strides = Enum.map(dims, fn _ -> 1 end)
+      new_shape = List.to_tuple(lengths)
+      {i, state} = emit(:slice, [ix], {starts, lengths, strides}, %{t | shape: new_shape}, state)
+      {{i, new_shape}, state}
+    end
 
     # The backend's constant/3 rules: integers wrap into the type, floats fill as f64; the top
     # half of u64 and non-real values are not lowered.

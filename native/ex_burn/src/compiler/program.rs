@@ -5,7 +5,9 @@ use burn::backend::Scalar;
 use crate::device::DeviceRef;
 use crate::dtype::NxType;
 use crate::error::{Detail, ExError, ExResult};
+use crate::ops::conv::{self, ConvSpec};
 use crate::ops::linalg::DotSpec;
+use crate::ops::window::{self, WindowSpec};
 use crate::ops::{create, elementwise as ew, indexing, linalg, reduce, shape as sh};
 use crate::tensor::Handle;
 
@@ -35,6 +37,24 @@ pub enum Op {
     Reverse(Vec<usize>),
     /// The operand, unchanged (Nx `metadata` nodes such as `stop_grad`'s).
     Alias,
+    Conv(ConvSpec),
+    Window { op: String, spec: WindowSpec },
+    /// Operand already in the result type (the lowering casts it, like the backend).
+    Sort { axis: usize, desc: bool },
+    ArgSort { axis: usize, desc: bool },
+    /// Operands: tensor, one-element pad value, both in the result type.
+    PadInterior(Vec<usize>),
+    /// Operands: tensor, then one scalar start per axis, read at run time and clamped so the
+    /// window fits (Nx's rule).
+    DynSlice { lengths: Vec<usize>, strides: Vec<usize> },
+    /// Operands: tensor (in the result type), update, then one scalar start per axis.
+    PutSlice,
+    /// Operands: tensor, source, init value; the tensor is compared in `select`.
+    WindowScatter { max: bool, dims: Vec<usize>, strides: Vec<usize>, padding: Vec<(i64, i64)>, select: NxType },
+    /// Operands: tensor, index tensor (last axis: one coordinate per entry of `axes`).
+    Gather(Vec<usize>),
+    /// Operands: tensor, index tensor, updates. `add` is indexed_add, else indexed_put.
+    Indexed { add: bool, axes: Vec<usize> },
 }
 
 pub struct Instr {
@@ -60,7 +80,10 @@ fn arity(op: &Op) -> Option<usize> {
         Op::Transpose(_) | Op::Broadcast(_) | Op::Slice { .. } | Op::Reverse(_) | Op::Alias => 1,
         Op::Binary { .. } | Op::Dot { .. } => 2,
         Op::Select | Op::Clip => 3,
-        Op::Concatenate(_) | Op::Stack(_) => return None,
+        Op::Conv(_) | Op::PadInterior(_) | Op::Gather(_) => 2,
+        Op::Window { .. } | Op::Sort { .. } | Op::ArgSort { .. } => 1,
+        Op::Indexed { .. } | Op::WindowScatter { .. } => 3,
+        Op::Concatenate(_) | Op::Stack(_) | Op::DynSlice { .. } | Op::PutSlice => return None,
     })
 }
 
@@ -162,7 +185,12 @@ impl Program {
             Op::Iota(axis) => create::iota(shape, ty, *axis, self.device),
             Op::Eye => create::eye(shape, ty, self.device),
             Op::Unary(op) => ew::unary(op, a[0], ty),
-            Op::Binary { op, compute } => ew::binary(op, a[0], a[1], *compute),
+            Op::Binary { op, compute } => {
+                if op == "left_shift" || op == "right_shift" {
+                    check_shift(op, a[1])?;
+                }
+                ew::binary(op, a[0], a[1], *compute)
+            }
             Op::Select => ew::select(a[0], a[1], a[2], ty),
             Op::Clip => {
                 let (x, lo, hi) = (ew::as_type(a[0], ty)?, ew::as_type(a[1], ty)?, ew::as_type(a[2], ty)?);
@@ -180,6 +208,27 @@ impl Program {
             Op::Stack(axis) => sh::stack(&owned(a), *axis, ty),
             Op::Reverse(axes) => indexing::reverse(&ew::as_type(a[0], ty)?, axes.clone()),
             Op::Alias => Ok(a[0].clone()),
+            Op::Conv(spec) => conv::conv(a[0], a[1], spec, ty),
+            Op::Window { op, spec } => window::window_reduce(op, a[0], spec, ty),
+            Op::Sort { axis, desc } => indexing::sort(a[0], *axis, *desc),
+            Op::ArgSort { axis, desc } => indexing::argsort(a[0], *axis, *desc, ty),
+            Op::PadInterior(interior) => window::pad_interior(a[0], a[1], interior.clone()),
+            Op::DynSlice { lengths, strides } => {
+                let starts = clamped_starts(&a[1..], &a[0].shape, lengths)?;
+                sh::slice(a[0], starts, lengths.clone(), strides.clone())
+            }
+            Op::PutSlice => {
+                let starts = clamped_starts(&a[2..], &a[0].shape, &a[1].shape)?;
+                indexing::put_slice(a[0], starts, a[1])
+            }
+            Op::Gather(axes) => {
+                let (x, flat) = linearize(a[0], a[1], axes)?;
+                indexing::take(&x, &flat, 0)
+            }
+            Op::Indexed { add, axes } => indexed(*add, a[0], a[1], a[2], axes, ty),
+            Op::WindowScatter { max, dims, strides, padding, select } => {
+                window::window_scatter(*max, a[0], a[1], a[2], dims.clone(), strides.clone(), padding.clone(), *select, ty)
+            }
         }
     }
 
@@ -196,6 +245,98 @@ impl Program {
 
 fn owned(a: &[&Handle]) -> Vec<Handle> {
     a.iter().map(|h| (*h).clone()).collect()
+}
+
+/// The values of an integer tensor, read back to the host (the backend reads them too).
+fn read_ints(h: &Handle) -> ExResult<Vec<i64>> {
+    if h.numel() == 0 {
+        return Ok(Vec::new());
+    }
+    let bytes = ew::as_type(h, NxType::S(64))?.to_bytes()?;
+    Ok(bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes"))).collect())
+}
+
+/// Nx clamps dynamic start indices so the window fits, as the backend's `clamp_starts`.
+fn clamped_starts(starts: &[&Handle], shape: &[usize], lengths: &[usize]) -> ExResult<Vec<usize>> {
+    if starts.len() != shape.len() || lengths.len() != shape.len() {
+        return Err(ExError::invalid("slice needs one start and one length per axis"));
+    }
+    starts
+        .iter()
+        .zip(shape.iter().zip(lengths))
+        .map(|(s, (&dim, &len))| {
+            let v = *read_ints(s)?.first().ok_or_else(|| ExError::invalid("a slice start must be a scalar"))?;
+            Ok(v.max(0).min(dim.saturating_sub(len) as i64) as usize)
+        })
+        .collect()
+}
+
+/// Like the backend, a negative shift amount is an error rather than a device-defined result.
+fn check_shift(op: &str, amount: &Handle) -> ExResult<()> {
+    if let NxType::S(_) = amount.ty {
+        if let Some(min) = read_ints(amount)?.into_iter().min() {
+            if min < 0 {
+                let verb = if op == "left_shift" { "left" } else { "right" };
+                return Err(ExError::invalid(format!("cannot {verb} shift by {min}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The backend's `linearize`: `axes` moved to the front and merged into one axis, and `idx`
+/// (last axis: one coordinate per entry of `axes`) turned into s64 indices into that merged
+/// axis. Coordinates out of range are an error, never a clamped or wrapped read.
+fn linearize(x: &Handle, idx: &Handle, axes: &[usize]) -> ExResult<(Handle, Handle)> {
+    let rank = x.rank();
+    crate::ops::check_axes(axes, rank)?;
+    let k = axes.len();
+    if k == 0 || idx.rank() == 0 || idx.shape[idx.rank() - 1] != k {
+        return Err(ExError::invalid("gather indices need one coordinate per indexed axis"));
+    }
+    let perm: Vec<usize> = axes.iter().copied().chain((0..rank).filter(|a| !axes.contains(a))).collect();
+    let dims: Vec<usize> = axes.iter().map(|&a| x.shape[a]).collect();
+    let moved = if perm.iter().enumerate().all(|(i, &p)| i == p) { x.clone() } else { sh::transpose(x, perm.clone())? };
+    let mut merged = vec![dims.iter().product()];
+    merged.extend_from_slice(&moved.shape[k..]);
+    let moved = sh::reshape(&moved, merged)?;
+    let coords = read_ints(idx)?;
+    let mut flat = Vec::with_capacity(coords.len() / k * 8);
+    for row in coords.chunks_exact(k) {
+        let mut f = 0i64;
+        for (axis, (&c, &d)) in row.iter().zip(&dims).enumerate() {
+            if c < 0 || c >= d as i64 {
+                return Err(ExError::invalid(format!("index {c} is out of bounds for axis {axis} in shape {:?}", x.shape)));
+            }
+            f = f * d as i64 + c;
+        }
+        flat.extend_from_slice(&f.to_ne_bytes());
+    }
+    let flat = Handle::from_bytes(flat, idx.shape[..idx.rank() - 1].to_vec(), NxType::S(64), x.device)?;
+    Ok((moved, flat))
+}
+
+/// The backend's `indexed/6`: update the merged-axis view, then restore the axis order.
+fn indexed(add: bool, x: &Handle, idx: &Handle, updates: &Handle, axes: &[usize], ty: NxType) -> ExResult<Handle> {
+    let rank = x.rank();
+    let perm: Vec<usize> = axes.iter().copied().chain((0..rank).filter(|a| !axes.contains(a))).collect();
+    let permuted: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    let (x2, flat) = linearize(x, idx, axes)?;
+    let rows = updates.shape.first().copied().unwrap_or(1);
+    let mut upd_shape = vec![rows];
+    upd_shape.extend_from_slice(&x2.shape[1..]);
+    let upd = sh::reshape(updates, upd_shape)?;
+    let r = indexing::index_update(if add { "add" } else { "put" }, &x2, &flat, &upd, ty)?;
+    let r = sh::reshape(&r, permuted)?;
+    if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        Ok(r)
+    } else {
+        let mut inverse = vec![0; rank];
+        for (i, &p) in perm.iter().enumerate() {
+            inverse[p] = i;
+        }
+        sh::transpose(&r, inverse)
+    }
 }
 
 #[cfg(test)]
@@ -290,6 +431,32 @@ mod tests {
         assert!(prog.run(&[]).is_err());
         assert!(prog.run(&[f32s(&[1.0, 2.0, 3.0], &[3])]).is_err());
         assert!(prog.run(&[f32s(&[1.0, 2.0], &[2])]).is_ok());
+    }
+
+    #[test]
+    fn gather_and_dynamic_slice_read_their_indices_at_run_time() {
+        let s64 = NxType::S(64);
+        let prog = Program::new(
+            vec![
+                ins(Op::Input(0), &[], F32, &[2, 3]),
+                ins(Op::Input(1), &[], s64, &[2, 2]),
+                ins(Op::Gather(vec![0, 1]), &[0, 1], F32, &[2]),
+                ins(Op::Input(2), &[], s64, &[]),
+                ins(Op::Full(Scalar::Int(-4)), &[], s64, &[]),
+                // start 5 on an axis of 2 is clamped to 1 (Nx's rule), -4 to 0
+                ins(Op::DynSlice { lengths: vec![1, 2], strides: vec![1, 1] }, &[0, 3, 4], F32, &[1, 2]),
+            ],
+            vec![2, 5],
+            3,
+            device(),
+        )
+        .unwrap();
+        let x = f32s(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3]);
+        let out = prog.run(&[x.clone(), crate::testing::i64s(&[1, 2, 0, 1], &[2, 2]), crate::testing::i64s(&[5], &[])]).unwrap();
+        assert_eq!(floats(&out[0]), vec![5.0, 1.0]);
+        assert_eq!(floats(&out[1]), vec![3.0, 4.0]);
+        // out-of-range coordinates are an error, not a clamped read
+        assert!(prog.run(&[x, crate::testing::i64s(&[1, 3, 0, 1], &[2, 2]), crate::testing::i64s(&[0], &[])]).is_err());
     }
 
     #[test]

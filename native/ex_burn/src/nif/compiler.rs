@@ -70,6 +70,42 @@ fn decode_op(name: &str, attrs: Term, ty: crate::dtype::NxType) -> ExResult<Op> 
         }
         "concatenate" => Op::Concatenate(term::usize_arg(attrs, "axis")?),
         "stack" => Op::Stack(term::usize_arg(attrs, "axis")?),
+        "conv" => Op::Conv(super::conv::spec(attrs)?),
+        "window" => {
+            let (op, spec): (Term, Term) = attrs.decode().map_err(|_| attr_err("{op, spec}"))?;
+            Op::Window { op: term::atom(op, "op")?, spec: super::window::spec(spec)? }
+        }
+        "sort" | "argsort" => {
+            let (axis, desc): (Term, Term) = attrs.decode().map_err(|_| attr_err("{axis, descending}"))?;
+            let (axis, desc) = (term::usize_arg(axis, "axis")?, term::boolean(desc, "descending")?);
+            if name == "sort" {
+                Op::Sort { axis, desc }
+            } else {
+                Op::ArgSort { axis, desc }
+            }
+        }
+        "pad_interior" => Op::PadInterior(term::usizes(attrs, "interior")?),
+        "dynamic_slice" => {
+            let (l, st): (Term, Term) = attrs.decode().map_err(|_| attr_err("{lengths, strides}"))?;
+            Op::DynSlice { lengths: term::usizes(l, "lengths")?, strides: term::usizes(st, "strides")? }
+        }
+        "put_slice" => Op::PutSlice,
+        "window_scatter" => {
+            let (max, dims, strides, padding, select): (Term, Term, Term, Term, Term) =
+                attrs.decode().map_err(|_| attr_err("{max, window_dimensions, strides, padding, select_type}"))?;
+            Op::WindowScatter {
+                max: term::boolean(max, "max")?,
+                dims: term::usizes(dims, "window_dimensions")?,
+                strides: term::usizes(strides, "strides")?,
+                padding: super::conv::pairs(padding, "padding")?,
+                select: term::decode_type(select)?,
+            }
+        }
+        "gather" => Op::Gather(term::usizes(attrs, "axes")?),
+        "indexed" => {
+            let (add, axes): (Term, Term) = attrs.decode().map_err(|_| attr_err("{add, axes}"))?;
+            Op::Indexed { add: term::boolean(add, "add")?, axes: term::usizes(axes, "axes")? }
+        }
         _ => return Err(ExError::invalid(format!("unknown program op {name}"))),
     })
 }

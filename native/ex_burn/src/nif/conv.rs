@@ -12,7 +12,7 @@ pub(super) fn pairs(term: Term, name: &'static str) -> ExResult<Vec<(i64, i64)>>
     term.decode().map_err(|_| ExError::Arg { name, expected: "a list of {lo, hi} integer pairs" })
 }
 
-fn spec(opts: Term) -> ExResult<ConvSpec> {
+pub(super) fn spec(opts: Term) -> ExResult<ConvSpec> {
     let bad = || ExError::Arg { name: "opts", expected: "a 9-tuple of conv options" };
     let t = rustler::types::tuple::get_tuple(opts).map_err(|_| bad())?;
     if t.len() != 9 {

@@ -8,7 +8,7 @@ use super::{guard, op_name, term};
 use crate::error::{ExError, ExResult};
 use crate::ops::window::{self, WindowSpec};
 
-fn spec(opts: Term) -> ExResult<WindowSpec> {
+pub(super) fn spec(opts: Term) -> ExResult<WindowSpec> {
     let bad = || ExError::Arg { name: "opts", expected: "{window_dimensions, strides, padding, window_dilations}" };
     let t = rustler::types::tuple::get_tuple(opts).map_err(|_| bad())?;
     if t.len() != 4 {
