@@ -71,7 +71,16 @@ pub struct Program {
     device: DeviceRef,
     /// For each instruction, the instructions after which its value is no longer needed.
     frees: Vec<Vec<usize>>,
+    /// Per instruction and operand: a scalar constant already broadcast to the op's shape and
+    /// cast to its compute type, used in place of the operand. The core ops broadcast scalars
+    /// as zero-stride views, which Burn's CPU kernels walk several times slower than contiguous
+    /// operands (relu's `max(x, 0)` and its gradient's selects dominated an MLP step); the
+    /// values are the same, built once per program instead of once per step.
+    dense: Vec<Vec<Option<Handle>>>,
 }
+
+/// Largest constant `dense` materializes (elements), so it never holds much memory.
+const DENSE_LIMIT: usize = 1 << 20;
 
 fn arity(op: &Op) -> Option<usize> {
     Some(match op {
@@ -128,7 +137,8 @@ impl Program {
                 frees[at].push(v);
             }
         }
-        Ok(Program { instrs, outputs, inputs, device, frees })
+        let dense = dense_constants(&instrs, device)?;
+        Ok(Program { instrs, outputs, inputs, device, frees, dense })
     }
 
     pub fn len(&self) -> usize {
@@ -155,8 +165,16 @@ impl Program {
         let mut values: Vec<Option<Handle>> = Vec::with_capacity(self.instrs.len());
         for (i, ins) in self.instrs.iter().enumerate() {
             let h = {
-                let args: Vec<&Handle> =
-                    ins.args.iter().map(|&a| values[a].as_ref().expect("value freed before its last use")).collect();
+                let dense = &self.dense[i];
+                let args: Vec<&Handle> = ins
+                    .args
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &a)| match dense.get(k) {
+                        Some(Some(h)) => h,
+                        _ => values[a].as_ref().expect("value freed before its last use"),
+                    })
+                    .collect();
                 let h = self.step(ins, &args, inputs)?;
                 self.fix(h, ins)?
             };
@@ -241,6 +259,53 @@ impl Program {
             sh::reshape(&h, ins.shape.clone())
         }
     }
+}
+
+/// See `Program::dense`. Only operands that the op broadcasts and casts and nothing else
+/// (binary ops, select's two branches) are replaced, so the op sees exactly the values it would
+/// have built itself.
+fn dense_constants(instrs: &[Instr], device: DeviceRef) -> ExResult<Vec<Vec<Option<Handle>>>> {
+    let mut memo: std::collections::HashMap<(usize, Vec<usize>, NxType), Handle> = std::collections::HashMap::new();
+    let mut dense = Vec::with_capacity(instrs.len());
+    for ins in instrs {
+        let (shape, slots, to): (Vec<usize>, &[usize], NxType) = match &ins.op {
+            Op::Binary { compute, .. } => {
+                let s = crate::ops::broadcast_shape(&instrs[ins.args[0]].shape, &instrs[ins.args[1]].shape)?;
+                (s, &[0, 1], *compute)
+            }
+            Op::Select => {
+                let (p, t, f) = (&instrs[ins.args[0]].shape, &instrs[ins.args[1]].shape, &instrs[ins.args[2]].shape);
+                let s = crate::ops::broadcast_shape(&crate::ops::broadcast_shape(p, t)?, f)?;
+                (s, &[1, 2], ins.ty)
+            }
+            _ => {
+                dense.push(Vec::new());
+                continue;
+            }
+        };
+        let size = crate::tensor::numel(&shape);
+        let mut row = vec![None; ins.args.len()];
+        for &k in slots {
+            let a = ins.args[k];
+            let src = &instrs[a];
+            if let Op::Full(v) = src.op {
+                if crate::tensor::numel(&src.shape) == 1 && src.shape != shape && size > 1 && size <= DENSE_LIMIT {
+                    let key = (a, shape.clone(), to);
+                    let h = match memo.get(&key) {
+                        Some(h) => h.clone(),
+                        None => {
+                            let h = ew::as_type(&create::full(v, shape.clone(), src.ty, device)?, to)?;
+                            memo.insert(key, h.clone());
+                            h
+                        }
+                    };
+                    row[k] = Some(h);
+                }
+            }
+        }
+        dense.push(row);
+    }
+    Ok(dense)
 }
 
 fn owned(a: &[&Handle]) -> Vec<Handle> {
