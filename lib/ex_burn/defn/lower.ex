@@ -24,7 +24,17 @@ if Code.ensure_loaded?(Nx) do
     `{:unsupported, ops}` naming the ops (sorted, unique) that have no lowering.
     """
     def lower(outputs, n_params) when is_list(outputs) do
-      state = %{ids: %{}, instrs: [], count: 0, literals: [], n_params: n_params, scope: nil, bad: %{}}
+      state = %{
+        ids: %{},
+        conds: %{},
+        instrs: [],
+        count: 0,
+        literals: [],
+        n_params: n_params,
+        scope: nil,
+        bad: %{}
+      }
+
       {indices, state} = Enum.map_reduce(outputs, state, &node/2)
 
       if state.bad == %{} do
@@ -304,11 +314,86 @@ if Code.ensure_loaded?(Nx) do
       emit(op, indices, axis, t, state)
     end
 
+    defp lower_node(%T{data: %Expr{op: :elem, args: [%T{data: %Expr{op: :cond}} = c, i]}}, state) do
+      case cond_picks(c, state) do
+        {:ok, picks, state} -> {Enum.at(picks, i), state}
+        {:error, state} -> {-1, state}
+      end
+    end
+
+    defp lower_node(%T{data: %Expr{op: :cond}, type: type} = t, state) when elem(type, 0) != :tuple do
+      case cond_picks(t, state) do
+        {:ok, [pick], state} -> {pick, state}
+        {:ok, _, state} -> unsupported(:cond, state)
+        {:error, state} -> {-1, state}
+      end
+    end
+
     # tuples only come out of while, cond, hooks and multi-output blocks: name the producer
     defp lower_node(%T{data: %Expr{op: :elem, args: [%T{data: %Expr{op: op}}, _]}}, state),
       do: unsupported(op, state)
 
     defp lower_node(%T{data: %Expr{op: op}}, state), do: unsupported(op, state)
+
+    # A cond's branches are contiguous instruction ranges that only its :cond instruction runs:
+    # each predicate, then the first true clause's body (else the last). Nodes first met inside
+    # a range are lowered there and forgotten after it, so nothing outside depends on a branch
+    # that may not run (a node used on both sides is lowered twice). The outputs are :pick
+    # instructions after the :cond.
+    defp cond_picks(%T{data: %Expr{id: id, args: [clauses, last]}}, state) do
+      case state.conds do
+        %{^id => picks} ->
+          {:ok, picks, state}
+
+        %{} ->
+          outs = flatten(last)
+          bodies = Enum.map(clauses, fn {_pred, body} -> flatten(body) end)
+
+          same? =
+            Enum.all?(bodies, fn body ->
+              length(body) == length(outs) and
+                Enum.zip_with(body, outs, &(&1.type == &2.type and &1.shape == &2.shape)) |> Enum.all?()
+            end)
+
+          if outs == [] or not same? do
+            {:error, elem(unsupported(:cond, state), 1)}
+          else
+            lower_cond(id, clauses, bodies, outs, state)
+          end
+      end
+    end
+
+    defp lower_cond(id, clauses, bodies, outs, state) do
+      saved = {state.ids, state.conds}
+
+      {clause_attrs, state} =
+        clauses
+        |> Enum.zip(bodies)
+        |> Enum.map_reduce(state, fn {{pred, _}, body}, state ->
+          {pred_range, state} = range(state, &nodes([pred], &1))
+          {body_range, state} = range(state, &nodes(body, &1))
+          {{pred_range, body_range}, restore(state, saved)}
+        end)
+
+      {last_range, state} = range(state, &nodes(outs, &1))
+      state = restore(state, saved)
+      {cond, state} = emit(:cond, [], {clause_attrs, last_range}, Nx.template({}, {:u, 8}), state)
+
+      {picks, state} =
+        outs
+        |> Enum.with_index()
+        |> Enum.map_reduce(state, fn {out, j}, state -> emit(:pick, [], {cond, j}, out, state) end)
+
+      {:ok, picks, %{state | conds: Map.put(state.conds, id, picks)}}
+    end
+
+    defp range(state, fun) do
+      start = state.count
+      {outs, state} = fun.(state)
+      {{start, state.count, outs}, state}
+    end
+
+    defp restore(state, {ids, conds}), do: %{state | ids: ids, conds: conds}
 
     # The backend's compare type for window scatters (see ExBurn.Backend).
     defp scatter_select_type(type, init_type) do

@@ -1,5 +1,40 @@
 # Compiled only where Nx is present; the :nx tag keeps it out of runs without Nx either way.
 if Code.ensure_loaded?(Nx) do
+  defmodule ExBurn.Defn.LoweringFuns do
+    @moduledoc false
+    import Nx.Defn
+
+    defn branch(x) do
+      if Nx.sum(x) > 0, do: x + 1, else: x * 10
+    end
+
+    defn multi(x, k) do
+      cond do
+        k == 0 -> {x, Nx.sum(x)}
+        k == 1 -> {x * 2, Nx.reduce_max(x)}
+        true -> {Nx.exp(x), Nx.reduce_min(x)}
+      end
+    end
+
+    # the untaken branch divides by zero (an error for integers): it must not run
+    defn safe_divide(x, d) do
+      if d == 0, do: x, else: Nx.quotient(x, d)
+    end
+
+    defn nested(x, k) do
+      y = Nx.sin(x)
+
+      if k > 0 do
+        z = if k > 1, do: y * 3, else: y - 1
+        z + y
+      else
+        y
+      end
+    end
+
+    defn(cond_grad(x), do: grad(x, fn x -> Nx.sum(if Nx.sum(x) > 0, do: x * x, else: Nx.exp(x)) end))
+  end
+
   defmodule ExBurn.Defn.LoweringTest do
     # Each op lowered into the native program: the jitted result must equal Nx.BinaryBackend's
     # and the graph must have run natively (no whole-graph fallback to the Evaluator).
@@ -174,6 +209,20 @@ if Code.ensure_loaded?(Nx) do
 
       native(&Nx.put_slice(&1, [1, 1], &2), [iota({3, 3}, :s32), Nx.tensor([[1.5, 2.5]])])
       native(fn x, i -> Nx.Defn.grad(x, &Nx.sum(Nx.exp(Nx.slice(&1, [i, 0], [2, 5])))) end, [x, Nx.tensor(1)])
+    end
+
+    test "cond runs the chosen branch natively" do
+      alias ExBurn.Defn.LoweringFuns, as: F
+      x = Nx.tensor([[1.0, -2.0], [0.5, 3.0]])
+      native(&F.branch/1, [x])
+      native(&F.branch/1, [Nx.negate(x)])
+
+      for k <- [0, 1, 5], do: native(&F.multi/2, [x, Nx.tensor(k)])
+      for k <- [0, 1, 2], do: native(&F.nested/2, [x, Nx.tensor(k)])
+      native(&F.cond_grad/1, [x])
+      native(&F.cond_grad/1, [Nx.negate(x)])
+      native(&F.safe_divide/2, [Nx.tensor([7, 9]), Nx.tensor(2)])
+      native(&F.safe_divide/2, [Nx.tensor([7, 9]), Nx.tensor(0)])
     end
 
     test "shifts, and negative shift amounts raise" do

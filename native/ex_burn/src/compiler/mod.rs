@@ -7,4 +7,4 @@
 
 pub mod program;
 
-pub use program::{Instr, Op, Program};
+pub use program::{Branch, Instr, Op, Program};

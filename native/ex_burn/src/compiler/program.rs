@@ -55,6 +55,19 @@ pub enum Op {
     Gather(Vec<usize>),
     /// Operands: tensor, index tensor, updates. `add` is indexed_add, else indexed_put.
     Indexed { add: bool, axes: Vec<usize> },
+    /// Nx `cond`: runs the clauses' predicate ranges in order and the body range of the first
+    /// one that holds (else `last`). Range instructions run only from here, so an untaken
+    /// branch costs nothing and cannot fail. Produces no value: `Pick`s read the outputs.
+    Cond { clauses: Vec<(Branch, Branch)>, last: Branch },
+    /// Output `out` of the branch its `Cond` (an instruction index) took.
+    Pick { cond: usize, out: usize },
+}
+
+/// Instructions `start..end` (contiguous, before their `Cond`) and the values they yield.
+pub struct Branch {
+    pub start: usize,
+    pub end: usize,
+    pub outs: Vec<usize>,
 }
 
 pub struct Instr {
@@ -77,6 +90,8 @@ pub struct Program {
     /// operands (relu's `max(x, 0)` and its gradient's selects dominated an MLP step); the
     /// values are the same, built once per program instead of once per step.
     dense: Vec<Vec<Option<Handle>>>,
+    /// The innermost `Cond` whose branches hold each instruction (`None`: top level).
+    parent: Vec<Option<usize>>,
 }
 
 /// Largest constant `dense` materializes (elements), so it never holds much memory.
@@ -84,7 +99,7 @@ const DENSE_LIMIT: usize = 1 << 20;
 
 fn arity(op: &Op) -> Option<usize> {
     Some(match op {
-        Op::Input(_) | Op::Full(_) | Op::Iota(_) | Op::Eye => 0,
+        Op::Input(_) | Op::Full(_) | Op::Iota(_) | Op::Eye | Op::Cond { .. } | Op::Pick { .. } => 0,
         Op::Unary(_) | Op::AsType | Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Reshape => 1,
         Op::Transpose(_) | Op::Broadcast(_) | Op::Slice { .. } | Op::Reverse(_) | Op::Alias => 1,
         Op::Binary { .. } | Op::Dot { .. } => 2,
@@ -104,41 +119,89 @@ impl Program {
     /// Validates the graph (operands refer backwards, inputs and outputs in range) so `run`
     /// never indexes out of bounds.
     pub fn new(instrs: Vec<Instr>, outputs: Vec<usize>, inputs: usize, device: DeviceRef) -> ExResult<Self> {
-        let mut last_use = vec![usize::MAX; instrs.len()];
+        let n = instrs.len();
+        let mut parent: Vec<Option<usize>> = vec![None; n];
+        for (k, ins) in instrs.iter().enumerate() {
+            if let Op::Cond { clauses, last } = &ins.op {
+                let ranges = clauses.iter().flat_map(|(p, b)| [p, b]).chain(std::iter::once(last));
+                for br in ranges {
+                    if br.start > br.end || br.end > k || br.outs.iter().any(|&o| o >= k) {
+                        return Err(bad(k, "cond branch out of range"));
+                    }
+                    // conds come after their branches, so inner ones claim their ranges first
+                    for slot in &mut parent[br.start..br.end] {
+                        if slot.is_none() {
+                            *slot = Some(k);
+                        }
+                    }
+                }
+                if clauses.iter().any(|(p, _)| p.outs.len() != 1) || clauses.iter().any(|(_, b)| b.outs.len() != last.outs.len()) {
+                    return Err(bad(k, "cond branches disagree"));
+                }
+            }
+        }
+        // Liveness counts a use inside a cond's branches at the outermost cond, the top-level
+        // point where those branches run.
+        let top = |mut i: usize| {
+            while let Some(k) = parent[i] {
+                i = k;
+            }
+            i
+        };
+        let mut last_use = vec![usize::MAX; n];
+        let mut used = vec![false; n];
+        let mut mark = |v: usize, at: usize, last_use: &mut Vec<usize>| {
+            last_use[v] = if used[v] { last_use[v].max(at) } else { at };
+            used[v] = true;
+        };
         for (i, ins) in instrs.iter().enumerate() {
             match arity(&ins.op) {
                 Some(n) if n != ins.args.len() => return Err(bad(i, "wrong operand count")),
                 None if ins.args.is_empty() => return Err(bad(i, "list op without operands")),
                 _ => {}
             }
-            if let Op::Input(n) = ins.op {
-                if n >= inputs {
-                    return Err(bad(i, "input index out of range"));
+            match &ins.op {
+                Op::Input(n) if *n >= inputs => return Err(bad(i, "input index out of range")),
+                Op::Cond { clauses, .. } => {
+                    for (p, _) in clauses {
+                        mark(p.outs[0], top(i), &mut last_use);
+                    }
                 }
+                Op::Pick { cond, out } => match instrs.get(*cond).map(|c| &c.op) {
+                    Some(Op::Cond { clauses, last }) if *cond < i && *out < last.outs.len() => {
+                        for br in clauses.iter().map(|(_, b)| b).chain(std::iter::once(last)) {
+                            mark(br.outs[*out], top(i), &mut last_use);
+                        }
+                    }
+                    _ => return Err(bad(i, "pick of a missing cond output")),
+                },
+                _ => {}
             }
             for &a in &ins.args {
                 if a >= i {
                     return Err(bad(i, "operand does not precede its use"));
                 }
-                last_use[a] = i;
+                mark(a, top(i), &mut last_use);
             }
-            crate::ops::check_alloc(&ins.shape, ins.ty)?;
+            if !matches!(ins.op, Op::Cond { .. }) {
+                crate::ops::check_alloc(&ins.shape, ins.ty)?;
+            }
         }
         for &o in &outputs {
-            if o >= instrs.len() {
+            if o >= n || parent[o].is_some() {
                 return Err(bad(o, "output out of range"));
             }
             // outputs live to the end
             last_use[o] = usize::MAX;
         }
-        let mut frees = vec![Vec::new(); instrs.len()];
+        let mut frees = vec![Vec::new(); n];
         for (v, &at) in last_use.iter().enumerate() {
             if at != usize::MAX {
                 frees[at].push(v);
             }
         }
         let dense = dense_constants(&instrs, device)?;
-        Ok(Program { instrs, outputs, inputs, device, frees, dense })
+        Ok(Program { instrs, outputs, inputs, device, frees, dense, parent })
     }
 
     pub fn len(&self) -> usize {
@@ -162,9 +225,42 @@ impl Program {
                 vec![("expected", Detail::Int(self.inputs as i128)), ("given", Detail::Int(inputs.len() as i128))],
             ));
         }
-        let mut values: Vec<Option<Handle>> = Vec::with_capacity(self.instrs.len());
-        for (i, ins) in self.instrs.iter().enumerate() {
-            let h = {
+        let mut values: Vec<Option<Handle>> = vec![None; self.instrs.len()];
+        let mut chosen = vec![0usize; self.instrs.len()];
+        for i in 0..self.instrs.len() {
+            if self.parent[i].is_none() {
+                self.exec(i, &mut values, &mut chosen, inputs)?;
+                for &v in &self.frees[i] {
+                    values[v] = None;
+                }
+            }
+        }
+        Ok(self.outputs.iter().map(|&o| values[o].clone().expect("output kept alive")).collect())
+    }
+
+    fn exec(&self, i: usize, values: &mut [Option<Handle>], chosen: &mut [usize], inputs: &[Handle]) -> ExResult<()> {
+        let ins = &self.instrs[i];
+        let value = |values: &[Option<Handle>], a: usize| -> Handle { values[a].clone().expect("value freed before its last use") };
+        match &ins.op {
+            Op::Cond { clauses, last } => {
+                let mut pick = clauses.len();
+                for (c, (pred, _)) in clauses.iter().enumerate() {
+                    self.exec_range(i, pred, values, chosen, inputs)?;
+                    if read_ints(&value(values, pred.outs[0]))?.first().is_some_and(|&p| p != 0) {
+                        pick = c;
+                        break;
+                    }
+                }
+                let body = clauses.get(pick).map(|(_, b)| b).unwrap_or(last);
+                self.exec_range(i, body, values, chosen, inputs)?;
+                chosen[i] = pick;
+            }
+            Op::Pick { cond, out } => {
+                let Op::Cond { clauses, last } = &self.instrs[*cond].op else { unreachable!("checked in new") };
+                let body = clauses.get(chosen[*cond]).map(|(_, b)| b).unwrap_or(last);
+                values[i] = Some(self.fix(value(values, body.outs[*out]), ins)?);
+            }
+            _ => {
                 let dense = &self.dense[i];
                 let args: Vec<&Handle> = ins
                     .args
@@ -176,14 +272,19 @@ impl Program {
                     })
                     .collect();
                 let h = self.step(ins, &args, inputs)?;
-                self.fix(h, ins)?
-            };
-            values.push(Some(h));
-            for &v in &self.frees[i] {
-                values[v] = None;
+                values[i] = Some(self.fix(h, ins)?);
             }
         }
-        Ok(self.outputs.iter().map(|&o| values[o].clone().expect("output kept alive")).collect())
+        Ok(())
+    }
+
+    fn exec_range(&self, cond: usize, br: &Branch, values: &mut [Option<Handle>], chosen: &mut [usize], inputs: &[Handle]) -> ExResult<()> {
+        for j in br.start..br.end {
+            if self.parent[j] == Some(cond) {
+                self.exec(j, values, chosen, inputs)?;
+            }
+        }
+        Ok(())
     }
 
     fn step(&self, ins: &Instr, a: &[&Handle], inputs: &[Handle]) -> ExResult<Handle> {
@@ -244,6 +345,7 @@ impl Program {
                 indexing::take(&x, &flat, 0)
             }
             Op::Indexed { add, axes } => indexed(*add, a[0], a[1], a[2], axes, ty),
+            Op::Cond { .. } | Op::Pick { .. } => unreachable!("run by exec"),
             Op::WindowScatter { max, dims, strides, padding, select } => {
                 window::window_scatter(*max, a[0], a[1], a[2], dims.clone(), strides.clone(), padding.clone(), *select, ty)
             }
@@ -522,6 +624,33 @@ mod tests {
         assert_eq!(floats(&out[1]), vec![3.0, 4.0]);
         // out-of-range coordinates are an error, not a clamped read
         assert!(prog.run(&[x, crate::testing::i64s(&[1, 3, 0, 1], &[2, 2]), crate::testing::i64s(&[0], &[])]).is_err());
+    }
+
+    #[test]
+    fn cond_runs_only_the_chosen_branch() {
+        // if x > 0 then x + 1 else quotient(x, 0): the untaken branch would fail
+        let s32 = NxType::S(32);
+        let br = |start, end, outs: &[usize]| Branch { start, end, outs: outs.to_vec() };
+        let prog = Program::new(
+            vec![
+                ins(Op::Input(0), &[], s32, &[]),
+                ins(Op::Full(Scalar::Int(0)), &[], s32, &[]),
+                ins(Op::Binary { op: "greater".into(), compute: s32 }, &[0, 1], NxType::U(8), &[]),
+                ins(Op::Full(Scalar::Int(1)), &[], s32, &[]),
+                ins(Op::Binary { op: "add".into(), compute: s32 }, &[0, 3], s32, &[]),
+                ins(Op::Binary { op: "quotient".into(), compute: s32 }, &[0, 1], s32, &[]),
+                ins(Op::Cond { clauses: vec![(br(2, 3, &[2]), br(3, 5, &[4]))], last: br(5, 6, &[5]) }, &[], NxType::U(8), &[]),
+                ins(Op::Pick { cond: 6, out: 0 }, &[], s32, &[]),
+            ],
+            vec![7],
+            1,
+            device(),
+        )
+        .unwrap();
+        let one = Handle::from_bytes(4i32.to_ne_bytes().to_vec(), vec![], s32, device()).unwrap();
+        assert_eq!(ints(&prog.run(&[one]).unwrap()[0]), vec![5]);
+        let neg = Handle::from_bytes((-4i32).to_ne_bytes().to_vec(), vec![], s32, device()).unwrap();
+        assert!(prog.run(&[neg]).is_err());
     }
 
     #[test]

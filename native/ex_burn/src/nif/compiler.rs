@@ -6,7 +6,7 @@ use rustler::{Env, ResourceArc, Term};
 
 use super::resource::{arg_list, TensorOut};
 use super::{guard, term};
-use crate::compiler::{Instr, Op, Program};
+use crate::compiler::{Branch, Instr, Op, Program};
 use crate::error::{ExError, ExResult};
 use crate::ops::linalg::DotSpec;
 
@@ -90,6 +90,15 @@ fn decode_op(name: &str, attrs: Term, ty: crate::dtype::NxType) -> ExResult<Op> 
             Op::DynSlice { lengths: term::usizes(l, "lengths")?, strides: term::usizes(st, "strides")? }
         }
         "put_slice" => Op::PutSlice,
+        "cond" => {
+            let (clauses, last): (Vec<(Term, Term)>, Term) = attrs.decode().map_err(|_| attr_err("{[{pred, body}], last}"))?;
+            let clauses = clauses.into_iter().map(|(p, b)| Ok((branch(p)?, branch(b)?))).collect::<ExResult<Vec<_>>>()?;
+            Op::Cond { clauses, last: branch(last)? }
+        }
+        "pick" => {
+            let (cond, out): (Term, Term) = attrs.decode().map_err(|_| attr_err("{cond, output}"))?;
+            Op::Pick { cond: term::usize_arg(cond, "cond")?, out: term::usize_arg(out, "output")? }
+        }
         "window_scatter" => {
             let (max, dims, strides, padding, select): (Term, Term, Term, Term, Term) =
                 attrs.decode().map_err(|_| attr_err("{max, window_dimensions, strides, padding, select_type}"))?;
@@ -108,6 +117,11 @@ fn decode_op(name: &str, attrs: Term, ty: crate::dtype::NxType) -> ExResult<Op> 
         }
         _ => return Err(ExError::invalid(format!("unknown program op {name}"))),
     })
+}
+
+fn branch(t: Term) -> ExResult<Branch> {
+    let (start, end, outs): (Term, Term, Term) = t.decode().map_err(|_| attr_err("{start, end, outputs}"))?;
+    Ok(Branch { start: term::usize_arg(start, "start")?, end: term::usize_arg(end, "end")?, outs: term::usizes(outs, "outputs")? })
 }
 
 fn decode_instr(t: Term) -> ExResult<Instr> {
