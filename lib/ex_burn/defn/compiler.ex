@@ -13,7 +13,7 @@ if Code.ensure_loaded?(Nx) do
     container structure) and the options: a repeated call with new data skips tracing and
     lowering and goes straight to the NIF.
 
-    Graphs with nodes that have no native lowering (`while`, hooks and tokens, `reduce`
+    Graphs with nodes that have no native lowering (hooks and tokens, `reduce`
     and `window_reduce` with Elixir functions, ...) are evaluated node by node by
     `Nx.Defn.Evaluator` on `ExBurn.Backend` instead: same results, one NIF call per node. Which
     path a graph took is logged at debug level and counted in `stats/0`. Results are always

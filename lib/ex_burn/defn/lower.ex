@@ -314,6 +314,16 @@ if Code.ensure_loaded?(Nx) do
       emit(op, indices, axis, t, state)
     end
 
+    defp lower_node(%T{data: %Expr{op: :elem, args: [%T{data: %Expr{op: :while}} = w, i]}}, state) do
+      {picks, state} = while_picks(w, state)
+      {Enum.at(picks, i), state}
+    end
+
+    defp lower_node(%T{data: %Expr{op: :while}, type: type} = t, state) when elem(type, 0) != :tuple do
+      {[pick], state} = while_picks(t, state)
+      {pick, state}
+    end
+
     defp lower_node(%T{data: %Expr{op: :elem, args: [%T{data: %Expr{op: :cond}} = c, i]}}, state) do
       case cond_picks(c, state) do
         {:ok, picks, state} -> {Enum.at(picks, i), state}
@@ -385,6 +395,33 @@ if Code.ensure_loaded?(Nx) do
         |> Enum.map_reduce(state, fn {out, j}, state -> emit(:pick, [], {cond, j}, out, state) end)
 
       {:ok, picks, %{state | conds: Map.put(state.conds, id, picks)}}
+    end
+
+    # A while's condition and body are ranges run by its :while instruction, over :loop_var
+    # slots that hold the loop state (the Evaluator binds every parameter inside them to it).
+    defp while_picks(%T{data: %Expr{id: id, args: [initial, arg, condition, body]}}, state) do
+      case state.conds do
+        %{^id => picks} ->
+          {picks, state}
+
+        %{} ->
+          {inits, state} = nodes(flatten(initial), state)
+          saved = {state.ids, state.conds}
+          outer_scope = state.scope
+          {vars, state} = Enum.map_reduce(flatten(arg), state, &emit(:loop_var, [], nil, &1, &2))
+          state = %{state | scope: vars}
+          {cond_range, state} = range(state, &nodes([condition], &1))
+          {body_range, state} = range(state, &nodes(flatten(body), &1))
+          state = %{restore(state, saved) | scope: outer_scope}
+          {w, state} = emit(:while, inits, {vars, cond_range, body_range}, Nx.template({}, {:u, 8}), state)
+
+          {picks, state} =
+            flatten(arg)
+            |> Enum.with_index()
+            |> Enum.map_reduce(state, fn {out, j}, state -> emit(:pick, [], {w, j}, out, state) end)
+
+          {picks, %{state | conds: Map.put(state.conds, id, picks)}}
+      end
     end
 
     defp range(state, fun) do

@@ -32,7 +32,54 @@ if Code.ensure_loaded?(Nx) do
       end
     end
 
-    defn(cond_grad(x), do: grad(x, fn x -> Nx.sum(if Nx.sum(x) > 0, do: x * x, else: Nx.exp(x)) end))
+    defn power_loop(x, n) do
+      {_i, _n, _x, acc} =
+        while {i = 0, n, x, acc = Nx.broadcast(1.0, x)}, i < n do
+          {i + 1, n, x, acc * x}
+        end
+
+      acc
+    end
+
+    # a cond in a while
+    defn collatz_steps(x) do
+      {_x, steps} =
+        while {x, steps = 0}, x > 1 do
+          x = if Nx.remainder(x, 2) == 0, do: Nx.quotient(x, 2), else: 3 * x + 1
+          {x, steps + 1}
+        end
+
+      steps
+    end
+
+    # a while in a while in a cond
+    defn nested_loops(x) do
+      if Nx.sum(x) > 0 do
+        {_, acc} =
+          while {i = 0, acc = x}, i < 3 do
+            {_, inner} =
+              while {j = 0, inner = acc}, j < 2 do
+                {j + 1, inner + 1}
+              end
+
+            {i + 1, inner * 2}
+          end
+
+        acc
+      else
+        x
+      end
+    end
+
+    defn single_state(x) do
+      while x, Nx.sum(x) < 100 do
+        x * 2
+      end
+    end
+
+    defn cond_grad(x) do
+      grad(x, fn x -> Nx.sum(if Nx.sum(x) > 0, do: x * x, else: Nx.exp(x)) end)
+    end
   end
 
   defmodule ExBurn.Defn.LoweringTest do
@@ -223,6 +270,16 @@ if Code.ensure_loaded?(Nx) do
       native(&F.cond_grad/1, [Nx.negate(x)])
       native(&F.safe_divide/2, [Nx.tensor([7, 9]), Nx.tensor(2)])
       native(&F.safe_divide/2, [Nx.tensor([7, 9]), Nx.tensor(0)])
+    end
+
+    test "while loops run natively" do
+      alias ExBurn.Defn.LoweringFuns, as: F
+      x = Nx.tensor([1.5, -2.0, 0.5])
+      for n <- [0, 1, 4], do: native(&F.power_loop/2, [x, Nx.tensor(n)])
+      for v <- [1, 6, 27], do: native(&F.collatz_steps/1, [Nx.tensor(v)])
+      native(&F.nested_loops/1, [x])
+      native(&F.nested_loops/1, [Nx.negate(x)])
+      native(&F.single_state/1, [Nx.tensor([1, 2, 3])])
     end
 
     test "shifts, and negative shift amounts raise" do

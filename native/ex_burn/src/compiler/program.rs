@@ -59,8 +59,14 @@ pub enum Op {
     /// one that holds (else `last`). Range instructions run only from here, so an untaken
     /// branch costs nothing and cannot fail. Produces no value: `Pick`s read the outputs.
     Cond { clauses: Vec<(Branch, Branch)>, last: Branch },
-    /// Output `out` of the branch its `Cond` (an instruction index) took.
+    /// Output `out` of the branch its `Cond` (an instruction index) took, or of the final
+    /// state of its `While`.
     Pick { cond: usize, out: usize },
+    /// A `While`'s loop state slot: the initial operand, then each body result.
+    LoopVar,
+    /// Nx `while`: operands are the initial state; `vars` the `LoopVar` slots; `cond` and
+    /// `body` ranges read the slots and run (only from here) until the predicate is false.
+    While { vars: Vec<usize>, cond: Branch, body: Branch },
 }
 
 /// Instructions `start..end` (contiguous, before their `Cond`) and the values they yield.
@@ -100,6 +106,8 @@ const DENSE_LIMIT: usize = 1 << 20;
 fn arity(op: &Op) -> Option<usize> {
     Some(match op {
         Op::Input(_) | Op::Full(_) | Op::Iota(_) | Op::Eye | Op::Cond { .. } | Op::Pick { .. } => 0,
+        Op::LoopVar => 0,
+        Op::While { .. } => return None,
         Op::Unary(_) | Op::AsType | Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Reshape => 1,
         Op::Transpose(_) | Op::Broadcast(_) | Op::Slice { .. } | Op::Reverse(_) | Op::Alias => 1,
         Op::Binary { .. } | Op::Dot { .. } => 2,
@@ -139,6 +147,25 @@ impl Program {
                     return Err(bad(k, "cond branches disagree"));
                 }
             }
+            if let Op::While { vars, cond, body } = &ins.op {
+                let in_range = |br: &Branch| br.start <= br.end && br.end <= k && br.outs.iter().all(|&o| o < k);
+                let slots_ok = vars.iter().all(|&v| v < k && matches!(instrs[v].op, Op::LoopVar));
+                if !in_range(cond) || !in_range(body) || !slots_ok || cond.outs.len() != 1 || body.outs.len() != vars.len() || ins.args.len() != vars.len() {
+                    return Err(bad(k, "malformed while"));
+                }
+                for br in [cond, body] {
+                    for slot in &mut parent[br.start..br.end] {
+                        if slot.is_none() {
+                            *slot = Some(k);
+                        }
+                    }
+                }
+                for &v in vars {
+                    if parent[v].is_none() {
+                        parent[v] = Some(k);
+                    }
+                }
+            }
         }
         // Liveness counts a use inside a cond's branches at the outermost cond, the top-level
         // point where those branches run.
@@ -173,8 +200,14 @@ impl Program {
                             mark(br.outs[*out], top(i), &mut last_use);
                         }
                     }
+                    Some(Op::While { vars, .. }) if *cond < i && *out < vars.len() => mark(vars[*out], top(i), &mut last_use),
                     _ => return Err(bad(i, "pick of a missing cond output")),
                 },
+                Op::While { vars, cond, body } => {
+                    for &o in cond.outs.iter().chain(&body.outs).chain(vars) {
+                        mark(o, top(i), &mut last_use);
+                    }
+                }
                 _ => {}
             }
             for &a in &ins.args {
@@ -183,7 +216,7 @@ impl Program {
                 }
                 mark(a, top(i), &mut last_use);
             }
-            if !matches!(ins.op, Op::Cond { .. }) {
+            if !matches!(ins.op, Op::Cond { .. } | Op::While { .. } | Op::LoopVar) {
                 crate::ops::check_alloc(&ins.shape, ins.ty)?;
             }
         }
@@ -256,9 +289,30 @@ impl Program {
                 chosen[i] = pick;
             }
             Op::Pick { cond, out } => {
-                let Op::Cond { clauses, last } = &self.instrs[*cond].op else { unreachable!("checked in new") };
-                let body = clauses.get(chosen[*cond]).map(|(_, b)| b).unwrap_or(last);
-                values[i] = Some(self.fix(value(values, body.outs[*out]), ins)?);
+                let from = match &self.instrs[*cond].op {
+                    Op::Cond { clauses, last } => clauses.get(chosen[*cond]).map(|(_, b)| b).unwrap_or(last).outs[*out],
+                    Op::While { vars, .. } => vars[*out],
+                    _ => unreachable!("checked in new"),
+                };
+                values[i] = Some(self.fix(value(values, from), ins)?);
+            }
+            // set by its While
+            Op::LoopVar => {}
+            Op::While { vars, cond, body } => {
+                for (&v, &a) in vars.iter().zip(&ins.args) {
+                    values[v] = Some(self.fix(value(values, a), &self.instrs[v])?);
+                }
+                loop {
+                    self.exec_range(i, cond, values, chosen, inputs)?;
+                    if !read_ints(&value(values, cond.outs[0]))?.first().is_some_and(|&p| p != 0) {
+                        break;
+                    }
+                    self.exec_range(i, body, values, chosen, inputs)?;
+                    let next: Vec<Handle> = body.outs.iter().map(|&o| value(values, o)).collect();
+                    for (&v, h) in vars.iter().zip(next) {
+                        values[v] = Some(self.fix(h, &self.instrs[v])?);
+                    }
+                }
             }
             _ => {
                 let dense = &self.dense[i];
@@ -345,7 +399,7 @@ impl Program {
                 indexing::take(&x, &flat, 0)
             }
             Op::Indexed { add, axes } => indexed(*add, a[0], a[1], a[2], axes, ty),
-            Op::Cond { .. } | Op::Pick { .. } => unreachable!("run by exec"),
+            Op::Cond { .. } | Op::Pick { .. } | Op::LoopVar | Op::While { .. } => unreachable!("run by exec"),
             Op::WindowScatter { max, dims, strides, padding, select } => {
                 window::window_scatter(*max, a[0], a[1], a[2], dims.clone(), strides.clone(), padding.clone(), *select, ty)
             }
@@ -651,6 +705,37 @@ mod tests {
         assert_eq!(ints(&prog.run(&[one]).unwrap()[0]), vec![5]);
         let neg = Handle::from_bytes((-4i32).to_ne_bytes().to_vec(), vec![], s32, device()).unwrap();
         assert!(prog.run(&[neg]).is_err());
+    }
+
+    #[test]
+    fn while_repeats_its_body_until_the_predicate_fails() {
+        // {i, acc} = while {0, x}, i < 3, do: {i + 1, acc * 2}
+        let s32 = NxType::S(32);
+        let br = |start, end, outs: &[usize]| Branch { start, end, outs: outs.to_vec() };
+        let prog = Program::new(
+            vec![
+                ins(Op::Full(Scalar::Int(0)), &[], s32, &[]),
+                ins(Op::Input(0), &[], F32, &[2]),
+                ins(Op::LoopVar, &[], s32, &[]),
+                ins(Op::LoopVar, &[], F32, &[2]),
+                ins(Op::Full(Scalar::Int(3)), &[], s32, &[]),
+                ins(Op::Binary { op: "less".into(), compute: s32 }, &[2, 4], NxType::U(8), &[]),
+                ins(Op::Full(Scalar::Int(1)), &[], s32, &[]),
+                ins(Op::Binary { op: "add".into(), compute: s32 }, &[2, 6], s32, &[]),
+                ins(Op::Full(Scalar::Float(2.0)), &[], F32, &[]),
+                ins(bin("multiply"), &[3, 8], F32, &[2]),
+                ins(Op::While { vars: vec![2, 3], cond: br(4, 6, &[5]), body: br(6, 10, &[7, 9]) }, &[0, 1], NxType::U(8), &[]),
+                ins(Op::Pick { cond: 10, out: 0 }, &[], s32, &[]),
+                ins(Op::Pick { cond: 10, out: 1 }, &[], F32, &[2]),
+            ],
+            vec![11, 12],
+            1,
+            device(),
+        )
+        .unwrap();
+        let out = prog.run(&[f32s(&[1.0, -0.5], &[2])]).unwrap();
+        assert_eq!(ints(&out[0]), vec![3]);
+        assert_eq!(floats(&out[1]), vec![8.0, -4.0]);
     }
 
     #[test]

@@ -95,6 +95,11 @@ fn decode_op(name: &str, attrs: Term, ty: crate::dtype::NxType) -> ExResult<Op> 
             let clauses = clauses.into_iter().map(|(p, b)| Ok((branch(p)?, branch(b)?))).collect::<ExResult<Vec<_>>>()?;
             Op::Cond { clauses, last: branch(last)? }
         }
+        "loop_var" => Op::LoopVar,
+        "while" => {
+            let (vars, cond, body): (Term, Term, Term) = attrs.decode().map_err(|_| attr_err("{vars, cond, body}"))?;
+            Op::While { vars: term::usizes(vars, "vars")?, cond: branch(cond)?, body: branch(body)? }
+        }
         "pick" => {
             let (cond, out): (Term, Term) = attrs.decode().map_err(|_| attr_err("{cond, output}"))?;
             Op::Pick { cond: term::usize_arg(cond, "cond")?, out: term::usize_arg(out, "output")? }
