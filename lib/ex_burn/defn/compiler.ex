@@ -13,7 +13,7 @@ if Code.ensure_loaded?(Nx) do
     container structure) and the options: a repeated call with new data skips tracing and
     lowering and goes straight to the NIF.
 
-    Graphs with nodes that have no native lowering (hooks and tokens, `reduce`
+    Graphs with nodes that have no native lowering (hooks inside `cond`/`while`, `reduce`
     and `window_reduce` with Elixir functions, ...) are evaluated node by node by
     `Nx.Defn.Evaluator` on `ExBurn.Backend` instead: same results, one NIF call per node. Which
     path a graph took is logged at debug level and counted in `stats/0`. Results are always
@@ -94,7 +94,7 @@ if Code.ensure_loaded?(Nx) do
 
       case lowered do
         {:ok, program} ->
-          native_entry(program, expr, n_params, device)
+          native_entry(program, expr, n_params, device, opts[:hooks] || %{})
 
         {:unsupported, ops} ->
           Cache.bump(:fallback)
@@ -110,9 +110,14 @@ if Code.ensure_loaded?(Nx) do
       end
     end
 
-    defp native_entry(%{instrs: instrs, outputs: outputs, literals: literals}, expr, n_params, device) do
+    defp native_entry(program, expr, n_params, device, overrides) do
+      %{instrs: instrs, outputs: outputs, literals: literals, hooks: hooks} = program
       Cache.bump(:native)
       literal_refs = Enum.map(literals, &ExBurn.Backend.et(&1, device).ref)
+      # hooked values are extra outputs after the results
+      hooks =
+        Enum.map(hooks, fn {spec, template, indices} -> {resolve_hook(spec, overrides), template, indices} end)
+      outputs = outputs ++ Enum.flat_map(hooks, &elem(&1, 2))
 
       program =
         ExBurn.Error.unwrap!(ExBurn.Native.program_new(instrs, outputs, n_params + length(literals), device))
@@ -121,8 +126,14 @@ if Code.ensure_loaded?(Nx) do
         "ExBurn.Defn.Compiler: native program of #{length(instrs)} instructions, #{length(outputs)} outputs"
       end)
 
-      {:native, program, literal_refs, template(expr)}
+      hooks = Enum.map(hooks, fn {fun, template, indices} -> {fun, template, length(indices)} end)
+      {:native, program, literal_refs, template(expr), hooks}
     end
+
+    # As Nx.Defn.Evaluator: a `:hooks` override by name wins over the hook's own callback.
+    defp resolve_hook({:fn, fun}, _overrides), do: fun
+    defp resolve_hook({:named, name, callback}, overrides), do: overrides[name] || callback
+    defp resolve_hook(nil, _overrides), do: nil
 
     # Keeps only what results need (types, shapes, names): dropping the expression lets the
     # graph be garbage collected while the entry stays cached.
@@ -130,18 +141,21 @@ if Code.ensure_loaded?(Nx) do
 
     ## Running
 
-    defp run({:native, program, literal_refs, template}, params, device) do
+    defp run({:native, program, literal_refs, template, hooks}, params, device) do
       Cache.bump(:native_runs)
       refs = Enum.map(params, fn param -> ExBurn.Backend.et(param.(), device).ref end)
       answers = ExBurn.Error.unwrap!(ExBurn.Native.program_run(program, refs ++ literal_refs))
+      {result, hooked} = fill(template, answers)
 
-      {result, []} =
-        Composite.traverse(template, answers, fn out, [answer | rest] ->
-          {ExBurn.Backend.put(out, ExBurn.Tensor.Util.wrap({:ok, answer})), rest}
-        end)
+      Enum.reduce(hooks, hooked, fn {fun, hook_template, _count}, answers ->
+        {value, rest} = fill(hook_template, answers)
+        if fun, do: fun.(value)
+        rest
+      end)
 
       result
     end
+
 
     defp run({:evaluator, eval, _template}, params, device) do
       Cache.bump(:fallback_runs)
@@ -155,6 +169,12 @@ if Code.ensure_loaded?(Nx) do
       after
         Nx.default_backend(previous)
       end
+    end
+
+    defp fill(template, answers) do
+      Composite.traverse(template, answers, fn out, [answer | rest] ->
+        {ExBurn.Backend.put(out, ExBurn.Tensor.Util.wrap({:ok, answer})), rest}
+      end)
     end
 
     defp to_backend(%Nx.Tensor{data: %ExBurn.Backend{device: d}} = t, {_, device: d}), do: t

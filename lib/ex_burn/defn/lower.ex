@@ -32,7 +32,9 @@ if Code.ensure_loaded?(Nx) do
         literals: [],
         n_params: n_params,
         scope: nil,
-        bad: %{}
+        bad: %{},
+        hooks: [],
+        depth: 0
       }
 
       {indices, state} = Enum.map_reduce(outputs, state, &node/2)
@@ -42,7 +44,8 @@ if Code.ensure_loaded?(Nx) do
          %{
            instrs: Enum.reverse(state.instrs),
            outputs: indices,
-           literals: Enum.reverse(state.literals)
+           literals: Enum.reverse(state.literals),
+           hooks: Enum.reverse(state.hooks)
          }}
       else
         {:unsupported, state.bad |> Map.keys() |> Enum.sort()}
@@ -314,6 +317,16 @@ if Code.ensure_loaded?(Nx) do
       emit(op, indices, axis, t, state)
     end
 
+    defp lower_node(%T{data: %Expr{op: :elem, args: [%T{data: %Expr{op: :hook}} = h, i]}}, state) do
+      {indices, state} = hook_values(h, state)
+      {Enum.at(indices, i, -1), state}
+    end
+
+    defp lower_node(%T{data: %Expr{op: :hook, args: [_, _, %T{}, _]}} = h, state) do
+      {[index], state} = hook_values(h, state)
+      {index, state}
+    end
+
     defp lower_node(%T{data: %Expr{op: :elem, args: [%T{data: %Expr{op: :while}} = w, i]}}, state) do
       {picks, state} = while_picks(w, state)
       {Enum.at(picks, i), state}
@@ -426,8 +439,37 @@ if Code.ensure_loaded?(Nx) do
 
     defp range(state, fun) do
       start = state.count
-      {outs, state} = fun.(state)
-      {{start, state.count, outs}, state}
+      {outs, inner} = fun.(%{state | depth: state.depth + 1})
+      {{start, inner.count, outs}, %{inner | depth: state.depth}}
+    end
+
+    # A hook passes its value through; the values it shows its callback become extra program
+    # outputs, and the caller runs the callbacks (in lowering order) after the program. Inside
+    # a cond or while a hook would have to run per execution, so those graphs fall back.
+    defp hook_values(%T{data: %Expr{id: id, args: [tensor_expr, spec, template, _ref]}}, state) do
+      case state.conds do
+        %{^id => indices} ->
+          {indices, state}
+
+        %{} when state.depth > 0 ->
+          {_, state} = unsupported(:hook, state)
+          {[-1], state}
+
+        %{} ->
+          {indices, state} = nodes(flatten(tensor_expr), state)
+
+          {hook, state} =
+            case spec do
+              {:token_hook, hooked, inner} ->
+                {shown, state} = nodes(flatten(hooked), state)
+                {{inner, Composite.traverse(hooked, &Nx.to_template/1), shown}, state}
+
+              spec ->
+                {{spec, template, indices}, state}
+            end
+
+          {indices, %{state | hooks: [hook | state.hooks], conds: Map.put(state.conds, id, indices)}}
+      end
     end
 
     defp restore(state, {ids, conds}), do: %{state | ids: ids, conds: conds}

@@ -33,6 +33,14 @@ if Code.ensure_loaded?(Nx) do
       hook(Nx.sum(y), fn v -> send(self(), {:sum_hook, v}) end)
     end
 
+    defn hooked_in_cond(x) do
+      if Nx.sum(x) > 0 do
+        hook(x + 1, fn v -> send(self(), {:inside, v}) end)
+      else
+        x
+      end
+    end
+
     defn tokened(x), do: tokens(x)
 
     # The token API is deprecated in Nx 0.13 but still lowered by defn; called through a variable
@@ -182,6 +190,22 @@ if Code.ensure_loaded?(Nx) do
       hooks = %{doubled: &send(parent, {:doubled, Nx.to_flat_list(&1)})}
       Nx.Defn.jit(&F.hooked/1, compiler: Compiler, hooks: hooks).(x)
       assert_received {:doubled, [2.0, 4.0]}
+      # both programs ran natively, the hooks after them
+      assert {Compiler.stats()[:fallback], Compiler.stats()[:native_runs]} == {nil, 2}
+    end
+
+    test "container hooks see the container; hooks inside cond fall back" do
+      parent = self()
+      hooked = fn x -> Nx.Defn.Kernel.hook({x, Nx.sum(x)}, &send(parent, {:pair, &1})) end
+      {a, b} = Nx.Defn.jit(hooked, compiler: Compiler).(burn([1, 2]))
+      assert {Nx.to_flat_list(a), Nx.to_number(b)} == {[1, 2], 3}
+      assert_received {:pair, {%Nx.Tensor{data: %ExBurn.Backend{}} = ha, hb}}
+      assert {Nx.to_flat_list(ha), Nx.to_number(hb)} == {[1, 2], 3}
+      assert Compiler.stats()[:fallback] == nil
+
+      assert Nx.to_flat_list(Nx.Defn.jit(&F.hooked_in_cond/1, compiler: Compiler).(burn([1, 2]))) == [2, 3]
+      assert_received {:inside, _}
+      assert Compiler.stats()[{:fallback_op, :hook}] == 1
     end
 
     test "tokens run their hooks" do
@@ -190,6 +214,7 @@ if Code.ensure_loaded?(Nx) do
       got = Nx.Defn.jit(&F.tokened/1, compiler: Compiler, hooks: hooks).(burn([1, 2]))
       assert Nx.to_flat_list(got) == [6, 9]
       assert_received {:plus_one, [2, 3]}
+      assert Compiler.stats()[:fallback] == nil
     end
 
     test "blocks lower their default expression natively" do
