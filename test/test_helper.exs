@@ -52,6 +52,17 @@ defmodule ExBurn.ModelTestData do
   @moduledoc false
   # Deterministic synthetic data sets for the model tests.
 
+  @doc "The small MLP the serving tests serve: 4 features -> 16 tanh -> 3, seeded."
+  def serving_mlp do
+    ExBurn.Model.input({nil, 4})
+    |> ExBurn.Model.dense(16, activation: :tanh)
+    |> ExBurn.Model.dense(3)
+    |> ExBurn.Model.compile(seed: 3)
+  end
+
+  @doc "Request `i`'s input row for `serving_mlp/0` (distinct rows, deterministic)."
+  def serving_input(i), do: [rem(i, 7) / 7, rem(i, 5) - 2.0, i / 10_000, 1.0]
+
   def xor, do: {[[0, 0], [0, 1], [1, 0], [1, 1]], [0, 1, 1, 0]}
 
   @doc "`n` points around `classes` Gaussian centers in `dims` dimensions: `{x_rows, labels}`."

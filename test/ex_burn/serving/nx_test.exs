@@ -8,14 +8,9 @@ if Code.ensure_loaded?(Nx) do
 
     alias ExBurn.{Error, Model, Tensor}
 
-    defp mlp do
-      Model.input({nil, 4})
-      |> Model.dense(16, activation: :tanh)
-      |> Model.dense(3)
-      |> Model.compile(seed: 3)
-    end
+    defp mlp, do: ExBurn.ModelTestData.serving_mlp()
 
-    defp input(i), do: [rem(i, 7) / 7, rem(i, 5) - 2.0, i / 10_000, 1.0]
+    defp input(i), do: ExBurn.ModelTestData.serving_input(i)
 
     defp expected(model, i), do: model |> Model.predict([input(i)]) |> Tensor.to_flat_list()
 

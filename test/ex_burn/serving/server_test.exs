@@ -13,12 +13,7 @@ defmodule ExBurn.Serving.ServerTest do
     end
   end
 
-  defp mlp do
-    Model.input({nil, 4})
-    |> Model.dense(16, activation: :tanh)
-    |> Model.dense(3)
-    |> Model.compile(seed: 3)
-  end
+  defp mlp, do: ExBurn.ModelTestData.serving_mlp()
 
   defp rows_seen(acc \\ []) do
     receive do
@@ -56,7 +51,7 @@ defmodule ExBurn.Serving.ServerTest do
   test "256 requests from 64 processes on an MLP match per-sample predictions" do
     model = mlp()
     {:ok, server} = Server.start_link(model, batch_size: 32, batch_timeout: 5)
-    input = fn i -> [rem(i, 7) / 7, rem(i, 5) - 2.0, i / 10_000, 1.0] end
+    input = &ExBurn.ModelTestData.serving_input/1
 
     results = concurrently(64, 4, fn i -> {i, Server.run(server, input.(i))} end)
     assert length(results) == 256
