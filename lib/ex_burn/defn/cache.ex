@@ -6,21 +6,49 @@ if Code.ensure_loaded?(Nx) do
 
     @table :ex_burn_defn_cache
 
+    # Entries beyond this many (application env `:defn_cache_size`) evict the least recently
+    # used one: a program holds device memory (its dense constants), and a caller that jits a
+    # fresh closure per call would otherwise grow the table forever.
+    @default_size 256
+
     def fetch(key, build) do
       table = table()
 
       case :ets.lookup(table, {:entry, key}) do
-        [{_, entry}] ->
+        [{_, entry, _used}] ->
           bump(:cache_hits)
+          :ets.update_element(table, {:entry, key}, {3, tick()})
           entry
 
         [] ->
           bump(:cache_misses)
           entry = build.()
-          :ets.insert(table, {{:entry, key}, entry})
+          :ets.insert(table, {{:entry, key}, entry, tick()})
+          evict(table, limit())
           entry
       end
     end
+
+    @doc false
+    def size, do: :ets.select_count(table(), [{{{:entry, :_}, :_, :_}, [], [true]}])
+
+    defp limit, do: Application.get_env(:ex_burn, :defn_cache_size, @default_size)
+
+    defp evict(table, limit) do
+      entries = :ets.select(table, [{{{:entry, :"$1"}, :_, :"$2"}, [], [{{:"$2", :"$1"}}]}])
+
+      if length(entries) > limit do
+        entries
+        |> Enum.sort()
+        |> Enum.take(length(entries) - limit)
+        |> Enum.each(fn {_used, key} ->
+          :ets.delete(table, {:entry, key})
+          bump(:evictions)
+        end)
+      end
+    end
+
+    defp tick, do: :erlang.unique_integer([:monotonic])
 
     def bump(counter, by \\ 1), do: :ets.update_counter(table(), {:count, counter}, by, {{:count, counter}, 0})
 
@@ -32,7 +60,7 @@ if Code.ensure_loaded?(Nx) do
 
     def reset_counts, do: :ets.match_delete(table(), {{:count, :_}, :_})
 
-    def clear, do: :ets.delete_all_objects(table())
+    def clear, do: :ets.match_delete(table(), {{:entry, :_}, :_, :_})
 
     defp table do
       case :ets.whereis(@table) do

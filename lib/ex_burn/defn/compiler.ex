@@ -13,11 +13,14 @@ if Code.ensure_loaded?(Nx) do
     container structure) and the options: a repeated call with new data skips tracing and
     lowering and goes straight to the NIF.
 
-    Graphs with nodes that have no native lowering (hooks inside `cond`/`while`, `reduce`
-    and `window_reduce` with Elixir functions, ...) are evaluated node by node by
-    `Nx.Defn.Evaluator` on `ExBurn.Backend` instead: same results, one NIF call per node. Which
-    path a graph took is logged at debug level and counted in `stats/0`. Results are always
-    `ExBurn.Backend` tensors.
+    A node with no native lowering (`reduce`/`window_reduce` with an Elixir function,
+    `Nx.runtime_call`, fft, complex values, ...) becomes a host node: `Nx.Defn.Evaluator` runs
+    that node alone on `ExBurn.Backend`, between native segments of the program. A `cond` or
+    `while` holding such a node (a hook inside a loop, say) is hosted whole. Only vectorized
+    tensors send the whole graph through the Evaluator. Hosted nodes are logged at debug level
+    and counted in `stats/0`. Results are always `ExBurn.Backend` tensors.
+
+    `__shard_jit__/6` (SPMD sharding over a mesh) is not supported and raises.
 
     ## Options
 
@@ -32,13 +35,15 @@ if Code.ensure_loaded?(Nx) do
 
     require Logger
 
-    alias ExBurn.Defn.{Cache, Lower}
+    alias ExBurn.Defn.{Cache, Host, Lower}
     alias Nx.Defn.Composite
 
     @doc """
-    Counters since start (or `reset_stats/0`): `:native` and `:fallback` compilations,
-    `{:fallback_op, op}` per unsupported op, `:native_runs`, `:fallback_runs`, `:cache_hits`,
-    `:cache_misses`.
+    Counters since start (or `reset_stats/0`): `:native` compilations and `:fallback` ones
+    (whole graph through the Evaluator), `:hosted` nodes and `{:hosted_op, op}` per hosted
+    node's op, `{:fallback_op, reason}` per reason a node was not lowered, `:native_segments`,
+    `:native_runs`, `:host_runs`, `:fallback_runs`, `:cache_hits`, `:cache_misses`,
+    `:evictions`.
     """
     def stats, do: Cache.counts()
 
@@ -47,6 +52,12 @@ if Code.ensure_loaded?(Nx) do
 
     @doc "Drops every cached program (they are rebuilt on next use)."
     def clear_cache, do: Cache.clear()
+
+    @doc """
+    How many compiled programs are cached. At most `Application.get_env(:ex_burn,
+    :defn_cache_size, 256)` are kept; a new one beyond that evicts the least recently used.
+    """
+    def cache_size, do: Cache.size()
 
     @impl true
     def __partitions_options__(opts) do
@@ -58,6 +69,13 @@ if Code.ensure_loaded?(Nx) do
 
     @impl true
     def __to_backend__(opts), do: {ExBurn.Backend, device: device(opts)}
+
+    @impl true
+    def __shard_jit__(_key, _mesh, _vars, _fun, _args_list, _opts) do
+      raise ArgumentError,
+            "ExBurn.Defn.Compiler does not support sharding (Nx.Defn.shard_jit); " <>
+              "use :devices with Nx.Serving partitions for data parallelism"
+    end
 
     @impl true
     def __jit__(key, vars, fun, args_list, opts), do: __compile__(key, vars, fun, opts).(args_list)
@@ -93,8 +111,11 @@ if Code.ensure_loaded?(Nx) do
         end
 
       case lowered do
-        {:ok, program} ->
+        {:ok, %{hosts: []} = program} ->
           native_entry(program, expr, n_params, device, opts[:hooks] || %{})
+
+        {:ok, program} ->
+          Host.entry(key, program, template(expr), n_params, device, opts)
 
         {:unsupported, ops} ->
           Cache.bump(:fallback)
@@ -131,9 +152,10 @@ if Code.ensure_loaded?(Nx) do
     end
 
     # As Nx.Defn.Evaluator: a `:hooks` override by name wins over the hook's own callback.
-    defp resolve_hook({:fn, fun}, _overrides), do: fun
-    defp resolve_hook({:named, name, callback}, overrides), do: overrides[name] || callback
-    defp resolve_hook(nil, _overrides), do: nil
+    @doc false
+    def resolve_hook({:fn, fun}, _overrides), do: fun
+    def resolve_hook({:named, name, callback}, overrides), do: overrides[name] || callback
+    def resolve_hook(nil, _overrides), do: nil
 
     # Keeps only what results need (types, shapes, names): dropping the expression lets the
     # graph be garbage collected while the entry stays cached.
@@ -141,21 +163,17 @@ if Code.ensure_loaded?(Nx) do
 
     ## Running
 
+    defp run({:staged, _, _, _, _} = entry, params, device) do
+      Cache.bump(:native_runs)
+      Host.run(entry, params, device)
+    end
+
     defp run({:native, program, literal_refs, template, hooks}, params, device) do
       Cache.bump(:native_runs)
       refs = Enum.map(params, fn param -> ExBurn.Backend.et(param.(), device).ref end)
       answers = ExBurn.Error.unwrap!(ExBurn.Native.program_run(program, refs ++ literal_refs))
-      {result, hooked} = fill(template, answers)
-
-      Enum.reduce(hooks, hooked, fn {fun, hook_template, _count}, answers ->
-        {value, rest} = fill(hook_template, answers)
-        if fun, do: fun.(value)
-        rest
-      end)
-
-      result
+      finish(template, hooks, answers)
     end
-
 
     defp run({:evaluator, eval, _template}, params, device) do
       Cache.bump(:fallback_runs)
@@ -171,9 +189,26 @@ if Code.ensure_loaded?(Nx) do
       end
     end
 
-    defp fill(template, answers) do
-      Composite.traverse(template, answers, fn out, [answer | rest] ->
-        {ExBurn.Backend.put(out, ExBurn.Tensor.Util.wrap({:ok, answer})), rest}
+    @doc false
+    # Results from the program's answers, then the hooks (in lowering order) with theirs.
+    def finish(template, hooks, answers) do
+      {result, hooked} = fill(template, answers)
+
+      Enum.reduce(hooks, hooked, fn {fun, hook_template, _count}, answers ->
+        {value, rest} = fill(hook_template, answers)
+        if fun, do: fun.(value)
+        rest
+      end)
+
+      result
+    end
+
+    @doc false
+    # answers are tensor refs, or (from host nodes) tensors the program cannot hold
+    def fill(template, answers) do
+      Composite.traverse(template, answers, fn
+        _out, [%Nx.Tensor{} = answer | rest] -> {answer, rest}
+        out, [answer | rest] -> {ExBurn.Backend.put(out, ExBurn.Tensor.Util.wrap({:ok, answer})), rest}
       end)
     end
 

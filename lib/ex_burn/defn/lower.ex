@@ -5,12 +5,18 @@ if Code.ensure_loaded?(Nx) do
     # `{op, operand_indices, attrs, type, shape}`, operands always earlier in the list. Nodes are
     # shared by expression id, so common subexpressions run once. Each op mirrors what
     # ExBurn.Backend does for the same callback (compute types, casts, clamped slice starts), so
-    # the program and op-by-op evaluation give the same answers. Anything not mirrored here is
-    # reported as unsupported and the caller evaluates the whole graph op by op instead. Where
-    # the backend composes several native calls (pad, float argmax), the same composition is
-    # emitted as several instructions.
+    # the program and op-by-op evaluation give the same answers. Where the backend composes
+    # several native calls (pad, float argmax), the same composition is emitted as several
+    # instructions.
+    #
+    # A top-level node with no lowering becomes a host node (see ExBurn.Defn.Host): a `:host`
+    # pseudo-instruction per output, evaluated by Nx.Defn.Evaluator over the values the
+    # program computed before it. A cond or while that holds such a node inside is hosted
+    # whole, because its branches run only from its own instruction. What cannot be hosted
+    # either (vectorized nodes) is reported as unsupported and the caller evaluates the whole
+    # graph op by op.
 
-    alias Nx.Defn.{Composite, Expr}
+    alias Nx.Defn.{Composite, Expr, Tree}
     alias Nx.Tensor, as: T
 
     @binary ExBurn.Tensor.Ops.binary_ops()
@@ -18,12 +24,15 @@ if Code.ensure_loaded?(Nx) do
                       [:logical_and, :logical_or, :logical_xor]
     @unary ExBurn.Tensor.Ops.unary_ops()
     @reduce [:sum, :product, :reduce_max, :reduce_min, :all, :any]
+    @control_flow [:cond, :while]
 
     @doc """
-    `{:ok, program}` with `program = %{instrs: list, outputs: [index], literals: [tensor]}`, or
-    `{:unsupported, ops}` naming the ops (sorted, unique) that have no lowering.
+    `{:ok, program}` with `program = %{instrs: list, outputs: [index], literals: [tensor],
+    hooks: list, hosts: list}`, or `{:unsupported, ops}` naming the ops (sorted, unique) that
+    could neither be lowered nor hosted. `host: false` turns hosting off (every unsupported
+    node is then reported).
     """
-    def lower(outputs, n_params) when is_list(outputs) do
+    def lower(outputs, n_params, opts \\ []) when is_list(outputs) do
       state = %{
         ids: %{},
         conds: %{},
@@ -34,7 +43,10 @@ if Code.ensure_loaded?(Nx) do
         scope: nil,
         bad: %{},
         hooks: [],
-        depth: 0
+        depth: 0,
+        host?: Keyword.get(opts, :host, true),
+        hosts: [],
+        foreign: MapSet.new()
       }
 
       {indices, state} = Enum.map_reduce(outputs, state, &node/2)
@@ -45,7 +57,8 @@ if Code.ensure_loaded?(Nx) do
            instrs: Enum.reverse(state.instrs),
            outputs: indices,
            literals: Enum.reverse(state.literals),
-           hooks: Enum.reverse(state.hooks)
+           hooks: Enum.reverse(state.hooks),
+           hosts: Enum.reverse(state.hosts)
          }}
       else
         {:unsupported, state.bad |> Map.keys() |> Enum.sort()}
@@ -58,18 +71,48 @@ if Code.ensure_loaded?(Nx) do
           {index, state}
 
         %{} ->
-          {index, state} = lower_node(t, state)
+          {index, state} = lower_or_host(t, state)
           {index, %{state | ids: Map.put(state.ids, id, index)}}
       end
     end
 
-    defp emit(op, args, attrs, %T{type: type, shape: shape}, state) do
-      if ExBurn.Backend.native_type?(type) do
-        instr = {op, args, attrs, type, Tuple.to_list(shape)}
-        {state.count, %{state | instrs: [instr | state.instrs], count: state.count + 1}}
-      else
-        unsupported({:type, type}, state)
+    # Only top-level nodes are hosted: inside a branch or loop body the failure propagates to
+    # the outermost cond/while, which is then hosted whole. A failed control-flow node rolls
+    # back to the state before it (its ranges would otherwise run unguarded); any other node
+    # keeps what its operands lowered.
+    defp lower_or_host(%T{vectorized_axes: []} = t, %{depth: 0, host?: true} = state) do
+      {index, tried} = lower_node(t, %{state | bad: %{}})
+
+      cond do
+        tried.bad == %{} -> {index, %{tried | bad: state.bad}}
+        control_flow?(t) -> host(t, Map.keys(tried.bad), state)
+        true -> host(t, Map.keys(tried.bad), %{tried | bad: state.bad})
       end
+    end
+
+    defp lower_or_host(t, state), do: lower_node(t, state)
+
+    defp control_flow?(%T{data: %Expr{op: op}}) when op in @control_flow, do: true
+    defp control_flow?(%T{data: %Expr{op: :elem, args: [%T{data: %Expr{op: op}}, _]}}) when op in @control_flow, do: true
+    defp control_flow?(_), do: false
+
+    defp emit(op, args, attrs, %T{type: type, shape: shape}, state) do
+      cond do
+        not ExBurn.Backend.native_type?(type) ->
+          unsupported({:type, type}, state)
+
+        # a host output the program cannot hold (complex, f8, ...) only feeds other host nodes
+        Enum.any?(args, &MapSet.member?(state.foreign, &1)) ->
+          unsupported(:foreign_operand, state)
+
+        true ->
+          emit!(op, args, attrs, type, shape, state)
+      end
+    end
+
+    defp emit!(op, args, attrs, type, shape, state) do
+      instr = {op, args, attrs, type, Tuple.to_list(shape)}
+      {state.count, %{state | instrs: [instr | state.instrs], count: state.count + 1}}
     end
 
     defp unsupported(what, state), do: {-1, %{state | bad: Map.put(state.bad, what, true)}}
@@ -129,7 +172,7 @@ if Code.ensure_loaded?(Nx) do
       emit(:unary, [ia], op, t, state)
     end
 
-    defp lower_node(%T{data: %Expr{op: op, args: [a]}} = t, state) when op in [:as_type, :reshape] do
+    defp lower_node(%T{data: %Expr{op: op, args: [a]}} = t, state) when op in [:as_type, :reshape, :bitcast] do
       {ia, state} = node(a, state)
       emit(op, [ia], nil, t, state)
     end
@@ -440,7 +483,128 @@ if Code.ensure_loaded?(Nx) do
     defp range(state, fun) do
       start = state.count
       {outs, inner} = fun.(%{state | depth: state.depth + 1})
-      {{start, inner.count, outs}, %{inner | depth: state.depth}}
+      inner = %{inner | depth: state.depth}
+
+      # a branch may yield an outer value as is; the program cannot yield a host-only one
+      if Enum.any?(outs, &MapSet.member?(inner.foreign, &1)) do
+        {_, inner} = unsupported(:foreign_operand, inner)
+        {{start, inner.count, outs}, inner}
+      else
+        {{start, inner.count, outs}, inner}
+      end
+    end
+
+    ## Host nodes
+
+    # The host expression is `t` (or, for an element of a tuple, its whole producer) with
+    # every operand the program computes replaced by a parameter; the Evaluator runs it with
+    # those values. Operands are lowered first, except inside a cond's branches: there only
+    # values already computed are reused, so an untaken branch still costs nothing.
+    defp host(%T{data: %Expr{op: :elem, args: [%T{data: %Expr{id: pid}} = producer, i]}} = t, reasons, state) do
+      case state.conds do
+        %{^pid => indices} ->
+          {Enum.at(indices, i, -1), state}
+
+        %{} ->
+          case tuple_leaves(producer) do
+            nil ->
+              unsupported(t.data.op, state)
+
+            leaves ->
+              {indices, state} = host_node(producer, leaves, reasons, state)
+              {Enum.at(indices, i, -1), %{state | conds: Map.put(state.conds, pid, indices)}}
+          end
+      end
+    end
+
+    defp host(%T{type: {:tuple, _}} = t, _reasons, state), do: unsupported(t.data.op, state)
+
+    defp host(t, reasons, state) do
+      {[index], state} = host_node(t, [t], reasons, state)
+      {index, state}
+    end
+
+    defp host_node(%T{data: %Expr{op: op}} = root, leaves, reasons, state) do
+      mode = if op == :cond, do: :reuse, else: :lower
+      acc = {%{}, [], state}
+      {args, {_memo, params, state}} = Tree.apply_args(root, :scope, acc, &host_arg(&1, &2, mode))
+      root = %{root | data: %{root.data | args: args}}
+      expr = if match?({:tuple, _}, root.type), do: Expr.tuple(root, leaves), else: root
+      params = Enum.reverse(params)
+      args = Enum.map(params, &elem(&1, 0))
+      id = length(state.hosts)
+      entry = %{expr: expr, params: Enum.map(params, &elem(&1, 1)), op: op, reasons: reasons}
+      state = %{state | hosts: [entry | state.hosts]}
+
+      leaves
+      |> Enum.with_index()
+      |> Enum.map_reduce(state, fn {%T{type: type, shape: shape}, k}, state ->
+        {index, state} = emit!(:host, args, {id, k}, type, shape, state)
+        foreign = if ExBurn.Backend.native_type?(type), do: state.foreign, else: MapSet.put(state.foreign, index)
+        {index, %{state | foreign: foreign}}
+      end)
+    end
+
+    # an Elixir function given to reduce/window_reduce is the Evaluator's to run
+    defp host_arg(%T{data: %Expr{op: :fun}} = u, acc, _mode), do: {u, acc}
+
+    defp host_arg(%T{data: %Expr{id: id}} = u, {memo, _params, _state} = acc, mode) do
+      case memo do
+        %{^id => v} ->
+          {v, acc}
+
+        %{} ->
+          {v, {memo, params, state}} = host_value(u, acc, mode)
+          {v, {Map.put(memo, id, v), params, state}}
+      end
+    end
+
+    defp host_value(u, {memo, params, state}, :lower) do
+      case node(u, state) do
+        {index, state} when index >= 0 -> param(u, index, {memo, params, state})
+        {_, state} -> {u, {memo, params, elem(unsupported(:host_operand, state), 1)}}
+      end
+    end
+
+    defp host_value(%T{data: %Expr{id: id, op: op, args: args}} = u, {memo, params, state}, :reuse) do
+      {known, state} =
+        case {state.ids, op, args} do
+          {%{^id => index}, _, _} -> {index, state}
+          # a parameter costs nothing to lower: it is an input or a loop/block slot
+          {_, :parameter, _} -> node(u, state)
+          {_, :elem, [%T{data: %Expr{id: pid}}, i]} -> {state.conds |> Map.get(pid, []) |> Enum.at(i), state}
+          _ -> {nil, state}
+        end
+
+      if is_integer(known) and known >= 0 do
+        param(u, known, {memo, params, state})
+      else
+        {args, acc} = Tree.apply_args(u, :scope, {memo, params, state}, &host_arg(&1, &2, :reuse))
+        {%{u | data: %{u.data | args: args}}, acc}
+      end
+    end
+
+    defp param(u, index, {memo, params, state}) do
+      case List.keyfind(params, index, 0) do
+        {_, p} ->
+          {p, {memo, params, state}}
+
+        nil ->
+          p = Expr.parameter(u, :root, length(params))
+          {p, {memo, [{index, p} | params], state}}
+      end
+    end
+
+    # The leaves of a tuple-valued node, in the order of its `elem` indices.
+    defp tuple_leaves(%T{data: %Expr{op: op, args: args}}) do
+      case {op, args} do
+        {:cond, [_clauses, last]} -> flatten(last)
+        {:while, [_initial, arg, _cond, _body]} -> flatten(arg)
+        {:block, [_struct, _in, default, _fun]} -> flatten(default)
+        {:metadata, [inner, _meta]} -> flatten(inner)
+        {:runtime_call, [_in, _fun, template, _opts]} -> flatten(template)
+        _ -> nil
+      end
     end
 
     # A hook passes its value through; the values it shows its callback become extra program

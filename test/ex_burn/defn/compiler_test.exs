@@ -194,7 +194,7 @@ if Code.ensure_loaded?(Nx) do
       assert {Compiler.stats()[:fallback], Compiler.stats()[:native_runs]} == {nil, 2}
     end
 
-    test "container hooks see the container; hooks inside cond fall back" do
+    test "container hooks see the container; a cond with a hook inside is a host node" do
       parent = self()
       hooked = fn x -> Nx.Defn.Kernel.hook({x, Nx.sum(x)}, &send(parent, {:pair, &1})) end
       {a, b} = Nx.Defn.jit(hooked, compiler: Compiler).(burn([1, 2]))
@@ -204,8 +204,10 @@ if Code.ensure_loaded?(Nx) do
       assert Compiler.stats()[:fallback] == nil
 
       assert Nx.to_flat_list(Nx.Defn.jit(&F.hooked_in_cond/1, compiler: Compiler).(burn([1, 2]))) == [2, 3]
-      assert_received {:inside, _}
-      assert Compiler.stats()[{:fallback_op, :hook}] == 1
+      assert_received {:inside, inside}
+      assert Nx.to_flat_list(inside) == [2, 3]
+      stats = Compiler.stats()
+      assert {stats[:fallback], stats[{:fallback_op, :hook}], stats[{:hosted_op, :cond}]} == {nil, 1, 1}
     end
 
     test "tokens run their hooks" do
@@ -268,6 +270,45 @@ if Code.ensure_loaded?(Nx) do
       got = Nx.Defn.jit(fn x -> Nx.reduce(x, 0, &Nx.add/2) end, compiler: Compiler).(burn([3, 1, 2]))
       assert Nx.to_flat_list(got) == [6]
       assert Compiler.stats()[{:fallback_op, :reduce}] == 1
+    end
+
+    test "the cache keeps the most recently used programs up to :defn_cache_size" do
+      previous = Application.get_env(:ex_burn, :defn_cache_size)
+      Application.put_env(:ex_burn, :defn_cache_size, 2)
+      Compiler.clear_cache()
+
+      on_exit(fn ->
+        if previous, do: Application.put_env(:ex_burn, :defn_cache_size, previous),
+          else: Application.delete_env(:ex_burn, :defn_cache_size)
+      end)
+
+      jitted = Nx.Defn.jit(&Nx.add(&1, 1), compiler: Compiler)
+      [a, b, c] = [burn([1]), burn([1, 2]), burn([1, 2, 3])]
+      jitted.(a)
+      jitted.(b)
+      # a was used last, so c's program evicts b's
+      jitted.(a)
+      assert Nx.to_flat_list(jitted.(c)) == [2, 3, 4]
+      assert {Compiler.cache_size(), Compiler.stats()[:evictions]} == {2, 1}
+
+      jitted.(a)
+      assert Compiler.stats()[:cache_hits] == 2
+      jitted.(b)
+      assert {Compiler.stats()[:cache_misses], Compiler.stats()[:evictions]} == {4, 2}
+    end
+
+    test "sharding raises instead of running each shard alone" do
+      mesh = %Nx.Mesh{name: "mesh", shape: {2}}
+      sharded = Nx.Defn.shard_jit(&Nx.add(&1, &1), mesh, compiler: Compiler)
+      assert_raise ArgumentError, ~r/does not support sharding/, fn -> sharded.([[burn([1])], [burn([2])]]) end
+    end
+
+    test "vectorized parameters still run the whole graph node by node" do
+      x = Nx.vectorize(burn([[1, 2], [3, 4]]), :rows)
+      got = Nx.Defn.jit(&Nx.sum/1, compiler: Compiler).(x)
+      assert got.vectorized_axes == [rows: 2]
+      assert Nx.to_flat_list(Nx.devectorize(got)) == [3, 7]
+      assert {Compiler.stats()[:fallback], Compiler.stats()[{:fallback_op, :vectorized}]} == {1, 1}
     end
   end
 end

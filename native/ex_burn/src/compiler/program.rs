@@ -37,6 +37,8 @@ pub enum Op {
     Reverse(Vec<usize>),
     /// The operand, unchanged (Nx `metadata` nodes such as `stop_grad`'s).
     Alias,
+    /// The operand's bytes read as the result type (same bit width), as the backend does.
+    Bitcast,
     Conv(ConvSpec),
     Window { op: String, spec: WindowSpec },
     /// Operand already in the result type (the lowering casts it, like the backend).
@@ -109,7 +111,7 @@ fn arity(op: &Op) -> Option<usize> {
         Op::LoopVar => 0,
         Op::While { .. } => return None,
         Op::Unary(_) | Op::AsType | Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Reshape => 1,
-        Op::Transpose(_) | Op::Broadcast(_) | Op::Slice { .. } | Op::Reverse(_) | Op::Alias => 1,
+        Op::Transpose(_) | Op::Broadcast(_) | Op::Slice { .. } | Op::Reverse(_) | Op::Alias | Op::Bitcast => 1,
         Op::Binary { .. } | Op::Dot { .. } => 2,
         Op::Select | Op::Clip => 3,
         Op::Conv(_) | Op::PadInterior(_) | Op::Gather(_) => 2,
@@ -381,6 +383,12 @@ impl Program {
             Op::Stack(axis) => sh::stack(&owned(a), *axis, ty),
             Op::Reverse(axes) => indexing::reverse(&ew::as_type(a[0], ty)?, axes.clone()),
             Op::Alias => Ok(a[0].clone()),
+            Op::Bitcast => {
+                if a[0].ty.bytes() != ty.bytes() {
+                    return Err(ExError::invalid("bitcast between types of different widths"));
+                }
+                Handle::from_bytes(a[0].to_bytes()?, shape, ty, self.device)
+            }
             Op::Conv(spec) => conv::conv(a[0], a[1], spec, ty),
             Op::Window { op, spec } => window::window_reduce(op, a[0], spec, ty),
             Op::Sort { axis, desc } => indexing::sort(a[0], *axis, *desc),

@@ -39,6 +39,7 @@ fn decode_op(name: &str, attrs: Term, ty: crate::dtype::NxType) -> ExResult<Op> 
         "as_type" => Op::AsType,
         "reshape" => Op::Reshape,
         "alias" => Op::Alias,
+        "bitcast" => Op::Bitcast,
         "reduce" => {
             let (op, axes, keep): (Term, Term, Term) = attrs.decode().map_err(|_| attr_err("{op, axes, keep}"))?;
             Op::Reduce { op: term::atom(op, "op")?, axes: term::opt_axes(axes, "axes")?, keep: term::boolean(keep, "keep")? }
