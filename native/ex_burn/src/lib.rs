@@ -4,6 +4,7 @@
 //! `cargo test` exercises directly, plus the NIF layer (`nif`, feature `nif`, on by default) that
 //! only decodes terms, calls the core and encodes results.
 
+pub mod alloc;
 pub mod bench;
 pub mod compiler;
 pub mod device;

@@ -22,6 +22,9 @@ pub enum Op {
     /// `compute` is the type the op computes in (Nx's out type, or the merged operand type
     /// for comparisons and logical ops).
     Binary { op: String, compute: NxType },
+    /// Float max/min against a non-NaN constant, rewritten from `Binary` by `Program::new`: one
+    /// pass instead of a compare-and-select chain (ReLU is `max(x, 0)`).
+    ClampScalar { max: bool, bound: f64, compute: NxType },
     Select,
     Clip,
     AsType,
@@ -110,7 +113,7 @@ fn arity(op: &Op) -> Option<usize> {
         Op::Input(_) | Op::Full(_) | Op::Iota(_) | Op::Eye | Op::Cond { .. } | Op::Pick { .. } => 0,
         Op::LoopVar => 0,
         Op::While { .. } => return None,
-        Op::Unary(_) | Op::AsType | Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Reshape => 1,
+        Op::Unary(_) | Op::AsType | Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Reshape | Op::ClampScalar { .. } => 1,
         Op::Transpose(_) | Op::Broadcast(_) | Op::Slice { .. } | Op::Reverse(_) | Op::Alias | Op::Bitcast => 1,
         Op::Binary { .. } | Op::Dot { .. } => 2,
         Op::Select | Op::Clip => 3,
@@ -128,7 +131,12 @@ fn bad(i: usize, reason: &str) -> ExError {
 impl Program {
     /// Validates the graph (operands refer backwards, inputs and outputs in range) so `run`
     /// never indexes out of bounds.
-    pub fn new(instrs: Vec<Instr>, outputs: Vec<usize>, inputs: usize, device: DeviceRef) -> ExResult<Self> {
+    pub fn new(mut instrs: Vec<Instr>, outputs: Vec<usize>, inputs: usize, device: DeviceRef) -> ExResult<Self> {
+        // flex's clamps test is_nan; GPU kernels lower to min/max instructions whose NaN
+        // behaviour the shading languages leave open
+        if device.kind == crate::device::DeviceKind::Cpu {
+            clamp_constants(&mut instrs);
+        }
         let n = instrs.len();
         let mut parent: Vec<Option<usize>> = vec![None; n];
         for (k, ins) in instrs.iter().enumerate() {
@@ -366,6 +374,7 @@ impl Program {
                 }
                 ew::binary(op, a[0], a[1], *compute)
             }
+            Op::ClampScalar { max, bound, compute } => ew::clamp_scalar(&ew::as_type(a[0], *compute)?, *max, *bound),
             Op::Select => ew::select(a[0], a[1], a[2], ty),
             Op::Clip => {
                 let (x, lo, hi) = (ew::as_type(a[0], ty)?, ew::as_type(a[1], ty)?, ew::as_type(a[2], ty)?);
@@ -421,6 +430,38 @@ impl Program {
             Ok(h)
         } else {
             sh::reshape(&h, ins.shape.clone())
+        }
+    }
+}
+
+/// See `Op::ClampScalar`: a float max/min whose other operand already has the result's shape and
+/// whose constant is one element. Operands that do not precede the op are left for `new` to
+/// reject.
+fn clamp_constants(instrs: &mut [Instr]) {
+    for i in 0..instrs.len() {
+        let Op::Binary { op, compute } = &instrs[i].op else { continue };
+        if !(op == "max" || op == "min") || !compute.is_float() || instrs[i].args.len() != 2 || instrs[i].args.iter().any(|&a| a >= i) {
+            continue;
+        }
+        let (max, compute) = (op == "max", *compute);
+        let found = [(0, 1), (1, 0)].into_iter().find_map(|(c, x)| {
+            let (c, x) = (instrs[i].args[c], instrs[i].args[x]);
+            match instrs[c].op {
+                Op::Full(v) if crate::tensor::numel(&instrs[c].shape) == 1 && instrs[x].shape == instrs[i].shape => {
+                    let bound = match v {
+                        Scalar::Float(f) => f,
+                        Scalar::Int(n) => n as f64,
+                        Scalar::UInt(n) => n as f64,
+                        Scalar::Bool(b) => b as u8 as f64,
+                    };
+                    (!bound.is_nan()).then_some((x, bound))
+                }
+                _ => None,
+            }
+        });
+        if let Some((x, bound)) = found {
+            instrs[i].op = Op::ClampScalar { max, bound, compute };
+            instrs[i].args = vec![x];
         }
     }
 }
@@ -581,6 +622,37 @@ mod tests {
 
     fn bin(op: &str) -> Op {
         Op::Binary { op: op.into(), compute: F32 }
+    }
+
+    /// max/min against a constant run as one clamp and still propagate NaN like Nx.
+    #[test]
+    fn max_and_min_with_a_constant_become_clamps() {
+        let x = [f32::NAN, -2.0, 0.5, 3.0];
+        for (op, want) in [("max", [0.0, 0.5, 1.0]), ("min", [-2.0, 0.0, 0.0])] {
+            // op(x, 0) with an s32 constant, then min(_, 1.0) with the constant second
+            let prog = Program::new(
+                vec![
+                    ins(Op::Input(0), &[], F32, &[4]),
+                    ins(Op::Full(Scalar::Int(0)), &[], NxType::S(32), &[]),
+                    ins(bin(op), &[1, 0], F32, &[4]),
+                    ins(Op::Full(Scalar::Float(1.0)), &[], F32, &[]),
+                    ins(bin("min"), &[2, 3], F32, &[4]),
+                ],
+                vec![4],
+                1,
+                device(),
+            )
+            .unwrap();
+            if device().kind == crate::device::DeviceKind::Cpu {
+                assert!(matches!(prog.instrs[2].op, Op::ClampScalar { max, .. } if max == (op == "max")));
+                assert!(matches!(prog.instrs[4].op, Op::ClampScalar { max: false, .. }));
+            } else {
+                assert!(matches!(prog.instrs[2].op, Op::Binary { .. }));
+            }
+            let got = floats(&prog.run(&[f32s(&x, &[4])]).unwrap()[0]);
+            assert!(got[0].is_nan(), "{op}: {got:?}");
+            assert_eq!(&got[1..], &want[..], "{op}");
+        }
     }
 
     #[test]

@@ -55,6 +55,7 @@ fn op_name(op: Term, fallback: &str) -> String {
 
 fn load(_env: Env, _info: Term) -> bool {
     crate::error::install_panic_hook();
+    crate::alloc::tune();
     true
 }
 

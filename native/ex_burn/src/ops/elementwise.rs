@@ -306,23 +306,24 @@ fn arith(op: &str, a: Prim, b: Prim, ty: NxType) -> ExResult<Prim> {
         }
         "pow" if float => Dispatch::float_powf(a, b),
         "pow" => Dispatch::int_powi(a, b),
+        "max" | "min" if float => {
+            // b where it wins or is NaN, else a (also NaN when a is): Nx propagates NaN, and a
+            // comparison with NaN is false. Four passes; ties keep a.
+            let b_wins = if op == "max" {
+                Dispatch::float_lower(a.clone(), b.clone(), BOOL)
+            } else {
+                Dispatch::float_greater(a.clone(), b.clone(), BOOL)
+            };
+            let take_b = Dispatch::bool_or(b_wins, Dispatch::float_is_nan(b.clone(), BOOL));
+            dispatch::select(take_b, b, a)
+        }
         "max" | "min" => {
             let a_wins = if op == "max" {
                 by_kind2!(a.clone(), b.clone(), float_greater_equal, int_greater_equal, BOOL)
             } else {
                 by_kind2!(a.clone(), b.clone(), float_lower_equal, int_lower_equal, BOOL)
             };
-            let picked = dispatch::select(a_wins, a.clone(), b.clone());
-            if float {
-                // Nx propagates NaN through min/max; a comparison with NaN is false, which
-                // would pick the other operand.
-                let b_nan = Dispatch::float_is_nan(b.clone(), BOOL);
-                let with_b = dispatch::select(b_nan, b, picked);
-                let a_nan = Dispatch::float_is_nan(a.clone(), BOOL);
-                dispatch::select(a_nan, a, with_b)
-            } else {
-                picked
-            }
+            dispatch::select(a_wins, a, b)
         }
         "atan2" if float => Dispatch::float_atan2(a, b),
         "bitwise_and" | "bitwise_or" | "bitwise_xor" | "left_shift" | "right_shift" => {
@@ -385,6 +386,21 @@ pub fn clip(h: &Handle, lo: &Handle, hi: &Handle) -> ExResult<Handle> {
     }
     let low = binary("max", h, lo, h.ty)?;
     binary("min", &low, hi, h.ty)
+}
+
+/// Nx's max/min of a float tensor and a non-NaN constant, in one pass. flex's clamps test
+/// `is_nan` first, so NaN stays NaN as in Nx; GPU clamps make no such promise, so the program
+/// only uses this on the CPU.
+pub fn clamp_scalar(h: &Handle, max: bool, bound: f64) -> ExResult<Handle> {
+    if !h.ty.is_float() || bound.is_nan() {
+        return Err(ExError::invalid("clamp_scalar needs a float tensor and a non-NaN bound"));
+    }
+    let prim = if max {
+        Dispatch::float_clamp_min(h.prim.clone(), Scalar::Float(bound))
+    } else {
+        Dispatch::float_clamp_max(h.prim.clone(), Scalar::Float(bound))
+    };
+    Ok(Handle::new(prim, h.ty, h.shape.clone(), h.device))
 }
 
 /// Nx.as_type: float to int truncates toward zero, int to narrower int wraps.
