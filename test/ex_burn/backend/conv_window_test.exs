@@ -28,28 +28,8 @@ if Code.ensure_loaded?(Nx) do
     end
 
     defp same(fun, inputs, opts \\ []) do
-      burn = Enum.map(inputs, &on(ExBurn.Backend, &1))
-      host = Enum.map(inputs, &on(Nx.BinaryBackend, &1))
-      Fallback.reset()
-      got = apply(fun, burn)
-      counts = Fallback.counts()
-      want = apply(fun, host)
-      compare(got, want, opts[:atol] || 1.0e-4)
-      if opts[:native] != false, do: assert(counts == %{}, "fell back: #{inspect(counts)}")
-      got
-    end
-
-    defp compare(got, want, atol) do
-      assert got.data.__struct__ == ExBurn.Backend
-      assert {got.shape, got.type, got.names} == {want.shape, want.type, want.names}
-      got = Nx.backend_copy(got, Nx.BinaryBackend)
-
-      if Nx.Type.float?(want.type) do
-        assert Nx.to_number(Nx.all_close(got, want, atol: atol, rtol: 1.0e-4, equal_nan: true)) == 1,
-               "#{inspect(got)} != #{inspect(want)}"
-      else
-        assert got == want
-      end
+      inputs = Enum.map(inputs, &on(Nx.BinaryBackend, &1))
+      ExBurn.NxCompare.same(fun, inputs, [atol: 1.0e-4, rtol: 1.0e-4] ++ opts)
     end
 
     describe "conv" do
@@ -136,7 +116,7 @@ if Code.ensure_loaded?(Nx) do
         Fallback.reset()
         got = Nx.conv(x, k, padding: :same) |> Nx.devectorize()
         assert Fallback.counts() == %{}
-        compare(got, Nx.conv(hx, hk, padding: :same) |> Nx.devectorize(), 1.0e-4)
+        ExBurn.NxCompare.assert_same(got, Nx.conv(hx, hk, padding: :same) |> Nx.devectorize(), atol: 1.0e-4, rtol: 1.0e-4)
       end
     end
 
@@ -191,7 +171,7 @@ if Code.ensure_loaded?(Nx) do
         Fallback.reset()
         got = Nx.window_max(x, {2}, strides: 2) |> Nx.devectorize()
         assert Fallback.counts() == %{}
-        compare(got, Nx.window_max(h, {2}, strides: 2) |> Nx.devectorize(), 1.0e-6)
+        ExBurn.NxCompare.assert_same(got, Nx.window_max(h, {2}, strides: 2) |> Nx.devectorize(), atol: 1.0e-6, rtol: 1.0e-4)
       end
     end
 

@@ -10,36 +10,15 @@ if Code.ensure_loaded?(Nx) do
 
     alias ExBurn.Backend.Fallback
 
-    defp on(backend, data, type), do: Nx.tensor(data, type: type, backend: backend)
+    # test/ex_burn/defn/ops_jit_test.exs recompiles this module with @jit true
+    @jit false
+
+    defp on(data, type), do: Nx.tensor(data, type: type, backend: Nx.BinaryBackend)
 
     # Runs `fun` on both backends; `inputs` are {data, type} pairs.
     defp same(fun, inputs, opts \\ []) do
-      burn = Enum.map(inputs, fn {d, t} -> on(ExBurn.Backend, d, t) end)
-      host = Enum.map(inputs, fn {d, t} -> on(Nx.BinaryBackend, d, t) end)
-      Fallback.reset()
-      got = apply(fun, burn)
-      counts = Fallback.counts()
-      want = apply(fun, host)
-      compare(got, want, opts[:atol] || 1.0e-5)
-      if opts[:native] != false, do: assert(counts == %{}, "fell back: #{inspect(counts)}")
-      got
-    end
-
-    defp compare(got, want, atol) when is_tuple(got) do
-      Enum.zip(Tuple.to_list(got), Tuple.to_list(want)) |> Enum.each(fn {g, w} -> compare(g, w, atol) end)
-    end
-
-    defp compare(got, want, atol) do
-      assert got.data.__struct__ == ExBurn.Backend
-      assert {got.shape, got.type, got.names} == {want.shape, want.type, want.names}
-      got = Nx.backend_copy(got, Nx.BinaryBackend)
-
-      if Nx.Type.float?(want.type) do
-        assert Nx.to_number(Nx.all_close(got, want, atol: atol, rtol: 1.0e-5, equal_nan: true)) == 1,
-               "#{inspect(got)} != #{inspect(want)}"
-      else
-        assert got == want
-      end
+      inputs = Enum.map(inputs, fn {d, t} -> on(d, t) end)
+      ExBurn.NxCompare.same(fun, inputs, [jit: @jit] ++ opts)
     end
 
     @m [[1.5, -2.0, 3.25], [0.0, 4.5, -1.0]]
@@ -108,7 +87,7 @@ if Code.ensure_loaded?(Nx) do
     end
 
     test "gather raises on out-of-range coordinates like BinaryBackend" do
-      t = on(ExBurn.Backend, @m, :f32)
+      t = Nx.tensor(@m, type: :f32, backend: ExBurn.Backend)
       assert_raise ArgumentError, fn -> Nx.gather(t, Nx.tensor([[0, 3]])) end
     end
 

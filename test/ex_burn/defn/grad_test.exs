@@ -149,20 +149,7 @@ if Code.ensure_loaded?(Nx) do
       {got, want}
     end
 
-    defp compare(got, want) do
-      got = Nx.Defn.Composite.flatten_list([got])
-      want = Nx.Defn.Composite.flatten_list([want])
-      assert length(got) == length(want)
-
-      for {g, w} <- Enum.zip(got, want) do
-        assert g.data.__struct__ == ExBurn.Backend
-        assert {g.shape, g.type} == {w.shape, w.type}
-        g = Nx.backend_copy(g, Nx.BinaryBackend)
-
-        assert Nx.to_number(Nx.all_close(g, w, atol: 1.0e-4, rtol: 1.0e-4)) == 1,
-               "#{inspect(g)}\n!=\n#{inspect(w)}"
-      end
-    end
+    defp compare(got, want), do: ExBurn.NxCompare.assert_same(got, want, atol: 1.0e-4, rtol: 1.0e-4)
 
     test "at least 30 functions are checked" do
       assert length(@unary) + 2 >= 30

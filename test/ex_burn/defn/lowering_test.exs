@@ -108,23 +108,7 @@ if Code.ensure_loaded?(Nx) do
       # the reference is traced too (the Evaluator on BinaryBackend), so both sides see the same
       # defn types and grad may close over its inputs
       want = apply(Nx.Defn.jit(fun, compiler: Nx.Defn.Evaluator), inputs)
-      compare(got, want, atol)
-    end
-
-    defp compare(got, want, atol) when is_tuple(got) do
-      Enum.zip_with(Tuple.to_list(got), Tuple.to_list(want), &compare(&1, &2, atol))
-    end
-
-    defp compare(got, want, atol) do
-      got = Nx.backend_copy(got, Nx.BinaryBackend)
-      assert {got.type, got.shape} == {want.type, want.shape}
-
-      if Nx.Type.float?(want.type) do
-        assert Nx.all_close(got, want, atol: atol, equal_nan: true) == Nx.tensor(1, type: :u8),
-               "got #{inspect(got)}, want #{inspect(want)}"
-      else
-        assert got == want
-      end
+      ExBurn.NxCompare.assert_same(got, want, atol: atol)
     end
 
     defp iota(shape, type \\ :f32), do: Nx.iota(shape, type: type)
