@@ -101,5 +101,15 @@ if Code.ensure_loaded?(Nx) do
       do: tuple |> Tuple.to_list() |> from_host(device) |> List.to_tuple()
 
     def from_host(other, _device), do: other
+
+    # Callbacks with no Burn kernel (they take Elixir functions, or Burn lacks the op):
+    # `ExBurn.Backend` delegates them here like those of its op families.
+    for {name, arity} <- [reduce: 5, window_reduce: 6, triangular_solve: 4, fft: 3, ifft: 3] do
+      [out | args] = Macro.generate_arguments(arity, __MODULE__)
+
+      @doc false
+      def unquote(name)(unquote(out), unquote_splicing(args)),
+        do: ExBurn.Backend.fallback(unquote(name), unquote(out), unquote(args))
+    end
   end
 end

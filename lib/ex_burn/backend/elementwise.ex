@@ -1,0 +1,93 @@
+if Code.ensure_loaded?(Nx) do
+  defmodule ExBurn.Backend.Elementwise do
+    @moduledoc false
+
+    import ExBurn.Backend.Util
+
+    alias Nx.Tensor, as: T
+    alias ExBurn.{Backend, Native}
+    alias ExBurn.Tensor, as: ET
+
+    def select(out, pred, on_true, on_false) do
+      native :select, out, [pred, on_true, on_false] do
+        d = Backend.device_of([pred, on_true, on_false])
+        answer = Native.select(ref(pred, d), ref(on_true, d), ref(on_false, d), out.type)
+        Backend.put(out, wrap_native(answer))
+      end
+    end
+
+    def clip(out, t, min, max) do
+      native :clip, out, [t, min, max] do
+        d = Backend.device_of([t, min, max])
+        [x, lo, hi] = Enum.map([t, min, max], &ET.as_type(Backend.et(&1, d), out.type))
+        Backend.put(out, wrap_native(Native.clip(x.ref, lo.ref, hi.ref)))
+      end
+    end
+
+    # Comparisons and logical ops compute in the operands' merged type; everything else in
+    # out's type (Nx already made it the merged, floating or integer type the op needs).
+    @merged_compute [:equal, :not_equal, :greater, :less, :greater_equal, :less_equal] ++
+                      [:logical_and, :logical_or, :logical_xor]
+
+    for op <- ExBurn.Tensor.Ops.binary_ops() do
+      def unquote(op)(out, l, r) do
+        native unquote(op), out, [l, r] do
+          d = Backend.device_of([l, r])
+          if unquote(op in [:left_shift, :right_shift]), do: check_shift!(unquote(op), r, d)
+
+          compute =
+            if unquote(op in @merged_compute),
+              do: Nx.Type.merge(l.type, r.type),
+              else: out.type
+
+          Backend.put(out, wrap_native(Native.binary(unquote(op), ref(l, d), ref(r, d), compute)))
+        end
+      end
+    end
+
+    # Like BinaryBackend, a negative shift amount is an ArgumentError rather than a
+    # device-defined result.
+    defp check_shift!(op, %T{type: {:s, _}} = r, device) do
+      min = Backend.et(r, device) |> ET.reduce_min() |> ET.to_flat_list() |> hd()
+
+      if min < 0 do
+        verb = if op == :left_shift, do: "left", else: "right"
+        raise ArgumentError, "cannot #{verb} shift by #{min}"
+      end
+    end
+
+    defp check_shift!(_op, _r, _device), do: :ok
+
+    @nx_unary Enum.map(Nx.Shared.unary_math_funs(), &elem(&1, 0)) ++
+                [:abs, :bitwise_not, :ceil, :floor, :negate, :round, :sign] ++
+                [:count_leading_zeros, :population_count, :is_nan, :is_infinity]
+
+    for op <- @nx_unary do
+      if op in ExBurn.Tensor.Ops.unary_ops() do
+        def unquote(op)(out, t) do
+          native unquote(op), out, [t] do
+            Backend.put(out, wrap_native(Native.unary(unquote(op), ref(t, nil), out.type)))
+          end
+        end
+      else
+        def unquote(op)(out, t), do: Backend.fallback(unquote(op), out, [t])
+      end
+    end
+
+    # Real tensors: real/1 is a cast and imag/1 is zero; conjugate (complex output) and complex
+    # inputs fall back.
+    def real(out, t) do
+      native :real, out, [t] do
+        Backend.put(out, ET.as_type(Backend.et(t, nil), out.type))
+      end
+    end
+
+    def imag(out, t) do
+      native :imag, out, [t] do
+        Backend.put(out, ET.zeros(out.shape, out.type, device: Backend.device_of([t])))
+      end
+    end
+
+    def conjugate(out, t), do: Backend.fallback(:conjugate, out, [t])
+  end
+end

@@ -1,0 +1,85 @@
+if Code.ensure_loaded?(Nx) do
+  defmodule ExBurn.Backend.Shape do
+    @moduledoc false
+
+    import ExBurn.Backend.Util
+
+    alias Nx.Tensor, as: T
+    alias ExBurn.{Backend, Native}
+    alias ExBurn.Tensor, as: ET
+
+    def as_type(out, t) do
+      native :as_type, out, [t] do
+        Backend.put(out, ET.as_type(Backend.et(t, nil), out.type))
+      end
+    end
+
+    def bitcast(%T{} = out, %T{} = t) do
+      Backend.from_binary(out, to_binary_any(t), device: Backend.device_of([t]))
+    end
+
+    defp to_binary_any(%T{data: %Backend{}} = t), do: Backend.to_binary(t, nil)
+    defp to_binary_any(t), do: Nx.to_binary(t)
+
+    def reshape(out, t) do
+      native :reshape, out, [t] do
+        Backend.put(out, ET.reshape(Backend.et(t, nil), out.shape))
+      end
+    end
+
+    def squeeze(out, t, axes) do
+      native :squeeze, out, [t, axes] do
+        _ = axes
+        Backend.put(out, ET.reshape(Backend.et(t, nil), out.shape))
+      end
+    end
+
+    def broadcast(out, t, shape, axes) do
+      native :broadcast, out, [t, shape, axes] do
+        x = Backend.et(t, nil)
+        x = if x.type == out.type, do: x, else: ET.as_type(x, out.type)
+        Backend.put(out, wrap_native(Native.broadcast(x.ref, Tuple.to_list(shape), axes)))
+      end
+    end
+
+    def transpose(out, t, axes) do
+      native :transpose, out, [t, axes] do
+        Backend.put(out, wrap_native(Native.transpose(ref(t, nil), axes)))
+      end
+    end
+
+    def slice(out, t, starts, lengths, strides) do
+      native :slice, out, [t, starts, lengths, strides] do
+        starts = clamp_starts(starts, t.shape, lengths)
+        Backend.put(out, wrap_native(Native.slice(ref(t, nil), starts, lengths, strides)))
+      end
+    end
+
+    # Nx clamps start indices (numbers or scalar tensors) so the window fits.
+    @doc false
+    def clamp_starts(starts, shape, lengths) do
+      [starts, Tuple.to_list(shape), lengths]
+      |> Enum.zip()
+      |> Enum.map(fn {s, dim, len} -> s |> to_int() |> max(0) |> min(dim - len) end)
+    end
+
+    defp to_int(n) when is_integer(n), do: n
+    defp to_int(%T{} = t), do: Nx.to_number(t)
+
+    def concatenate(out, tensors, axis) do
+      native :concatenate, out, [tensors, axis] do
+        device = Backend.device_of(tensors)
+        refs = Enum.map(tensors, &ref(&1, device))
+        Backend.put(out, wrap_native(Native.concatenate(refs, axis, out.type)))
+      end
+    end
+
+    def stack(out, tensors, axis) do
+      native :stack, out, [tensors, axis] do
+        device = Backend.device_of(tensors)
+        refs = Enum.map(tensors, &ref(&1, device))
+        Backend.put(out, wrap_native(Native.stack(refs, axis, out.type)))
+      end
+    end
+  end
+end
