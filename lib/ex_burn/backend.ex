@@ -92,11 +92,14 @@ if Code.ensure_loaded?(Nx) do
     # The device results go to: the first operand held by this backend, else the default.
     @doc false
     def device_of(args) do
-      Enum.find_value(List.wrap(args), ExBurn.default_device(), fn
-        %T{data: %__MODULE__{device: d}} -> d
-        list when is_list(list) -> device_of_list(list)
-        _ -> nil
-      end)
+      found =
+        Enum.find_value(List.wrap(args), fn
+          %T{data: %__MODULE__{device: d}} -> d
+          list when is_list(list) -> device_of_list(list)
+          _ -> nil
+        end)
+
+      found || ExBurn.default_device()
     end
 
     defp device_of_list(list) do

@@ -30,7 +30,9 @@ if Code.ensure_loaded?(Nx) do
 
       case t.data do
         %Backend{ref: nil} -> %{t | data: %{t.data | device: device}}
-        _ -> Backend.put(t, Backend.et(t, device))
+        # to_device always makes a new reference (sharing Burn's buffer on the same device),
+        # so deallocating the original leaves the copy alive
+        _ -> Backend.put(t, ET.to_device(Backend.et(t, nil), device))
       end
     end
 

@@ -24,9 +24,10 @@ if Code.ensure_loaded?(Nx) do
       end
     end
 
-    # Nx ranks NaN above everything for both argmax and argmin (BinaryBackend's comparisons
-    # return NaN's position), while Burn's comparisons are false on NaN. A float tensor that
-    # holds a NaN (one read to find out) takes the first NaN's index where its slice has one.
+    # Nx ranks NaN above everything for both argmax and argmin, while Burn's comparisons are
+    # false on NaN. BinaryBackend takes every NaN it meets, so a slice with NaNs yields the last
+    # NaN's index whatever the tie break. A float tensor that holds a NaN (one read to find out)
+    # takes that index where its slice has one.
     defp arg_reduce(op, x, opts, type) do
       keep = opts[:keep_axis] == true
       tie = opts[:tie_break] || :low
@@ -35,10 +36,10 @@ if Code.ensure_loaded?(Nx) do
 
       if Type.float?(x.type) and ET.any(ET.is_nan(x)) |> ET.to_flat_list() == [1] do
         nan = ET.is_nan(x)
-        first_nan = wrap_native(Native.arg_reduce(:argmax, nan.ref, axis, keep, tie, type))
+        last_nan = wrap_native(Native.arg_reduce(:argmax, nan.ref, axis, keep, :high, type))
         axes = if axis, do: [axis], else: nil
         has_nan = wrap_native(Native.reduce(:any, nan.ref, axes, keep, {:u, 8}))
-        ET.select(has_nan, first_nan, plain) |> ET.as_type(type)
+        ET.select(has_nan, last_nan, plain) |> ET.as_type(type)
       else
         plain
       end

@@ -212,15 +212,15 @@ if Code.ensure_loaded?(Nx) do
 
       if Nx.Type.float?(a.type) do
         # Nx ranks NaN above everything for both ops while Burn's comparisons are false on NaN:
-        # the backend takes the first NaN's index where a slice has one. It only does so after
+        # the backend takes the last NaN's index where a slice has one (as BinaryBackend). It only does so after
         # reading whether any NaN exists; selecting unconditionally gives the same values
         # without the read.
         u8 = {:u, 8}
         {nan, state} = emit(:unary, [ia], :is_nan, %{a | type: u8}, state)
-        {first_nan, state} = emit(:arg_reduce, [nan], {:argmax, axis, keep, high}, t, state)
+        {last_nan, state} = emit(:arg_reduce, [nan], {:argmax, axis, keep, true}, t, state)
         axes = if axis, do: [axis], else: nil
         {has_nan, state} = emit(:reduce, [nan], {:any, axes, keep}, %{t | type: u8}, state)
-        emit(:select, [has_nan, first_nan, plain], nil, t, state)
+        emit(:select, [has_nan, last_nan, plain], nil, t, state)
       else
         {plain, state}
       end

@@ -40,6 +40,13 @@ if Code.ensure_loaded?(Nx) do
       same(&Nx.reduce_max(&1), [{@m, :bf16}])
       same(&Nx.argmax(&1, axis: 1, tie_break: :high), [{@i, :s32}])
       same(&Nx.argmin(&1, axis: 1), [{[[1.0, :nan, 0.0], [2.0, 1.0, 3.0]], :f32}])
+      # several NaNs in a slice: BinaryBackend's index is the last NaN's, whatever the tie break
+      nans = [{[[1.0, :nan, 2.0, :nan, 0.5], [:nan, 3.0, :nan, 1.0, :nan]], :f32}]
+
+      for op <- [:argmax, :argmin], tie_break <- [:low, :high] do
+        same(&apply(Nx, op, [&1, [axis: 1, tie_break: tie_break]]), nans)
+        same(&apply(Nx, op, [&1, [tie_break: tie_break]]), nans)
+      end
       same(&Nx.all(&1, axes: [0]), [{@i, :s32}])
     end
 
@@ -104,6 +111,15 @@ if Code.ensure_loaded?(Nx) do
       assert r.data.__struct__ == ExBurn.Backend
       assert Nx.backend_copy(r, Nx.BinaryBackend) == Nx.multiply(c, c)
       assert Fallback.counts() == %{multiply: 1}
+    end
+
+    test "a copy on the same device outlives the original's deallocation" do
+      t = Nx.tensor([1.5, 2.5], backend: ExBurn.Backend)
+      copy = Nx.backend_copy(t, ExBurn.Backend)
+      assert copy.data.ref != t.data.ref
+      assert Nx.backend_deallocate(t) == :ok
+      assert Nx.to_flat_list(copy) == [1.5, 2.5]
+      assert_raise ExBurn.Error, ~r/deallocated/, fn -> Nx.to_flat_list(t) end
     end
 
     test "device option, transfer and to_batched" do
