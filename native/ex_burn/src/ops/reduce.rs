@@ -3,7 +3,7 @@
 use burn::backend::ops::{BoolTensorOps, FloatTensorOps, IntTensorOps};
 use burn::backend::{DType, Dispatch, IntDType, Scalar};
 
-use crate::dispatch::{self, by_kind, Prim};
+use crate::dispatch::{self, by_kind, Prim, BOOL};
 use crate::dtype::{NxType, PRED};
 use crate::error::{ExError, ExResult};
 use crate::ops::{cast_to, check_axes, empty};
@@ -131,6 +131,10 @@ fn sum_by_matmul(op: &str, x: &Prim, shape: &[usize], axes: &[usize], device: cr
         } else {
             summed
         };
+        // x86's inf + -inf is a negative NaN; Nx (and sum_dim) give the positive one. The
+        // result has only the kept elements, so this pass is cheap.
+        let nan = Dispatch::float_is_nan(summed.clone(), BOOL);
+        let summed = Dispatch::float_mask_fill(summed, nan, Scalar::Float(f64::NAN));
         Ok(dispatch::reshape(summed, &[kept]))
     })())
 }
@@ -224,6 +228,10 @@ mod tests {
         let x = f32s(&vals, &shape);
         let got = floats(&reduce("sum", &x, Some(vec![1, 2]), false, NxType::F(32)).unwrap());
         assert!(got[0].is_nan() && got[1].is_finite() && got[2].is_finite(), "{got:?}");
+        // inf + -inf: the positive quiet NaN, as Nx writes it
+        let x = f32s(&[f32::INFINITY, f32::NEG_INFINITY], &[2]);
+        let bytes = reduce("sum", &x, None, false, NxType::F(32)).unwrap().to_bytes().unwrap();
+        assert_eq!(bytes, f32::NAN.to_ne_bytes().to_vec());
     }
 
     #[test]
