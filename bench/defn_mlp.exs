@@ -72,10 +72,22 @@ ExBurn.Defn.Compiler.reset_stats()
 {o_us, o_loss, _} = DefnMlpBench.time(once, params, x, y, steps)
 stats = ExBurn.Defn.Compiler.stats()
 
-IO.puts("MLP step #{features}->#{hidden}->#{classes}, batch #{batch}, #{steps} steps, device #{inspect(ExBurn.default_device())}")
-IO.puts("  ExBurn.Defn.Compiler           #{Float.round(c_us, 1)} us/step  (final loss #{Float.round(c_loss, 5)})")
-IO.puts("  Evaluator, jit each call       #{Float.round(e_us, 1)} us/step  (final loss #{Float.round(e_loss, 5)})")
-IO.puts("  Evaluator, compiled once       #{Float.round(o_us, 1)} us/step  (final loss #{Float.round(o_loss, 5)})")
+IO.puts(
+  "MLP step #{features}->#{hidden}->#{classes}, batch #{batch}, #{steps} steps, device #{inspect(ExBurn.default_device())}"
+)
+
+IO.puts(
+  "  ExBurn.Defn.Compiler           #{Float.round(c_us, 1)} us/step  (final loss #{Float.round(c_loss, 5)})"
+)
+
+IO.puts(
+  "  Evaluator, jit each call       #{Float.round(e_us, 1)} us/step  (final loss #{Float.round(e_loss, 5)})"
+)
+
+IO.puts(
+  "  Evaluator, compiled once       #{Float.round(o_us, 1)} us/step  (final loss #{Float.round(o_loss, 5)})"
+)
+
 IO.puts("  speed-up vs Evaluator jit:      #{Float.round(e_us / c_us, 2)}x")
 IO.puts("  speed-up vs Evaluator compiled: #{Float.round(o_us / c_us, 2)}x")
 IO.puts("  compiler stats: #{inspect(stats)}")

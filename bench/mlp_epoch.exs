@@ -27,7 +27,9 @@ model =
   |> Model.dense(classes)
   |> Model.compile(loss: :cross_entropy, optimizer: :adam, learning_rate: 1.0e-3, device: device)
 
-IO.puts("MLP 784-256-128-10 (#{Model.summary(model).params} params), #{n} samples, batch #{batch}, #{inspect(device)}")
+IO.puts(
+  "MLP 784-256-128-10 (#{Model.summary(model).params} params), #{n} samples, batch #{batch}, #{inspect(device)}"
+)
 
 # warm-up on a slice (allocator, kernels)
 warm = Tensor.slice(x, [0, 0], [1024, features])
@@ -47,7 +49,11 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) do
   batches = String.to_integer(System.get_env("EXBURN_BENCH_AXON_BATCHES") || "20")
   Nx.default_backend(Nx.BinaryBackend)
   rows = batches * batch
-  nx_x = Nx.from_binary(Tensor.to_binary(Tensor.slice(x, [0, 0], [rows, features])), :f32) |> Nx.reshape({rows, features})
+
+  nx_x =
+    Nx.from_binary(Tensor.to_binary(Tensor.slice(x, [0, 0], [rows, features])), :f32)
+    |> Nx.reshape({rows, features})
+
   labels = Tensor.slice(y, [0], [rows]) |> Tensor.to_flat_list()
   nx_y = Nx.tensor(labels) |> Nx.new_axis(-1) |> Nx.equal(Nx.iota({1, classes})) |> Nx.as_type(:f32)
   data = Enum.zip(Nx.to_batched(nx_x, batch), Nx.to_batched(nx_y, batch))
@@ -58,13 +64,21 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) do
     |> Axon.dense(128, activation: :relu)
     |> Axon.dense(classes, activation: :softmax)
 
-  loop = Axon.Loop.trainer(axon, :categorical_cross_entropy, Polaris.Optimizers.adam(learning_rate: 1.0e-3), log: 0)
+  loop =
+    Axon.Loop.trainer(axon, :categorical_cross_entropy, Polaris.Optimizers.adam(learning_rate: 1.0e-3), log: 0)
+
   {axon_us, _state} = :timer.tc(fn -> Axon.Loop.run(loop, data, Axon.ModelState.empty(), epochs: 1) end)
   axon_rate = rows / (axon_us / 1.0e6)
 
-  IO.puts("Axon.Loop on Nx.BinaryBackend: #{batches} batches (#{rows} samples) in #{Float.round(axon_us / 1.0e6, 2)} s, #{Float.round(axon_rate, 1)} samples/s")
+  IO.puts(
+    "Axon.Loop on Nx.BinaryBackend: #{batches} batches (#{rows} samples) in #{Float.round(axon_us / 1.0e6, 2)} s, #{Float.round(axon_rate, 1)} samples/s"
+  )
+
   IO.puts("ratio ExBurn / Axon+BinaryBackend: #{Float.round(exburn_rate / axon_rate, 1)}x")
 else
   missing = Enum.reject([Axon, Nx, Polaris], &Code.ensure_loaded?/1) |> Enum.map_join(", ", &inspect/1)
-  IO.puts("Axon peer skipped: #{missing} not loaded (optional dependencies; Hex unreachable here or not fetched)")
+
+  IO.puts(
+    "Axon peer skipped: #{missing} not loaded (optional dependencies; Hex unreachable here or not fetched)"
+  )
 end

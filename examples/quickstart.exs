@@ -70,12 +70,20 @@ IO.puts(Model.summary_string(model))
   end)
 
 for %{epoch: e, loss: l, val_loss: v} <- history, rem(e, 5) == 0 do
-  IO.puts("epoch #{String.pad_leading(to_string(e), 2)}  loss #{Float.round(l, 4)}  val_loss #{Float.round(v, 4)}")
+  IO.puts(
+    "epoch #{String.pad_leading(to_string(e), 2)}  loss #{Float.round(l, 4)}  val_loss #{Float.round(v, 4)}"
+  )
 end
 
 predicted = Model.predict(model, points) |> T.argmax(axis: 1) |> T.to_flat_list()
 correct = Enum.count(Enum.zip(predicted, labels), fn {p, l} -> p == l end)
-IO.puts("trained #{length(history)} epochs in #{div(us, 1000)} ms; training accuracy #{correct}/#{length(labels)}")
+
+IO.puts(
+  "trained #{length(history)} epochs in #{div(us, 1000)} ms; training accuracy #{correct}/#{length(labels)}"
+)
 
 new_points = [[-2.1, 0.2], [1.8, 1.1], [0.1, -2.4]]
-IO.puts("predict #{inspect(new_points)} -> classes #{inspect(Model.predict(model, new_points) |> T.argmax(axis: 1) |> T.to_flat_list())}")
+
+IO.puts(
+  "predict #{inspect(new_points)} -> classes #{inspect(Model.predict(model, new_points) |> T.argmax(axis: 1) |> T.to_flat_list())}"
+)

@@ -3,8 +3,7 @@ Code.require_file("support/nx_compare.exs", __DIR__)
 # Tests tagged :nx / :axon / :telemetry need those optional dependencies (from Hex, or local
 # checkouts); they are excluded when the module is not loaded.
 exclude =
-  for {tag, module} <- [nx: Nx, axon: Axon, telemetry: :telemetry], not Code.ensure_loaded?(module),
-    do: tag
+  for {tag, module} <- [nx: Nx, axon: Axon, telemetry: :telemetry], not Code.ensure_loaded?(module), do: tag
 
 ExUnit.start(exclude: exclude)
 

@@ -162,7 +162,12 @@ defmodule ExBurn.Model do
   def compile(other, opts) do
     if axon?(other),
       do: compile(apply(ExBurn.Model.Axon, :to_spec, [other]), opts),
-      else: fail!(:compile, "expected a model from ExBurn.Model.input/2 (or an Axon model when Axon is loaded)", %{got: other})
+      else:
+        fail!(
+          :compile,
+          "expected a model from ExBurn.Model.input/2 (or an Axon model when Axon is loaded)",
+          %{got: other}
+        )
   end
 
   defp axon?(%{__struct__: Axon}), do: Code.ensure_loaded?(ExBurn.Model.Axon)
@@ -177,7 +182,10 @@ defmodule ExBurn.Model do
       do: fail!(op, "option :decay is only for optimizer: :rmsprop", %{option: :decay, optimizer: optimizer})
 
     num = fn key, default -> number!(op, key, Keyword.get(opts, key, default), min: 0, nullable: true) end
-    positive = fn key -> if (v = num.(key, nil)) == 0.0, do: Options.bad!(op, key, v, "a number > 0"), else: v end
+
+    positive = fn key ->
+      if (v = num.(key, nil)) == 0.0, do: Options.bad!(op, key, v, "a number > 0"), else: v
+    end
 
     %{
       loss: one_of!(op, :loss, Keyword.get(opts, :loss, :mse), [:cross_entropy, :mse, :binary_cross_entropy]),
@@ -185,7 +193,7 @@ defmodule ExBurn.Model do
       learning_rate: num.(:learning_rate, 1.0e-3),
       weight_decay: num.(:weight_decay, nil),
       momentum: num.(:momentum, nil),
-      beta1: opts[:decay] && num.(:decay, nil) || num.(:beta1, 0.9),
+      beta1: (opts[:decay] && num.(:decay, nil)) || num.(:beta1, 0.9),
       beta2: num.(:beta2, 0.999),
       epsilon: num.(:epsilon, 1.0e-8),
       clip_norm: positive.(:clip_norm),
@@ -327,6 +335,7 @@ defmodule ExBurn.Model do
       {:error, {op, reason, details}} -> raise ExBurn.Error, op: op, reason: reason, details: details
     end
   end
+
   def free(other), do: fail!(:free, "expected an ExBurn.Model", %{got: other})
 
   defimpl Inspect do

@@ -28,7 +28,9 @@ if Code.ensure_loaded?(Nx) do
       want = Nx.backend_copy(want, Nx.BinaryBackend)
 
       if Nx.Type.float?(want.type) do
-        close = Nx.all_close(got, want, atol: opts[:atol] || 1.0e-5, rtol: opts[:rtol] || 1.0e-5, equal_nan: true)
+        close =
+          Nx.all_close(got, want, atol: opts[:atol] || 1.0e-5, rtol: opts[:rtol] || 1.0e-5, equal_nan: true)
+
         assert Nx.to_number(close) == 1, "got #{inspect(got)}\nwant #{inspect(want)}"
       else
         assert got == want

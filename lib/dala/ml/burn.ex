@@ -52,8 +52,11 @@ defmodule Dala.ML.Burn do
 
   defp device!(:gpu) do
     case Enum.find(ExBurn.devices(), &(&1.kind != :cpu)) do
-      %{kind: kind, index: index} -> {kind, index}
-      nil -> raise ExBurn.Error, op: :configure, reason: "no GPU device is available", details: %{device: :gpu}
+      %{kind: kind, index: index} ->
+        {kind, index}
+
+      nil ->
+        raise ExBurn.Error, op: :configure, reason: "no GPU device is available", details: %{device: :gpu}
     end
   end
 
@@ -93,7 +96,9 @@ defmodule Dala.ML.Burn do
   @doc "`{:ok, %Nx.Tensor{}}` (on Nx's default backend) from an ExBurn tensor; `{:error, reason}` without Nx."
   def to_nx(%ExBurn.Tensor{} = t) do
     if Code.ensure_loaded?(Nx) do
-      {:ok, apply(Nx, :from_binary, [ExBurn.Tensor.to_binary(t), t.type]) |> then(&apply(Nx, :reshape, [&1, t.shape]))}
+      {:ok,
+       apply(Nx, :from_binary, [ExBurn.Tensor.to_binary(t), t.type])
+       |> then(&apply(Nx, :reshape, [&1, t.shape]))}
     else
       {:error, %ExBurn.Error{op: :to_nx, reason: "Nx is not loaded", details: %{}}}
     end
@@ -101,7 +106,8 @@ defmodule Dala.ML.Burn do
     e in ExBurn.Error -> {:error, e}
   end
 
-  def to_nx(other), do: {:error, %ExBurn.Error{op: :to_nx, reason: "expected an ExBurn.Tensor", details: %{got: other}}}
+  def to_nx(other),
+    do: {:error, %ExBurn.Error{op: :to_nx, reason: "expected an ExBurn.Tensor", details: %{got: other}}}
 
   defp nx_tensor?(%{__struct__: Nx.Tensor}), do: Code.ensure_loaded?(Nx)
   defp nx_tensor?(_), do: false

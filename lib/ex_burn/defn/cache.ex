@@ -50,7 +50,8 @@ if Code.ensure_loaded?(Nx) do
 
     defp tick, do: :erlang.unique_integer([:monotonic])
 
-    def bump(counter, by \\ 1), do: :ets.update_counter(table(), {:count, counter}, by, {{:count, counter}, 0})
+    def bump(counter, by \\ 1),
+      do: :ets.update_counter(table(), {:count, counter}, by, {{:count, counter}, 0})
 
     def counts do
       table()

@@ -138,6 +138,7 @@ if Code.ensure_loaded?(Nx) do
       # hooked values are extra outputs after the results
       hooks =
         Enum.map(hooks, fn {spec, template, indices} -> {resolve_hook(spec, overrides), template, indices} end)
+
       outputs = outputs ++ Enum.flat_map(hooks, &elem(&1, 2))
 
       program =

@@ -52,6 +52,7 @@ if Code.ensure_loaded?(Nx) do
       Logger.debug(fn ->
         natives = Enum.count(steps, &(elem(&1, 0) == :native))
         ops = hosts |> Tuple.to_list() |> Enum.map(&{&1.op, &1.reasons})
+
         "ExBurn.Defn.Compiler: #{inspect(key)} runs as #{natives} native segments around host nodes #{inspect(ops)}"
       end)
 

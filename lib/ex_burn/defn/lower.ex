@@ -93,7 +93,11 @@ if Code.ensure_loaded?(Nx) do
     defp lower_or_host(t, state), do: lower_node(t, state)
 
     defp control_flow?(%T{data: %Expr{op: op}}) when op in @control_flow, do: true
-    defp control_flow?(%T{data: %Expr{op: :elem, args: [%T{data: %Expr{op: op}}, _]}}) when op in @control_flow, do: true
+
+    defp control_flow?(%T{data: %Expr{op: :elem, args: [%T{data: %Expr{op: op}}, _]}})
+         when op in @control_flow,
+         do: true
+
     defp control_flow?(_), do: false
 
     defp emit(op, args, attrs, %T{type: type, shape: shape}, state) do
@@ -172,7 +176,8 @@ if Code.ensure_loaded?(Nx) do
       emit(:unary, [ia], op, t, state)
     end
 
-    defp lower_node(%T{data: %Expr{op: op, args: [a]}} = t, state) when op in [:as_type, :reshape, :bitcast] do
+    defp lower_node(%T{data: %Expr{op: op, args: [a]}} = t, state)
+         when op in [:as_type, :reshape, :bitcast] do
       {ia, state} = node(a, state)
       emit(op, [ia], nil, t, state)
     end
@@ -540,7 +545,10 @@ if Code.ensure_loaded?(Nx) do
       |> Enum.with_index()
       |> Enum.map_reduce(state, fn {%T{type: type, shape: shape}, k}, state ->
         {index, state} = emit!(:host, args, {id, k}, type, shape, state)
-        foreign = if ExBurn.Backend.native_type?(type), do: state.foreign, else: MapSet.put(state.foreign, index)
+
+        foreign =
+          if ExBurn.Backend.native_type?(type), do: state.foreign, else: MapSet.put(state.foreign, index)
+
         {index, %{state | foreign: foreign}}
       end)
     end

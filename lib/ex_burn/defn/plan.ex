@@ -19,13 +19,26 @@ if Code.ensure_loaded?(Nx) do
       steps =
         instrs
         |> Tuple.to_list()
-        |> Enum.chunk_by(fn {{op, _, attrs, _, _}, _} -> if op == :host, do: {:host, elem(attrs, 0)}, else: :native end)
-        |> Enum.map(fn [{{op, args, {id, _}, _, _}, _} | _] = chunk when op == :host -> {:host, id, args, Enum.map(chunk, &elem(&1, 1))}
-                       chunk -> {:segment, Enum.map(chunk, &elem(&1, 1))} end)
+        |> Enum.chunk_by(fn {{op, _, attrs, _, _}, _} ->
+          if op == :host, do: {:host, elem(attrs, 0)}, else: :native
+        end)
+        |> Enum.map(fn
+          [{{op, args, {id, _}, _, _}, _} | _] = chunk when op == :host ->
+            {:host, id, args, Enum.map(chunk, &elem(&1, 1))}
+
+          chunk ->
+            {:segment, Enum.map(chunk, &elem(&1, 1))}
+        end)
 
       # what each step reads, to know what each segment must export
       reads = Enum.map(steps, &step_reads(&1, instrs))
-      later = reads |> Enum.reverse() |> Enum.scan(MapSet.new(outputs), &MapSet.union(MapSet.new(&1), &2)) |> Enum.reverse()
+
+      later =
+        reads
+        |> Enum.reverse()
+        |> Enum.scan(MapSet.new(outputs), &MapSet.union(MapSet.new(&1), &2))
+        |> Enum.reverse()
+
       needed_after = tl(later) ++ [MapSet.new(outputs)]
 
       Enum.zip_with([steps, reads, needed_after], fn
@@ -69,10 +82,17 @@ if Code.ensure_loaded?(Nx) do
     defp remap({op, args, attrs, type, shape}, map) do
       attrs =
         case {op, attrs} do
-          {:cond, {clauses, last}} -> {Enum.map(clauses, fn {p, b} -> {range(p, map), range(b, map)} end), range(last, map)}
-          {:while, {vars, c, b}} -> {Enum.map(vars, map), range(c, map), range(b, map)}
-          {:pick, {cond, j}} -> {map.(cond), j}
-          _ -> attrs
+          {:cond, {clauses, last}} ->
+            {Enum.map(clauses, fn {p, b} -> {range(p, map), range(b, map)} end), range(last, map)}
+
+          {:while, {vars, c, b}} ->
+            {Enum.map(vars, map), range(c, map), range(b, map)}
+
+          {:pick, {cond, j}} ->
+            {map.(cond), j}
+
+          _ ->
+            attrs
         end
 
       {op, Enum.map(args, map), attrs, type, shape}

@@ -26,8 +26,11 @@ if Code.ensure_loaded?(Axon) do
 
       shape =
         case input.opts[:shape] do
-          shape when is_tuple(shape) -> shape
-          other -> fail!("the Axon input needs a static shape such as {nil, 784}", %{layer: input.name, shape: other})
+          shape when is_tuple(shape) ->
+            shape
+
+          other ->
+            fail!("the Axon input needs a static shape such as {nil, 784}", %{layer: input.name, shape: other})
         end
 
       tokens? = match?([%{op_name: :embedding} | _], layers)
@@ -36,19 +39,27 @@ if Code.ensure_loaded?(Axon) do
       params = params(model, template)
 
       {spec, _counts} =
-        Enum.reduce(layers, {Spec.input(shape, type: if(tokens?, do: :s64, else: :f32)), %{input: 1}}, fn node, {spec, counts} ->
-          # Axon names layers lazily (`node.name` is a function of the per-op counts so far), the
-          # way its compiler walks the graph: that name keys the initialised parameters.
-          name = layer_name(node, counts)
-          out_shape = output_shape(%Axon{output: node.id, nodes: nodes}, template)
-          {layer(node, spec, out_shape, Map.get(params, name, %{})), Map.update(counts, node.op_name, 1, &(&1 + 1))}
-        end)
+        Enum.reduce(
+          layers,
+          {Spec.input(shape, type: if(tokens?, do: :s64, else: :f32)), %{input: 1}},
+          fn node, {spec, counts} ->
+            # Axon names layers lazily (`node.name` is a function of the per-op counts so far), the
+            # way its compiler walks the graph: that name keys the initialised parameters.
+            name = layer_name(node, counts)
+            out_shape = output_shape(%Axon{output: node.id, nodes: nodes}, template)
+
+            {layer(node, spec, out_shape, Map.get(params, name, %{})),
+             Map.update(counts, node.op_name, 1, &(&1 + 1))}
+          end
+        )
 
       spec
     end
 
     defp layer_name(%{name: name}, _counts) when is_binary(name), do: name
-    defp layer_name(%{name: name_fn, op_name: op}, counts) when is_function(name_fn, 2), do: name_fn.(op, counts)
+
+    defp layer_name(%{name: name_fn, op_name: op}, counts) when is_function(name_fn, 2),
+      do: name_fn.(op, counts)
 
     # Axon >= 0.6 answers with a template tensor, earlier versions with a shape.
     defp output_shape(model, template) do
@@ -92,18 +103,35 @@ if Code.ensure_loaded?(Axon) do
       do: Spec.dense(spec, last(out), use_bias: length(node.parameters) > 1)
 
     defp layer(%{op_name: :conv, opts: opts} = node, spec, out, params) do
-      unsupported_unless(node, opts[:channels] in [nil, :last] and all_ones?(opts[:input_dilation]) and
-        all_ones?(opts[:kernel_dilation]) and opts[:feature_group_size] in [nil, 1] and opts[:padding] in [:valid, :same])
+      unsupported_unless(
+        node,
+        opts[:channels] in [nil, :last] and all_ones?(opts[:input_dilation]) and
+          all_ones?(opts[:kernel_dilation]) and opts[:feature_group_size] in [nil, 1] and
+          opts[:padding] in [:valid, :same]
+      )
 
       kernel = params |> Map.fetch!("kernel") |> Tuple.to_list() |> Enum.drop(-2)
       conv = if length(kernel) == 1, do: :conv1d, else: :conv2d
       unsupported_unless(node, length(kernel) in [1, 2] and length(node.parameters) == 2)
-      apply(Spec, conv, [spec, last(out), [kernel_size: kernel, strides: opts[:strides] || 1, padding: opts[:padding]]])
+
+      apply(Spec, conv, [
+        spec,
+        last(out),
+        [kernel_size: kernel, strides: opts[:strides] || 1, padding: opts[:padding]]
+      ])
     end
 
-    defp layer(%{op_name: pool, opts: opts} = node, spec, _out, _params) when pool in [:max_pool, :avg_pool] do
-      unsupported_unless(node, opts[:padding] in [nil, :valid] and opts[:channels] in [nil, :last] and all_ones?(opts[:window_dilations]))
-      pool_opts = [kernel_size: opts[:kernel_size]] ++ if(opts[:strides], do: [strides: opts[:strides]], else: [])
+    defp layer(%{op_name: pool, opts: opts} = node, spec, _out, _params)
+         when pool in [:max_pool, :avg_pool] do
+      unsupported_unless(
+        node,
+        opts[:padding] in [nil, :valid] and opts[:channels] in [nil, :last] and
+          all_ones?(opts[:window_dilations])
+      )
+
+      pool_opts =
+        [kernel_size: opts[:kernel_size]] ++ if(opts[:strides], do: [strides: opts[:strides]], else: [])
+
       apply(Spec, pool, [spec, pool_opts])
     end
 
@@ -113,7 +141,9 @@ if Code.ensure_loaded?(Axon) do
     end
 
     defp layer(%{op_name: :flatten}, spec, _out, _params), do: Spec.flatten(spec)
-    defp layer(%{op_name: :dropout, opts: opts}, spec, _out, _params), do: Spec.dropout(spec, rate: opts[:rate] || 0.5)
+
+    defp layer(%{op_name: :dropout, opts: opts}, spec, _out, _params),
+      do: Spec.dropout(spec, rate: opts[:rate] || 0.5)
 
     defp layer(%{op_name: :batch_norm, opts: opts}, spec, _out, _params),
       do: Spec.batch_norm(spec, epsilon: opts[:epsilon] || 1.0e-5, momentum: opts[:momentum] || 0.1)
@@ -129,7 +159,8 @@ if Code.ensure_loaded?(Axon) do
     defp layer(%{op_name: :leaky_relu, opts: opts}, spec, _out, _params),
       do: Spec.activation(spec, :leaky_relu, alpha: opts[:alpha] || 0.01)
 
-    defp layer(%{op_name: name}, spec, _out, _params) when name in @activations, do: Spec.activation(spec, name)
+    defp layer(%{op_name: name}, spec, _out, _params) when name in @activations,
+      do: Spec.activation(spec, name)
 
     defp layer(node, _spec, _out, _params), do: unsupported!(node)
 

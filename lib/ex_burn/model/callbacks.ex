@@ -80,5 +80,10 @@ defmodule ExBurn.Model.Callbacks do
   end
 
   def screen(other),
-    do: raise(ExBurn.Error, op: :screen_callback, reason: "expected a pid or a registered name", details: %{got: other})
+    do:
+      raise(ExBurn.Error,
+        op: :screen_callback,
+        reason: "expected a pid or a registered name",
+        details: %{got: other}
+      )
 end

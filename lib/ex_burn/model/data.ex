@@ -12,9 +12,14 @@ defmodule ExBurn.Model.Data do
     t = to_tensor!(op, :inputs, data, type, model.device)
 
     cond do
-      type == {:f, 32} and elem(t.type, 0) in [:s, :u] -> Tensor.as_type(t, {:f, 32})
-      type == {:s, 64} and elem(t.type, 0) in [:f, :bf] -> fail!(op, "token inputs must be integers", %{type: t.type})
-      true -> t
+      type == {:f, 32} and elem(t.type, 0) in [:s, :u] ->
+        Tensor.as_type(t, {:f, 32})
+
+      type == {:s, 64} and elem(t.type, 0) in [:f, :bf] ->
+        fail!(op, "token inputs must be integers", %{type: t.type})
+
+      true ->
+        t
     end
   end
 

@@ -54,7 +54,11 @@ defmodule ExBurn.Model.Fit do
     }
 
     start = System.monotonic_time()
-    ExBurn.Model.Telemetry.execute(:start, %{system_time: System.system_time()}, %{model: model, epochs: epochs})
+
+    ExBurn.Model.Telemetry.execute(:start, %{system_time: System.system_time()}, %{
+      model: model,
+      epochs: epochs
+    })
 
     try do
       {history, halted} = epochs(model, loop)
@@ -120,8 +124,11 @@ defmodule ExBurn.Model.Fit do
 
   defp validate(model, {vx, vy}, bs) do
     case Native.model_evaluate(model.ref, vx.ref, vy.ref, bs) do
-      {:ok, loss} -> loss
-      {:error, {_, reason, details}} -> raise Error, op: :fit, reason: "validation_data: " <> reason, details: details
+      {:ok, loss} ->
+        loss
+
+      {:error, {_, reason, details}} ->
+        raise Error, op: :fit, reason: "validation_data: " <> reason, details: details
     end
   end
 

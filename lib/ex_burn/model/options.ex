@@ -62,5 +62,6 @@ defmodule ExBurn.Model.Options do
   def sizes!(op, key, value), do: bad!(op, key, value, "a positive integer or a tuple of them")
 
   def bad!(op, key, value, expected),
-    do: fail!(op, "invalid value for option #{inspect(key)}: expected #{expected}", %{option: key, value: value})
+    do:
+      fail!(op, "invalid value for option #{inspect(key)}: expected #{expected}", %{option: key, value: value})
 end

@@ -52,7 +52,12 @@ defmodule ExBurn.Model.Spec do
   @doc "See `ExBurn.Model.dense/3`."
   def dense(spec, units, opts \\ []) do
     opts = keyword!(:dense, opts, [:activation, :use_bias])
-    layer = {:dense, units: pos_int!(:dense, :units, units), use_bias: boolean!(:dense, :use_bias, Keyword.get(opts, :use_bias, true))}
+
+    layer =
+      {:dense,
+       units: pos_int!(:dense, :units, units),
+       use_bias: boolean!(:dense, :use_bias, Keyword.get(opts, :use_bias, true))}
+
     spec |> add(:dense, layer) |> with_activation(:dense, opts[:activation])
   end
 
@@ -84,7 +89,12 @@ defmodule ExBurn.Model.Spec do
   defp pool(op, spec, opts) do
     opts = keyword!(op, opts, [:kernel_size, :strides])
     kernel = sizes!(op, :kernel_size, Keyword.get(opts, :kernel_size, 2))
-    add(spec, op, {op, kernel_size: kernel, strides: sizes!(op, :strides, Keyword.get(opts, :strides, kernel))})
+
+    add(
+      spec,
+      op,
+      {op, kernel_size: kernel, strides: sizes!(op, :strides, Keyword.get(opts, :strides, kernel))}
+    )
   end
 
   @doc "See `ExBurn.Model.global_avg_pool/1`."
@@ -104,7 +114,9 @@ defmodule ExBurn.Model.Spec do
   def batch_norm(spec, opts \\ []) do
     opts = keyword!(:batch_norm, opts, [:epsilon, :momentum])
 
-    add(spec, :batch_norm,
+    add(
+      spec,
+      :batch_norm,
       {:batch_norm,
        epsilon: number!(:batch_norm, :epsilon, Keyword.get(opts, :epsilon, 1.0e-5), min: 0),
        momentum: number!(:batch_norm, :momentum, Keyword.get(opts, :momentum, 0.1), min: 0)}
@@ -114,7 +126,12 @@ defmodule ExBurn.Model.Spec do
   @doc "See `ExBurn.Model.layer_norm/2`."
   def layer_norm(spec, opts \\ []) do
     opts = keyword!(:layer_norm, opts, [:epsilon])
-    add(spec, :layer_norm, {:layer_norm, epsilon: number!(:layer_norm, :epsilon, Keyword.get(opts, :epsilon, 1.0e-5), min: 0)})
+
+    add(
+      spec,
+      :layer_norm,
+      {:layer_norm, epsilon: number!(:layer_norm, :epsilon, Keyword.get(opts, :epsilon, 1.0e-5), min: 0)}
+    )
   end
 
   @doc "See `ExBurn.Model.embedding/3`."
@@ -124,7 +141,13 @@ defmodule ExBurn.Model.Spec do
     unless match?(%__MODULE__{layers: [], input_type: {:s, 64}}, spec),
       do: fail!(op, "embedding must be the first layer, after input(shape, type: :s64)", %{})
 
-    add(spec, op, {op, vocab_size: pos_int!(op, :vocab_size, vocab_size), embedding_size: pos_int!(op, :embedding_size, embedding_size)})
+    add(
+      spec,
+      op,
+      {op,
+       vocab_size: pos_int!(op, :vocab_size, vocab_size),
+       embedding_size: pos_int!(op, :embedding_size, embedding_size)}
+    )
   end
 
   @doc "See `ExBurn.Model.lstm/3`."

@@ -39,7 +39,10 @@ defmodule ExBurn.Model.Summary do
 
     rows =
       Enum.map(summary.layers, fn row ->
-        line(String.pad_trailing(row.name, 22) <> String.pad_trailing(shape(row.output_shape), 22), row.params)
+        line(
+          String.pad_trailing(row.name, 22) <> String.pad_trailing(shape(row.output_shape), 22),
+          row.params
+        )
       end)
 
     Enum.join(
@@ -75,7 +78,8 @@ defmodule ExBurn.Model.Summary do
     String.duplicate(" ", left) <> text <> String.duplicate(" ", width - left - String.length(text))
   end
 
-  defp shape(shape), do: shape |> Tuple.to_list() |> Enum.map_join(", ", &if(&1, do: &1, else: "nil")) |> then(&"{#{&1}}")
+  defp shape(shape),
+    do: shape |> Tuple.to_list() |> Enum.map_join(", ", &if(&1, do: &1, else: "nil")) |> then(&"{#{&1}}")
 
   @doc "235146 -> \"235.1K\""
   def human(n) when n >= 1_000_000, do: "#{Float.round(n / 1_000_000, 1)}M"

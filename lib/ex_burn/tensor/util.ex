@@ -10,7 +10,6 @@ defmodule ExBurn.Tensor.Util do
   # dependency back on ExBurn.Tensor).
   @tensor ExBurn.Tensor
 
-
   @doc "Unwraps a NIF answer; a tensor 4-tuple becomes an %ExBurn.Tensor{}."
   def wrap(answer) do
     case Error.unwrap!(answer) do

@@ -49,12 +49,20 @@ defmodule Mix.Tasks.ExBurn.Detect do
        "Vulkan is compiled in but no adapter was found: install the GPU's Vulkan driver (ICD) and the loader (libvulkan1)."},
       {:vulkan, "software adapter",
        "only a software Vulkan adapter (lavapipe/llvmpipe) is present; it is skipped because the CPU backend is faster and safer."},
-      {:cuda, "cuda: no device found", "CUDA is compiled in but no device was found: check the NVIDIA driver (libcuda) and CUDA_VISIBLE_DEVICES."},
-      {:rocm, "rocm: no device found", "ROCm is compiled in but no device was found: check the amdgpu driver and HIP runtime."},
-      {:metal, "metal: no device found", "Metal is compiled in but no device was found (Metal needs macOS or iOS)."}
+      {:cuda, "cuda: no device found",
+       "CUDA is compiled in but no device was found: check the NVIDIA driver (libcuda) and CUDA_VISIBLE_DEVICES."},
+      {:rocm, "rocm: no device found",
+       "ROCm is compiled in but no device was found: check the amdgpu driver and HIP runtime."},
+      {:metal, "metal: no device found",
+       "Metal is compiled in but no device was found (Metal needs macOS or iOS)."}
     ]
     |> Enum.filter(fn {kind, marker, _} -> kind in compiled and String.contains?(reason, marker) end)
     |> Enum.map(&elem(&1, 2))
-    |> then(&if(String.contains?(reason, "failed a test upload"), do: ["a GPU failed a test upload; see the reason above (driver or memory problem)." | &1], else: &1))
+    |> then(
+      &if(String.contains?(reason, "failed a test upload"),
+        do: ["a GPU failed a test upload; see the reason above (driver or memory problem)." | &1],
+        else: &1
+      )
+    )
   end
 end

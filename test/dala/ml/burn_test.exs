@@ -28,6 +28,7 @@ defmodule Dala.ML.BurnTest do
         task = Task.async(fn -> apply(Nx, :default_backend, []) end)
         assert Task.await(task) == {ExBurn.Backend, [device: {:cpu, 0}]}
       end
+
       assert Burn.default_device() == :cpu
       assert Burn.configure!() == :ok
 
@@ -46,7 +47,10 @@ defmodule Dala.ML.BurnTest do
 
   test "zeros, ones, from_nx/to_nx without Nx, free" do
     z = Burn.zeros([3, 3], :f32)
-    assert {Tensor.shape(z), Tensor.type(z), Tensor.to_flat_list(z)} == {{3, 3}, {:f, 32}, List.duplicate(0.0, 9)}
+
+    assert {Tensor.shape(z), Tensor.type(z), Tensor.to_flat_list(z)} ==
+             {{3, 3}, {:f, 32}, List.duplicate(0.0, 9)}
+
     o = Burn.ones([2, 4], :f32)
     assert {Tensor.shape(o), Tensor.to_flat_list(o)} == {{2, 4}, List.duplicate(1.0, 8)}
     assert {:error, %ExBurn.Error{op: :from_nx}} = Burn.from_nx([1, 2])
@@ -54,7 +58,9 @@ defmodule Dala.ML.BurnTest do
 
     unless Code.ensure_loaded?(Nx) do
       assert {:error, %ExBurn.Error{op: :to_nx, reason: "Nx is not loaded"}} = Burn.to_nx(z)
-      assert {:error, %ExBurn.Error{op: :from_nx, reason: "Nx is not loaded"}} = Burn.from_nx(%{__struct__: Nx.Tensor})
+
+      assert {:error, %ExBurn.Error{op: :from_nx, reason: "Nx is not loaded"}} =
+               Burn.from_nx(%{__struct__: Nx.Tensor})
     end
   end
 
@@ -69,7 +75,9 @@ defmodule Dala.ML.BurnTest do
   end
 
   @tag :tmp_dir
-  test "the seed's workflow: compile, fit with callbacks, predict, evaluate, summary, save, load, free", %{tmp_dir: dir} do
+  test "the seed's workflow: compile, fit with callbacks, predict, evaluate, summary, save, load, free", %{
+    tmp_dir: dir
+  } do
     {x, y} = xor()
 
     model =
@@ -85,9 +93,16 @@ defmodule Dala.ML.BurnTest do
       Training.screen_callback(self())
     ]
 
-    trained = Burn.fit(compiled, {x, y}, epochs: 300, batch_size: 4, validation_data: {x, y}, callbacks: callbacks)
+    trained =
+      Burn.fit(compiled, {x, y}, epochs: 300, batch_size: 4, validation_data: {x, y}, callbacks: callbacks)
+
     assert_received {:training_progress, 1, loss, val_loss} when is_float(loss) and is_float(val_loss)
-    assert File.ls!(Path.join(dir, "ckpt")) |> Enum.sort() == ["epoch_100.model", "epoch_200.model", "epoch_300.model"]
+
+    assert File.ls!(Path.join(dir, "ckpt")) |> Enum.sort() == [
+             "epoch_100.model",
+             "epoch_200.model",
+             "epoch_300.model"
+           ]
 
     assert {:ok, predictions} = Burn.predict(trained, x)
     assert accuracy(predictions, y) == 1.0
@@ -111,7 +126,10 @@ defmodule Dala.ML.BurnTest do
     assert {:error, %ExBurn.Error{reason: "model was freed"}} = Burn.predict(compiled, x)
 
     fresh = Burn.compile(model, loss: :cross_entropy, optimizer: :adam, learning_rate: 0.05)
-    {_m, history} = Training.fit_with_progress(fresh, {x, y}, epochs: 3, batch_size: 4, validation_data: {x, y})
+
+    {_m, history} =
+      Training.fit_with_progress(fresh, {x, y}, epochs: 3, batch_size: 4, validation_data: {x, y})
+
     assert [%{epoch: 1, loss: _, val_loss: _}, %{epoch: 2}, %{epoch: 3}] = history
 
     e = assert_raise ExBurn.Error, fn -> Burn.fit(fresh, {x, y}, epochs: 1, learning_rate: 0.1) end
@@ -121,7 +139,12 @@ defmodule Dala.ML.BurnTest do
   test "logging callback" do
     {x, y} = xor()
     m = Burn.compile(Model.input({nil, 2}) |> Model.dense(2), loss: :cross_entropy)
-    log = ExUnit.CaptureLog.capture_log([level: :info], fn -> Burn.fit(m, {x, y}, epochs: 1, callbacks: [Training.logging_callback()]) end)
+
+    log =
+      ExUnit.CaptureLog.capture_log([level: :info], fn ->
+        Burn.fit(m, {x, y}, epochs: 1, callbacks: [Training.logging_callback()])
+      end)
+
     assert log =~ "ExBurn fit epoch 1/1: loss="
   end
 end

@@ -116,7 +116,11 @@ if Code.ensure_loaded?(Nx) do
         Fallback.reset()
         got = Nx.conv(x, k, padding: :same) |> Nx.devectorize()
         assert Fallback.counts() == %{}
-        ExBurn.NxCompare.assert_same(got, Nx.conv(hx, hk, padding: :same) |> Nx.devectorize(), atol: 1.0e-4, rtol: 1.0e-4)
+
+        ExBurn.NxCompare.assert_same(got, Nx.conv(hx, hk, padding: :same) |> Nx.devectorize(),
+          atol: 1.0e-4,
+          rtol: 1.0e-4
+        )
       end
     end
 
@@ -171,7 +175,11 @@ if Code.ensure_loaded?(Nx) do
         Fallback.reset()
         got = Nx.window_max(x, {2}, strides: 2) |> Nx.devectorize()
         assert Fallback.counts() == %{}
-        ExBurn.NxCompare.assert_same(got, Nx.window_max(h, {2}, strides: 2) |> Nx.devectorize(), atol: 1.0e-6, rtol: 1.0e-4)
+
+        ExBurn.NxCompare.assert_same(got, Nx.window_max(h, {2}, strides: 2) |> Nx.devectorize(),
+          atol: 1.0e-6,
+          rtol: 1.0e-4
+        )
       end
     end
 

@@ -47,6 +47,7 @@ if Code.ensure_loaded?(Nx) do
         same(&apply(Nx, op, [&1, [axis: 1, tie_break: tie_break]]), nans)
         same(&apply(Nx, op, [&1, [tie_break: tie_break]]), nans)
       end
+
       same(&Nx.all(&1, axes: [0]), [{@i, :s32}])
     end
 

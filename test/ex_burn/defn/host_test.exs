@@ -32,7 +32,7 @@ if Code.ensure_loaded?(Nx) do
       end
     end
 
-    defn complex_middle(x), do: x |> Nx.multiply(2) |> Nx.fft() |> Nx.abs() |> Nx.add(1)
+    defn(complex_middle(x), do: x |> Nx.multiply(2) |> Nx.fft() |> Nx.abs() |> Nx.add(1))
 
     defn window_then_dot(x, w) do
       m = Nx.window_reduce(x, -1.0e9, {1, 2}, [strides: [1, 2]], fn a, b -> max(a, b) end)
@@ -46,7 +46,7 @@ if Code.ensure_loaded?(Nx) do
       Nx.sum(y - 1)
     end
 
-    defn bitcast_key(x), do: x |> Nx.multiply(3) |> Nx.bitcast({:f, 32}) |> Nx.bitcast({:u, 32})
+    defn(bitcast_key(x), do: x |> Nx.multiply(3) |> Nx.bitcast({:f, 32}) |> Nx.bitcast({:u, 32}))
   end
 
   defmodule ExBurn.Defn.HostTest do

@@ -17,7 +17,10 @@ defmodule ExBurn.Model.AxonTest do
     model = Model.compile(axon, loss: :cross_entropy, learning_rate: 0.05)
 
     assert model.spec ==
-             Model.input({nil, 2}) |> Model.dense(8, activation: :tanh) |> Model.dropout(rate: 0.2) |> Model.dense(2)
+             Model.input({nil, 2})
+             |> Model.dense(8, activation: :tanh)
+             |> Model.dropout(rate: 0.2)
+             |> Model.dense(2)
 
     {x, y} = ExBurn.ModelTestData.xor()
     model = Model.fit(model, {x, y}, epochs: 300, batch_size: 4)

@@ -59,7 +59,9 @@ defmodule ExBurn.Model.BuilderTest do
     assert "║  Total params:                                   235146  ║" in lines
     assert "║  Formatted:                                      235.1K  ║" in lines
     assert Enum.any?(lines, &(&1 =~ ~r/dense_0\s+\{nil, 256\}\s+200960/))
-    assert inspect(model) =~ "#ExBurn.Model<dense_0, relu_0, dropout_0, dense_1, relu_1, dense_2; 235146 params, 0 epochs"
+
+    assert inspect(model) =~
+             "#ExBurn.Model<dense_0, relu_0, dropout_0, dense_1, relu_1, dense_2; 235146 params, 0 epochs"
   end
 
   test "conv2d + pooling: summary shapes, and a few training steps" do
@@ -135,7 +137,12 @@ defmodule ExBurn.Model.BuilderTest do
       assert length(history) == 3 and Enum.all?(history, &(&1.loss > 0 and &1.loss < 5))
       out = Model.predict(model, Tensor.tensor(tokens, type: :s64))
       assert Tensor.shape(out) == {8, 2}
-      e = assert_raise ExBurn.Error, fn -> Model.predict(model, Tensor.tensor([[0.5, 1.0, 2.0, 3.0, 4.0]], type: :f32)) end
+
+      e =
+        assert_raise ExBurn.Error, fn ->
+          Model.predict(model, Tensor.tensor([[0.5, 1.0, 2.0, 3.0, 4.0]], type: :f32))
+        end
+
       assert e.reason == "token inputs must be integers"
     end
   end
@@ -144,11 +151,22 @@ defmodule ExBurn.Model.BuilderTest do
     spec = Model.input({nil, 3})
 
     spec =
-      Enum.reduce([:relu, :gelu, :sigmoid, :tanh, :softmax, :log_softmax, :silu, :leaky_relu], spec, fn name, acc ->
+      Enum.reduce([:relu, :gelu, :sigmoid, :tanh, :softmax, :log_softmax, :silu, :leaky_relu], spec, fn name,
+                                                                                                        acc ->
         apply(Model, name, [acc])
       end)
 
-    assert Enum.map(spec.layers, &elem(&1, 0)) == [:relu, :gelu, :sigmoid, :tanh, :softmax, :log_softmax, :silu, :leaky_relu]
+    assert Enum.map(spec.layers, &elem(&1, 0)) == [
+             :relu,
+             :gelu,
+             :sigmoid,
+             :tanh,
+             :softmax,
+             :log_softmax,
+             :silu,
+             :leaky_relu
+           ]
+
     assert List.last(spec.layers) == {:leaky_relu, alpha: 0.01}
     model = Model.compile(spec)
     assert Tensor.shape(Model.predict(model, [[1.0, 2.0, 3.0]])) == {1, 3}
@@ -191,7 +209,9 @@ defmodule ExBurn.Model.BuilderTest do
     e = assert_raise ExBurn.Error, fn -> base |> Model.conv2d(2) |> Model.compile() end
     assert e.op == :compile and e.reason =~ "conv2d"
 
-    e = assert_raise ExBurn.Error, fn -> Model.compile(%Spec{input_shape: [4], layers: [{:frobnicate, []}]}) end
+    e =
+      assert_raise ExBurn.Error, fn -> Model.compile(%Spec{input_shape: [4], layers: [{:frobnicate, []}]}) end
+
     assert {e.op, e.reason, e.details} == {:compile, "unsupported layer", %{layer: "frobnicate"}}
 
     e = assert_raise ExBurn.Error, fn -> Model.compile(:nope) end

@@ -17,7 +17,12 @@ defmodule ExBurn.Model.CallbacksTest do
     {x, y} = xor()
     # learning rate 0: the loss is exactly the same every epoch (a plateau)
     {m, history} =
-      Model.fit_with_progress(model(learning_rate: 0.0), {x, y}, epochs: 20, batch_size: 4, shuffle: false, callbacks: [Callbacks.early_stopping(3, 0.0)])
+      Model.fit_with_progress(model(learning_rate: 0.0), {x, y},
+        epochs: 20,
+        batch_size: 4,
+        shuffle: false,
+        callbacks: [Callbacks.early_stopping(3, 0.0)]
+      )
 
     assert Enum.map(history, & &1.epoch) == [1, 2, 3, 4]
     assert length(Enum.uniq(Enum.map(history, & &1.loss))) == 1
@@ -25,17 +30,34 @@ defmodule ExBurn.Model.CallbacksTest do
     assert m.epochs == 4
 
     # a learning model is not stopped; val_loss is monitored when present
-    {m, history} = Model.fit_with_progress(model(), {x, y}, epochs: 30, batch_size: 4, validation_data: {x, y}, callbacks: [Callbacks.early_stopping(3, 1.0e-4)])
+    {m, history} =
+      Model.fit_with_progress(model(), {x, y},
+        epochs: 30,
+        batch_size: 4,
+        validation_data: {x, y},
+        callbacks: [Callbacks.early_stopping(3, 1.0e-4)]
+      )
+
     assert length(history) == 30 and m.halted == nil
 
     # min_delta larger than any improvement: stops after patience + 1 epochs
-    {_m, history} = Model.fit_with_progress(model(), {x, y}, epochs: 30, batch_size: 4, callbacks: [Callbacks.early_stopping(2, 100.0)])
+    {_m, history} =
+      Model.fit_with_progress(model(), {x, y},
+        epochs: 30,
+        batch_size: 4,
+        callbacks: [Callbacks.early_stopping(2, 100.0)]
+      )
+
     assert length(history) == 3
   end
 
   test "early stopping monitors val_loss when given" do
     cb = Callbacks.early_stopping(2, 0.0)
-    h = fn pairs -> Enum.with_index(pairs, 1) |> Enum.map(fn {{l, v}, e} -> %{epoch: e, loss: l, val_loss: v} end) end
+
+    h = fn pairs ->
+      Enum.with_index(pairs, 1) |> Enum.map(fn {{l, v}, e} -> %{epoch: e, loss: l, val_loss: v} end)
+    end
+
     # loss improves every epoch but val_loss does not
     assert cb.(%{history: h.([{3.0, 1.0}, {2.0, 1.5}])}) == :cont
     assert cb.(%{history: h.([{3.0, 1.0}, {2.0, 1.5}, {1.0, 1.2}])}) == {:halt, :early_stopping}
@@ -56,7 +78,13 @@ defmodule ExBurn.Model.CallbacksTest do
 
   test "screen callback messages arrive in order with the right shape" do
     {x, y} = xor()
-    Model.fit(model(), {x, y}, epochs: 3, batch_size: 4, validation_data: {x, y}, callbacks: [Callbacks.screen(self())])
+
+    Model.fit(model(), {x, y},
+      epochs: 3,
+      batch_size: 4,
+      validation_data: {x, y},
+      callbacks: [Callbacks.screen(self())]
+    )
 
     for epoch <- 1..3 do
       assert_received {:training_progress, ^epoch, loss, val_loss}
@@ -70,7 +98,12 @@ defmodule ExBurn.Model.CallbacksTest do
 
   test "logging callback logs each epoch" do
     {x, y} = xor()
-    log = capture_log([level: :info], fn -> Model.fit(model(), {x, y}, epochs: 2, batch_size: 4, callbacks: [Callbacks.logging()]) end)
+
+    log =
+      capture_log([level: :info], fn ->
+        Model.fit(model(), {x, y}, epochs: 2, batch_size: 4, callbacks: [Callbacks.logging()])
+      end)
+
     assert log =~ ~r/ExBurn fit epoch 1\/2: loss=\d/
     assert log =~ ~r/ExBurn fit epoch 2\/2: loss=\d/
   end
@@ -101,7 +134,10 @@ defmodule ExBurn.Model.CallbacksTest do
       if e == 3, do: raise("boom at #{e}")
     end
 
-    assert_raise RuntimeError, "boom at 3", fn -> Model.fit(m, {x, y}, epochs: 10, batch_size: 4, callbacks: [cb]) end
+    assert_raise RuntimeError, "boom at 3", fn ->
+      Model.fit(m, {x, y}, epochs: 10, batch_size: 4, callbacks: [cb])
+    end
+
     assert_received {:snapshot, 3, at3}
     refute_received {:snapshot, 4, _}
     assert Tensor.to_binary(Model.predict(m, x)) == at3
@@ -121,7 +157,9 @@ defmodule ExBurn.Model.CallbacksTest do
       end
     end
 
-    task = Task.async(fn -> Model.fit_with_progress(m, {x, y}, epochs: 50, batch_size: 1, callbacks: [gate]) end)
+    task =
+      Task.async(fn -> Model.fit_with_progress(m, {x, y}, epochs: 50, batch_size: 1, callbacks: [gate]) end)
+
     assert_receive {:at, 2, _pid}, 5000
     assert Model.cancel(m) == :ok
     send(task.pid, :go)
@@ -139,9 +177,18 @@ defmodule ExBurn.Model.CallbacksTest do
     # 50_000 one-sample batches: the first epoch takes seconds
     x = Tensor.iota({50_000, 32}, :f32) |> Tensor.multiply(0.37) |> Tensor.sin()
     y = x |> Tensor.slice([0, 0], [50_000, 10]) |> Tensor.argmax(axis: 1)
-    m = Model.input({nil, 32}) |> Model.dense(64, activation: :relu) |> Model.dense(10) |> Model.compile(loss: :cross_entropy)
+
+    m =
+      Model.input({nil, 32})
+      |> Model.dense(64, activation: :relu)
+      |> Model.dense(10)
+      |> Model.compile(loss: :cross_entropy)
+
     before = Tensor.to_binary(Model.predict(m, x))
-    task = Task.async(fn -> :timer.tc(fn -> Model.fit_with_progress(m, {x, y}, epochs: 100, batch_size: 1) end) end)
+
+    task =
+      Task.async(fn -> :timer.tc(fn -> Model.fit_with_progress(m, {x, y}, epochs: 100, batch_size: 1) end) end)
+
     Process.sleep(300)
     Model.cancel(m)
     {us, {m2, history}} = Task.await(task, 30_000)
@@ -162,7 +209,10 @@ defmodule ExBurn.Model.CallbacksTest do
     try do
       Model.fit(model(), {x, y}, epochs: 2, batch_size: 4)
       assert_received {^ref, [:ex_burn, :fit, :start], %{system_time: _}, [:epochs, :model]}
-      assert_received {^ref, [:ex_burn, :fit, :epoch], %{loss: _, val_loss: nil, duration: _}, [:epoch, :model]}
+
+      assert_received {^ref, [:ex_burn, :fit, :epoch], %{loss: _, val_loss: nil, duration: _},
+                       [:epoch, :model]}
+
       assert_received {^ref, [:ex_burn, :fit, :epoch], _, _}
       assert_received {^ref, [:ex_burn, :fit, :stop], %{epochs: 2, duration: _}, [:halted, :history, :model]}
     after

@@ -27,7 +27,10 @@ defmodule ExBurn.Model.StoreTest do
 
     assert {:ok, loaded} = Model.load(path)
     assert bytes(loaded) == bytes(model)
-    assert {loaded.spec, loaded.config, loaded.seed, loaded.epochs} == {model.spec, model.config, model.seed, 50}
+
+    assert {loaded.spec, loaded.config, loaded.seed, loaded.epochs} ==
+             {model.spec, model.config, model.seed, 50}
+
     assert Model.summary(loaded) == Model.summary(model)
 
     # into a fresh compatible model (different initial weights)
@@ -54,17 +57,25 @@ defmodule ExBurn.Model.StoreTest do
     good = File.read!(path)
     size = byte_size(good)
 
-    flip = fn bin, at -> binary_part(bin, 0, at) <> <<Bitwise.bxor(:binary.at(bin, at), 0xFF)>> <> binary_part(bin, at + 1, byte_size(bin) - at - 1) end
+    flip = fn bin, at ->
+      binary_part(bin, 0, at) <>
+        <<Bitwise.bxor(:binary.at(bin, at), 0xFF)>> <> binary_part(bin, at + 1, byte_size(bin) - at - 1)
+    end
 
     variants = [
-      {"truncated", binary_part(good, 0, size - 10), "corrupt or truncated model file: the sections do not have their recorded lengths"},
-      {"truncated header", binary_part(good, 0, 30), "corrupt or truncated model file: the sections do not have their recorded lengths"},
-      {"weights byte flipped", flip.(good, size - 5), "corrupt or truncated model file: the weights checksum does not match"},
+      {"truncated", binary_part(good, 0, size - 10),
+       "corrupt or truncated model file: the sections do not have their recorded lengths"},
+      {"truncated header", binary_part(good, 0, 30),
+       "corrupt or truncated model file: the sections do not have their recorded lengths"},
+      {"weights byte flipped", flip.(good, size - 5),
+       "corrupt or truncated model file: the weights checksum does not match"},
       {"header byte flipped", flip.(good, 25), nil},
-      {"trailing junk", good <> "junk", "corrupt or truncated model file: the sections do not have their recorded lengths"},
+      {"trailing junk", good <> "junk",
+       "corrupt or truncated model file: the sections do not have their recorded lengths"},
       {"not a model", "hello world", "not an ExBurn model file"},
       {"empty", "", "not an ExBurn model file"},
-      {"future format", "EXBURNMODEL" <> <<9>> <> binary_part(good, 12, size - 12), "unsupported model file format version 9"}
+      {"future format", "EXBURNMODEL" <> <<9>> <> binary_part(good, 12, size - 12),
+       "unsupported model file format version 9"}
     ]
 
     for {label, content, reason} <- variants do
@@ -76,7 +87,8 @@ defmodule ExBurn.Model.StoreTest do
       assert_raise ExBurn.Error, fn -> Model.load!(bad) end
     end
 
-    assert {:error, %ExBurn.Error{op: :load, reason: "cannot read the model file", details: %{cause: :enoent}}} =
+    assert {:error,
+            %ExBurn.Error{op: :load, reason: "cannot read the model file", details: %{cause: :enoent}}} =
              Model.load(Path.join(dir, "missing.model"))
 
     # the model that was loaded into is untouched by the failures
@@ -90,23 +102,40 @@ defmodule ExBurn.Model.StoreTest do
     path = Path.join(dir, "other.model")
     :ok = Model.save(other, path)
 
-    assert {:error, %ExBurn.Error{op: :load, reason: "the file holds a different architecture"}} = Model.load(model, path)
+    assert {:error, %ExBurn.Error{op: :load, reason: "the file holds a different architecture"}} =
+             Model.load(model, path)
 
     # a header that claims this architecture over another's weights: the native check rejects it
     {:ok, other_weights} = ExBurn.Native.model_to_bytes(other.ref)
     :ok = Model.save(model, path)
     bin = File.read!(path)
     <<"EXBURNMODEL", 1, hlen::64, header::binary-size(hlen), _::binary>> = bin
-    forged = ["EXBURNMODEL", <<1, hlen::64>>, header, <<byte_size(other_weights)::64, :erlang.crc32(other_weights)::32>>, other_weights]
+
+    forged = [
+      "EXBURNMODEL",
+      <<1, hlen::64>>,
+      header,
+      <<byte_size(other_weights)::64, :erlang.crc32(other_weights)::32>>,
+      other_weights
+    ]
+
     File.write!(path, forged)
-    assert {:error, %ExBurn.Error{op: :load, reason: "cannot load the model weights", details: %{cause: _}}} = Model.load(path)
-    assert {:error, %ExBurn.Error{op: :load, reason: "cannot load the model weights"}} = Model.load(model, path)
+
+    assert {:error, %ExBurn.Error{op: :load, reason: "cannot load the model weights", details: %{cause: _}}} =
+             Model.load(path)
+
+    assert {:error, %ExBurn.Error{op: :load, reason: "cannot load the model weights"}} =
+             Model.load(model, path)
+
     assert bytes(model) == before
   end
 
   test "save errors", %{tmp_dir: dir} do
     model = trained()
-    assert {:error, %ExBurn.Error{op: :save, reason: "cannot write the model file"}} = Model.save(model, Path.join([dir, "no", "such", "dir.model"]))
+
+    assert {:error, %ExBurn.Error{op: :save, reason: "cannot write the model file"}} =
+             Model.save(model, Path.join([dir, "no", "such", "dir.model"]))
+
     assert {:error, %ExBurn.Error{op: :save}} = Model.save(model, :not_a_path)
     assert_raise ExBurn.Error, fn -> Model.save!(:not_a_model, Path.join(dir, "x.model")) end
     assert File.ls!(dir) == []

@@ -13,7 +13,10 @@ defmodule ExBurn.Model.TrainTest do
 
   test "XOR is learned to 100% training accuracy" do
     {x, y} = xor()
-    {us, {model, history}} = :timer.tc(fn -> Model.fit_with_progress(xor_model(), {x, y}, epochs: 300, batch_size: 4) end)
+
+    {us, {model, history}} =
+      :timer.tc(fn -> Model.fit_with_progress(xor_model(), {x, y}, epochs: 300, batch_size: 4) end)
+
     predictions = Model.predict(model, x)
     assert {Tensor.shape(predictions), Tensor.type(predictions)} == {{4, 2}, {:f, 32}}
     assert accuracy(predictions, y) == 1.0
@@ -92,7 +95,8 @@ defmodule ExBurn.Model.TrainTest do
     cases = [
       {[optimizer: :sgd, momentum: 0.9], [lr_schedule: {:step, 0.05, 2, 0.5}, clip_norm: 1.0]},
       {[optimizer: :rmsprop, decay: 0.9], [lr_schedule: {:exponential, 0.01, 0.9}, clip_value: 0.5]},
-      {[optimizer: :adamw, weight_decay: 0.01], [lr_schedule: {:cosine, 0.01, 1.0e-5}, clip_norm: 1.0, clip_value: 0.1]},
+      {[optimizer: :adamw, weight_decay: 0.01],
+       [lr_schedule: {:cosine, 0.01, 1.0e-5}, clip_norm: 1.0, clip_value: 0.1]},
       {[optimizer: :adam, clip_norm: 0.5], [verbose: false]}
     ]
 
@@ -107,7 +111,11 @@ defmodule ExBurn.Model.TrainTest do
       assert length(history) == 6
       assert Enum.all?(history, &(is_float(&1.loss) and &1.loss >= 0 and &1.loss < 10)), inspect(history)
       assert List.last(history).loss < hd(history).loss, "#{inspect(compile_opts)}: #{inspect(history)}"
-      for key <- [:clip_norm, :clip_value], Keyword.has_key?(fit_opts, key), do: assert(model.config[key] == fit_opts[key])
+
+      for key <- [:clip_norm, :clip_value],
+          Keyword.has_key?(fit_opts, key),
+          do: assert(model.config[key] == fit_opts[key])
+
       assert model.epochs == 6
     end
   end
@@ -146,7 +154,14 @@ defmodule ExBurn.Model.TrainTest do
 
     output =
       ExUnit.CaptureIO.capture_io(fn ->
-        {_m, history} = Model.fit_with_progress(xor_model(), {x, y}, epochs: 3, batch_size: 4, validation_data: {x, y}, verbose: true)
+        {_m, history} =
+          Model.fit_with_progress(xor_model(), {x, y},
+            epochs: 3,
+            batch_size: 4,
+            validation_data: {x, y},
+            verbose: true
+          )
+
         send(self(), {:history, history})
       end)
 
@@ -203,9 +218,19 @@ defmodule ExBurn.Model.TrainTest do
 
   test "a diverging fit raises and leaves the last good model" do
     {x, _} = xor()
-    model = Model.input({nil, 2}) |> Model.dense(1) |> Model.compile(loss: :mse, optimizer: :sgd, learning_rate: 1.0e30)
+
+    model =
+      Model.input({nil, 2})
+      |> Model.dense(1)
+      |> Model.compile(loss: :mse, optimizer: :sgd, learning_rate: 1.0e30)
+
     before = Tensor.to_binary(Model.predict(model, x))
-    e = assert_raise ExBurn.Error, fn -> Model.fit(model, {x, [[1.0e30], [-1.0e30], [1.0e30], [0.0]]}, epochs: 3, batch_size: 1) end
+
+    e =
+      assert_raise ExBurn.Error, fn ->
+        Model.fit(model, {x, [[1.0e30], [-1.0e30], [1.0e30], [0.0]]}, epochs: 3, batch_size: 1)
+      end
+
     assert e.op == :fit and e.reason =~ "training diverged"
     assert Tensor.to_binary(Model.predict(model, x)) == before
   end
