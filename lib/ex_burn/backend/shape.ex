@@ -66,19 +66,14 @@ if Code.ensure_loaded?(Nx) do
     defp to_int(n) when is_integer(n), do: n
     defp to_int(%T{} = t), do: Nx.to_number(t)
 
-    def concatenate(out, tensors, axis) do
-      native :concatenate, out, [tensors, axis] do
-        device = Backend.device_of(tensors)
-        refs = Enum.map(tensors, &ref(&1, device))
-        Backend.put(out, wrap_native(Native.concatenate(refs, axis, out.type)))
-      end
-    end
-
-    def stack(out, tensors, axis) do
-      native :stack, out, [tensors, axis] do
-        device = Backend.device_of(tensors)
-        refs = Enum.map(tensors, &ref(&1, device))
-        Backend.put(out, wrap_native(Native.stack(refs, axis, out.type)))
+    # Both take a list of tensors, moved to the first one's device.
+    for op <- [:concatenate, :stack] do
+      def unquote(op)(out, tensors, axis) do
+        native unquote(op), out, [tensors, axis] do
+          device = Backend.device_of(tensors)
+          refs = Enum.map(tensors, &ref(&1, device))
+          Backend.put(out, wrap_native(apply(Native, unquote(op), [refs, axis, out.type])))
+        end
       end
     end
   end
