@@ -9,6 +9,18 @@ if Code.ensure_loaded?(Nx) do
 
     alias ExBurn.Backend.Fallback
 
+    @doc "ExUnit setup: BinaryBackend is the default backend (restored after), compiler stats zeroed."
+    def binary_default(_context) do
+      previous = Nx.default_backend(Nx.BinaryBackend)
+      ExBurn.Defn.Compiler.reset_stats()
+      ExUnit.Callbacks.on_exit(fn -> Nx.default_backend(previous) end)
+      :ok
+    end
+
+    def burn(data, opts \\ []), do: Nx.tensor(data, Keyword.put(opts, :backend, ExBurn.Backend))
+
+    def host(t), do: Nx.backend_copy(t, Nx.BinaryBackend)
+
     @doc """
     Asserts every tensor in `got` (any Nx container) is an ExBurn.Backend tensor with `want`'s
     shape, type and names; floats agree within `:atol`/`:rtol` (NaN equal to NaN), the rest

@@ -61,7 +61,10 @@ if Code.ensure_loaded?(Nx) do
 
     def reset_counts, do: :ets.match_delete(table(), {{:count, :_}, :_})
 
-    def clear, do: :ets.match_delete(table(), {{:entry, :_}, :_, :_})
+    def clear do
+      :ets.match_delete(table(), {{:entry, :_}, :_, :_})
+      :ok
+    end
 
     defp table do
       case :ets.whereis(@table) do

@@ -64,14 +64,9 @@ if Code.ensure_loaded?(Nx) do
     alias ExBurn.Defn.Compiler
     alias ExBurn.Defn.CompilerFuns, as: F
 
-    setup do
-      previous = Nx.default_backend(Nx.BinaryBackend)
-      Compiler.reset_stats()
-      on_exit(fn -> Nx.default_backend(previous) end)
-    end
+    import ExBurn.NxCompare, only: [burn: 1, burn: 2, host: 1]
 
-    defp burn(data, opts \\ []), do: Nx.tensor(data, Keyword.put(opts, :backend, ExBurn.Backend))
-    defp host(t), do: Nx.backend_copy(t, Nx.BinaryBackend)
+    setup {ExBurn.NxCompare, :binary_default}
 
     test "the compiler callbacks" do
       assert Compiler.__to_backend__([]) == {ExBurn.Backend, device: ExBurn.default_device()}

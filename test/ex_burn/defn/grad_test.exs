@@ -178,10 +178,7 @@ if Code.ensure_loaded?(Nx) do
       :cond_branches
     ]
 
-    setup do
-      previous = Nx.default_backend(Nx.BinaryBackend)
-      on_exit(fn -> Nx.default_backend(previous) end)
-    end
+    setup {ExBurn.NxCompare, :binary_default}
 
     defp grad_fun(name), do: fn x -> Nx.Defn.grad(x, &apply(F, name, [&1])) end
 

@@ -60,18 +60,13 @@ if Code.ensure_loaded?(Nx) do
     alias ExBurn.Defn.Compiler
     alias ExBurn.Defn.HostFuns, as: F
 
-    setup do
-      previous = Nx.default_backend(Nx.BinaryBackend)
-      Compiler.reset_stats()
-      Compiler.clear_cache()
-      on_exit(fn -> Nx.default_backend(previous) end)
-    end
+    import ExBurn.NxCompare, only: [burn: 1, burn: 2, host: 1]
 
-    defp burn(data, opts \\ []), do: Nx.tensor(data, Keyword.put(opts, :backend, ExBurn.Backend))
-    defp bin(t), do: Nx.backend_copy(t, Nx.BinaryBackend)
+    setup {ExBurn.NxCompare, :binary_default}
+    setup do: Compiler.clear_cache()
 
     defp reference(fun, args, opts \\ []) do
-      apply(Nx.Defn.jit(fun, [compiler: Nx.Defn.Evaluator] ++ opts), Enum.map(args, &bin/1))
+      apply(Nx.Defn.jit(fun, [compiler: Nx.Defn.Evaluator] ++ opts), Enum.map(args, &host/1))
     end
 
     defp assert_close(got, want), do: ExBurn.NxCompare.assert_same(got, want)

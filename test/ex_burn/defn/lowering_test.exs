@@ -92,11 +92,7 @@ if Code.ensure_loaded?(Nx) do
 
     alias ExBurn.Defn.Compiler
 
-    setup do
-      previous = Nx.default_backend(Nx.BinaryBackend)
-      Compiler.reset_stats()
-      on_exit(fn -> Nx.default_backend(previous) end)
-    end
+    setup {ExBurn.NxCompare, :binary_default}
 
     defp native(fun, inputs, atol \\ 1.0e-5) do
       Compiler.reset_stats()
