@@ -125,38 +125,45 @@ if Code.ensure_loaded?(Nx) do
             "ExBurn.Defn.Compiler: #{inspect(key)} runs node by node (no native lowering for #{inspect(ops)})"
           end)
 
-          evaluator_opts = Keyword.take(opts, [:hooks, :garbage_collect])
-          eval = Nx.Defn.Evaluator.__compile__(key, vars, fn _ -> expr end, evaluator_opts)
+          eval = Nx.Defn.Evaluator.__compile__(key, vars, fn _ -> expr end, evaluator_opts(opts))
           {:evaluator, eval, template(expr)}
       end
     end
 
     defp native_entry(program, expr, n_params, device, overrides) do
-      %{instrs: instrs, outputs: outputs, literals: literals, hooks: hooks} = program
       Cache.bump(:native)
-      literal_refs = Enum.map(literals, &ExBurn.Backend.et(&1, device).ref)
-      # hooked values are extra outputs after the results
-      hooks =
-        Enum.map(hooks, fn {spec, template, indices} -> {resolve_hook(spec, overrides), template, indices} end)
-
-      outputs = outputs ++ Enum.flat_map(hooks, &elem(&1, 2))
-
-      program =
-        ExBurn.Error.unwrap!(ExBurn.Native.program_new(instrs, outputs, n_params + length(literals), device))
+      {outputs, literal_refs, hooks} = prepare(program, device, overrides)
+      n_inputs = n_params + length(literal_refs)
+      native = ExBurn.Error.unwrap!(ExBurn.Native.program_new(program.instrs, outputs, n_inputs, device))
 
       Logger.debug(fn ->
-        "ExBurn.Defn.Compiler: native program of #{length(instrs)} instructions, #{length(outputs)} outputs"
+        "ExBurn.Defn.Compiler: native program of #{length(program.instrs)} instructions, #{length(outputs)} outputs"
       end)
 
-      hooks = Enum.map(hooks, fn {fun, template, indices} -> {fun, template, length(indices)} end)
-      {:native, program, literal_refs, template(expr), hooks}
+      {:native, native, literal_refs, template(expr), hooks}
     end
 
-    # As Nx.Defn.Evaluator: a `:hooks` override by name wins over the hook's own callback.
     @doc false
-    def resolve_hook({:fn, fun}, _overrides), do: fun
-    def resolve_hook({:named, name, callback}, overrides), do: overrides[name] || callback
-    def resolve_hook(nil, _overrides), do: nil
+    # What every native entry needs from a lowered program: the outputs (hooked values are extra
+    # outputs after the results), the literal tensors uploaded once, and each hook as
+    # `{callback, template, value_count}` for `finish/3`.
+    def prepare(%{outputs: outputs, literals: literals, hooks: hooks}, device, overrides) do
+      literal_refs = Enum.map(literals, &ExBurn.Backend.et(&1, device).ref)
+      outputs = outputs ++ Enum.flat_map(hooks, &elem(&1, 2))
+
+      hooks =
+        Enum.map(hooks, fn {spec, t, indices} -> {resolve_hook(spec, overrides), t, length(indices)} end)
+
+      {outputs, literal_refs, hooks}
+    end
+
+    @doc false
+    def evaluator_opts(opts), do: Keyword.take(opts, [:hooks, :garbage_collect])
+
+    # As Nx.Defn.Evaluator: a `:hooks` override by name wins over the hook's own callback.
+    defp resolve_hook({:fn, fun}, _overrides), do: fun
+    defp resolve_hook({:named, name, callback}, overrides), do: overrides[name] || callback
+    defp resolve_hook(nil, _overrides), do: nil
 
     # Keeps only what results need (types, shapes, names): dropping the expression lets the
     # graph be garbage collected while the entry stays cached.

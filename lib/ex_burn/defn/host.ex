@@ -2,8 +2,9 @@ if Code.ensure_loaded?(Nx) do
   defmodule ExBurn.Defn.Host do
     @moduledoc false
     # Graphs with host nodes (see ExBurn.Defn.Lower): native segments and host nodes run in
-    # turn. Values cross between them as the NIF's `{ref, shape, type, device}`; a host output the program cannot hold
-    # (complex, f8, ...) stays an Nx tensor and only ever feeds later host nodes or results.
+    # turn. Values cross between them as the NIF's `{ref, shape, type, device}`; a host output
+    # the program cannot hold (complex, f8, ...) stays an Nx tensor and only ever feeds later
+    # host nodes or results.
 
     require Logger
 
@@ -11,19 +12,12 @@ if Code.ensure_loaded?(Nx) do
     alias Nx.Defn.Composite
 
     def entry(key, program, template, n_params, device, opts) do
-      %{instrs: instrs, outputs: outputs, literals: literals, hooks: hooks, hosts: hosts} = program
-      overrides = opts[:hooks] || %{}
-      evaluator_opts = Keyword.take(opts, [:hooks, :garbage_collect])
-      n_global = n_params + length(literals)
-
-      hooks =
-        Enum.map(hooks, fn {spec, t, indices} -> {Compiler.resolve_hook(spec, overrides), t, indices} end)
-
-      outputs = outputs ++ Enum.flat_map(hooks, &elem(&1, 2))
-      hosts = List.to_tuple(hosts)
+      {outputs, literal_refs, hooks} = Compiler.prepare(program, device, opts[:hooks] || %{})
+      n_global = n_params + length(literal_refs)
+      hosts = List.to_tuple(program.hosts)
 
       steps =
-        instrs
+        program.instrs
         |> Plan.split(outputs, n_global)
         |> Enum.flat_map(fn
           {:native, _instrs, _imports, [], _outs} ->
@@ -36,28 +30,26 @@ if Code.ensure_loaded?(Nx) do
 
           {:host, id, args, outs} ->
             %{expr: expr, params: params} = elem(hosts, id)
-            eval = Nx.Defn.Evaluator.__compile__(key, params, fn _ -> expr end, evaluator_opts)
+            eval = Nx.Defn.Evaluator.__compile__(key, params, fn _ -> expr end, Compiler.evaluator_opts(opts))
             [{:host, eval, Enum.zip(args, Enum.map(params, &Nx.to_template/1)), outs}]
         end)
 
+      natives = Enum.count(steps, &(elem(&1, 0) == :native))
       Cache.bump(:native)
       Cache.bump(:hosted, tuple_size(hosts))
-      Cache.bump(:native_segments, Enum.count(steps, &(elem(&1, 0) == :native)))
+      Cache.bump(:native_segments, natives)
 
-      for %{op: op, reasons: reasons} <- Tuple.to_list(hosts), reason <- reasons do
-        Cache.bump({:fallback_op, reason})
+      for %{op: op, reasons: reasons} <- program.hosts do
         Cache.bump({:hosted_op, op})
+        Enum.each(reasons, &Cache.bump({:fallback_op, &1}))
       end
 
       Logger.debug(fn ->
-        natives = Enum.count(steps, &(elem(&1, 0) == :native))
-        ops = hosts |> Tuple.to_list() |> Enum.map(&{&1.op, &1.reasons})
+        ops = Enum.map(program.hosts, &{&1.op, &1.reasons})
 
         "ExBurn.Defn.Compiler: #{inspect(key)} runs as #{natives} native segments around host nodes #{inspect(ops)}"
       end)
 
-      literal_refs = Enum.map(literals, &ExBurn.Backend.et(&1, device).ref)
-      hooks = Enum.map(hooks, fn {fun, t, indices} -> {fun, t, length(indices)} end)
       {:staged, steps, literal_refs, {template, outputs}, hooks}
     end
 
@@ -87,7 +79,7 @@ if Code.ensure_loaded?(Nx) do
 
       params =
         Enum.map(args, fn {index, template} ->
-          value = as_tensor(Map.fetch!(slots, index), template)
+          {value, []} = Compiler.fill(template, [Map.fetch!(slots, index)])
           fn -> value end
         end)
 
@@ -99,9 +91,6 @@ if Code.ensure_loaded?(Nx) do
       |> then(&Enum.zip(outs, &1))
       |> Enum.into(slots)
     end
-
-    defp as_tensor(%Nx.Tensor{} = t, _template), do: t
-    defp as_tensor(answer, template), do: ExBurn.Backend.put(template, ExBurn.Tensor.Util.wrap({:ok, answer}))
 
     defp slot(%Nx.Tensor{type: type} = t, device) do
       if ExBurn.Backend.native_type?(type) do

@@ -491,12 +491,12 @@ if Code.ensure_loaded?(Nx) do
       inner = %{inner | depth: state.depth}
 
       # a branch may yield an outer value as is; the program cannot yield a host-only one
-      if Enum.any?(outs, &MapSet.member?(inner.foreign, &1)) do
-        {_, inner} = unsupported(:foreign_operand, inner)
-        {{start, inner.count, outs}, inner}
-      else
-        {{start, inner.count, outs}, inner}
-      end
+      inner =
+        if Enum.any?(outs, &MapSet.member?(inner.foreign, &1)),
+          do: elem(unsupported(:foreign_operand, inner), 1),
+          else: inner
+
+      {{start, inner.count, outs}, inner}
     end
 
     ## Host nodes

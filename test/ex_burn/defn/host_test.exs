@@ -32,7 +32,19 @@ if Code.ensure_loaded?(Nx) do
       end
     end
 
-    defn(complex_middle(x), do: x |> Nx.multiply(2) |> Nx.fft() |> Nx.abs() |> Nx.add(1))
+    # a loop hosted for two reasons: reduce and window_reduce with Elixir functions
+    defn loop_with_reduce(x) do
+      {_, x} =
+        while {i = 0, x}, i < 2 do
+          total = Nx.reduce(x, 0.0, fn a, b -> a + b end)
+          window = Nx.window_reduce(x, 0.0, {1}, fn a, b -> a + b end)
+          {i + 1, x + total + window}
+        end
+
+      x
+    end
+
+    defn complex_middle(x), do: x |> Nx.multiply(2) |> Nx.fft() |> Nx.abs() |> Nx.add(1)
 
     defn window_then_dot(x, w) do
       m = Nx.window_reduce(x, -1.0e9, {1, 2}, [strides: [1, 2]], fn a, b -> max(a, b) end)
@@ -46,7 +58,7 @@ if Code.ensure_loaded?(Nx) do
       Nx.sum(y - 1)
     end
 
-    defn(bitcast_key(x), do: x |> Nx.multiply(3) |> Nx.bitcast({:f, 32}) |> Nx.bitcast({:u, 32}))
+    defn bitcast_key(x), do: x |> Nx.multiply(3) |> Nx.bitcast({:f, 32}) |> Nx.bitcast({:u, 32})
   end
 
   defmodule ExBurn.Defn.HostTest do
@@ -125,6 +137,16 @@ if Code.ensure_loaded?(Nx) do
       assert_received {:negative, _}
       refute_received {:positive, _}
       assert Compiler.stats()[{:hosted_op, :cond}] == 1
+    end
+
+    test "a node hosted for several reasons counts once as a hosted op" do
+      x = burn([1.0, 2.0])
+      got = Nx.Defn.jit(&F.loop_with_reduce/1, compiler: Compiler).(x)
+      # x + sum(x) + x: [1, 2] -> [5, 7] -> [22, 26]
+      assert Nx.to_flat_list(got) == [22.0, 26.0]
+      stats = Compiler.stats()
+      assert {stats[:hosted], stats[{:hosted_op, :while}]} == {1, 1}
+      assert {stats[{:fallback_op, :reduce}], stats[{:fallback_op, :window_reduce}]} == {1, 1}
     end
 
     test "values the program cannot hold pass between host nodes" do
