@@ -5,7 +5,7 @@ if Code.ensure_loaded?(Nx) do
     @moduledoc false
     import Nx.Defn
 
-    defn(affine(x, w, b), do: Nx.dot(x, w) + b)
+    defn affine(x, w, b), do: Nx.dot(x, w) + b
 
     defn containers(%{a: a, b: b}, {c, d}) do
       %{sum: a + b, pair: {c * 2, Nx.sum(d)}}
@@ -41,7 +41,7 @@ if Code.ensure_loaded?(Nx) do
       end
     end
 
-    defn(tokened(x), do: tokens(x))
+    defn tokened(x), do: tokens(x)
 
     # The token API is deprecated in Nx 0.13 but still lowered by defn; called through a variable
     # module so the test compiles without deprecation warnings.
@@ -52,7 +52,7 @@ if Code.ensure_loaded?(Nx) do
       kernel.attach_token(token, Nx.multiply(y, 3))
     end
 
-    defn(optional_block(x), do: Nx.logsumexp(x, axes: [0]))
+    defn optional_block(x), do: Nx.logsumexp(x, axes: [0])
   end
 
   defmodule ExBurn.Defn.CompilerTest do

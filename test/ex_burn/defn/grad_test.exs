@@ -9,32 +9,32 @@ if Code.ensure_loaded?(Nx) do
 
     @k Nx.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]])
 
-    defn(sin(x), do: Nx.sum(Nx.sin(x)))
-    defn(cos(x), do: Nx.sum(Nx.cos(x) * x))
-    defn(exp(x), do: Nx.sum(Nx.exp(x / 2)))
-    defn(log(x), do: Nx.sum(Nx.log(Nx.abs(x) + 1)))
-    defn(tanh(x), do: Nx.sum(Nx.tanh(x)))
-    defn(sigmoid(x), do: Nx.sum(Nx.sigmoid(x * 2)))
-    defn(sqrt(x), do: Nx.sum(Nx.sqrt(x * x + 1)))
-    defn(poly(x), do: Nx.sum(x * x + 3 * x - 1))
-    defn(divide(x), do: Nx.sum(x / (1 + x * x)))
-    defn(pow(x), do: Nx.sum(Nx.pow(x, 3)))
-    defn(abs(x), do: Nx.sum(Nx.abs(x) * 2))
-    defn(relu(x), do: Nx.sum(Nx.max(x, 0) * x))
-    defn(min(x), do: Nx.sum(Nx.min(x, 0.5)))
-    defn(leaky(x), do: Nx.sum(Nx.select(x > 0, x, 0.1 * x)))
-    defn(erf(x), do: Nx.sum(Nx.erf(x)))
-    defn(softplus(x), do: Nx.sum(Nx.log1p(Nx.exp(x))))
-    defn(atan(x), do: Nx.sum(Nx.atan(x)))
-    defn(rsqrt(x), do: Nx.sum(Nx.rsqrt(x * x + 2)))
-    defn(clip(x), do: Nx.sum(Nx.clip(x, -1, 1) * x))
-    defn(expm1(x), do: Nx.sum(Nx.expm1(x) - x))
-    defn(mean(x), do: Nx.mean(x * x))
-    defn(product(x), do: Nx.product(x + 3))
-    defn(reduce_max(x), do: Nx.reduce_max(x * @k))
-    defn(sum_axis(x), do: Nx.sum(Nx.pow(Nx.sum(x, axes: [1]), 2)))
-    defn(logsumexp(x), do: Nx.sum(Nx.logsumexp(x, axes: [1])))
-    defn(variance(x), do: Nx.variance(x))
+    defn sin(x), do: Nx.sum(Nx.sin(x))
+    defn cos(x), do: Nx.sum(Nx.cos(x) * x)
+    defn exp(x), do: Nx.sum(Nx.exp(x / 2))
+    defn log(x), do: Nx.sum(Nx.log(Nx.abs(x) + 1))
+    defn tanh(x), do: Nx.sum(Nx.tanh(x))
+    defn sigmoid(x), do: Nx.sum(Nx.sigmoid(x * 2))
+    defn sqrt(x), do: Nx.sum(Nx.sqrt(x * x + 1))
+    defn poly(x), do: Nx.sum(x * x + 3 * x - 1)
+    defn divide(x), do: Nx.sum(x / (1 + x * x))
+    defn pow(x), do: Nx.sum(Nx.pow(x, 3))
+    defn abs(x), do: Nx.sum(Nx.abs(x) * 2)
+    defn relu(x), do: Nx.sum(Nx.max(x, 0) * x)
+    defn min(x), do: Nx.sum(Nx.min(x, 0.5))
+    defn leaky(x), do: Nx.sum(Nx.select(x > 0, x, 0.1 * x))
+    defn erf(x), do: Nx.sum(Nx.erf(x))
+    defn softplus(x), do: Nx.sum(Nx.log1p(Nx.exp(x)))
+    defn atan(x), do: Nx.sum(Nx.atan(x))
+    defn rsqrt(x), do: Nx.sum(Nx.rsqrt(x * x + 2))
+    defn clip(x), do: Nx.sum(Nx.clip(x, -1, 1) * x)
+    defn expm1(x), do: Nx.sum(Nx.expm1(x) - x)
+    defn mean(x), do: Nx.mean(x * x)
+    defn product(x), do: Nx.product(x + 3)
+    defn reduce_max(x), do: Nx.reduce_max(x * @k)
+    defn sum_axis(x), do: Nx.sum(Nx.pow(Nx.sum(x, axes: [1]), 2))
+    defn logsumexp(x), do: Nx.sum(Nx.logsumexp(x, axes: [1]))
+    defn variance(x), do: Nx.variance(x)
 
     defn softmax_xent(x) do
       logits = x - Nx.reduce_max(x, axes: [1], keep_axes: true)
@@ -42,21 +42,19 @@ if Code.ensure_loaded?(Nx) do
       -Nx.mean(Nx.sum(log_probs * Nx.tensor([[0, 1, 0], [0, 0, 1]]), axes: [1]))
     end
 
-    defn(dot(x), do: Nx.sum(Nx.dot(x, Nx.transpose(@k))))
-    defn(dot_chain(x), do: Nx.sum(Nx.tanh(Nx.dot(Nx.transpose(x), x))))
+    defn dot(x), do: Nx.sum(Nx.dot(x, Nx.transpose(@k)))
+    defn dot_chain(x), do: Nx.sum(Nx.tanh(Nx.dot(Nx.transpose(x), x)))
 
-    defn(batched_dot(x),
+    defn batched_dot(x),
       do: Nx.sum(Nx.dot(Nx.reshape(x, {2, 3, 1}), [2], [0], Nx.reshape(x, {2, 1, 3}), [1], [0]))
-    )
 
-    defn(shapes(x),
+    defn shapes(x),
       do: Nx.sum(Nx.concatenate([x[[.., 0..1]], Nx.reverse(x)], axis: 1) * Nx.reshape(Nx.iota({10}), {2, 5}))
-    )
 
-    defn(broadcast(x), do: Nx.sum(Nx.new_axis(x, 0) * Nx.broadcast(Nx.sum(x, axes: [0]), {4, 2, 3})))
-    defn(pad(x), do: Nx.sum(Nx.pad(x, 0.0, [{1, 0, 0}, {0, 2, 0}]) * Nx.iota({3, 5})))
-    defn(cumsum(x), do: Nx.sum(Nx.cumulative_sum(x, axis: 1) * x))
-    defn(stopped(x), do: Nx.sum(x * stop_grad(x * x)))
+    defn broadcast(x), do: Nx.sum(Nx.new_axis(x, 0) * Nx.broadcast(Nx.sum(x, axes: [0]), {4, 2, 3}))
+    defn pad(x), do: Nx.sum(Nx.pad(x, 0.0, [{1, 0, 0}, {0, 2, 0}]) * Nx.iota({3, 5}))
+    defn cumsum(x), do: Nx.sum(Nx.cumulative_sum(x, axis: 1) * x)
+    defn stopped(x), do: Nx.sum(x * stop_grad(x * x))
 
     defn conv1d(x) do
       input = Nx.reshape(x, {1, 2, 3})
@@ -119,7 +117,7 @@ if Code.ensure_loaded?(Nx) do
       Nx.mean(out * out)
     end
 
-    defn(bilinear({a, b}, x), do: Nx.sum(Nx.dot(x, a) * Nx.dot(x, b)))
+    defn bilinear({a, b}, x), do: Nx.sum(Nx.dot(x, a) * Nx.dot(x, b))
   end
 
   defmodule ExBurn.Defn.GradTest do
