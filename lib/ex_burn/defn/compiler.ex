@@ -35,7 +35,7 @@ if Code.ensure_loaded?(Nx) do
 
     require Logger
 
-    alias ExBurn.Defn.{Cache, Host, Lower}
+    alias ExBurn.Defn.{Cache, Graph, Hooks, Host, Lower}
     alias Nx.Defn.Composite
 
     @doc """
@@ -83,9 +83,9 @@ if Code.ensure_loaded?(Nx) do
     @impl true
     def __compile__(key, vars, fun, opts) do
       device = device(opts)
-      templates = Enum.map(vars, &Composite.traverse(&1, fn t -> Nx.to_template(t) end))
+      templates = Enum.map(vars, &template/1)
       cache_key = {key, templates, Keyword.put(opts, :device, device)}
-      entry = Cache.fetch(cache_key, fn -> build(key, vars, fun, opts, device) end)
+      entry = Cache.fetch(cache_key, fn -> build(key, vars, templates, fun, opts, device) end)
       fn args_list -> Enum.map(args_list, &run(entry, &1, device)) end
     end
 
@@ -93,7 +93,10 @@ if Code.ensure_loaded?(Nx) do
 
     ## Building
 
-    defp build(key, vars, fun, opts, device) do
+    # Entries are cached in ETS and captured by the returned closure (which Nx.Serving may
+    # hand to other processes), so they never hold an expression graph as such: graphs are
+    # kept packed (ExBurn.Defn.Graph), whose copies cost their size, not their unfolded size.
+    defp build(key, vars, templates, fun, opts, device) do
       expr = fun.(vars)
       n_params = length(Composite.flatten_list(vars))
       outputs = Lower.flatten(expr)
@@ -112,10 +115,10 @@ if Code.ensure_loaded?(Nx) do
 
       case lowered do
         {:ok, %{hosts: []} = program} ->
-          native_entry(program, expr, n_params, device, opts[:hooks] || %{})
+          native_entry(program, expr, device, opts[:hooks] || %{})
 
         {:ok, program} ->
-          Host.entry(key, program, template(expr), n_params, device, opts)
+          Host.entry(key, program, template(expr), device, opts)
 
         {:unsupported, ops} ->
           Cache.bump(:fallback)
@@ -125,34 +128,35 @@ if Code.ensure_loaded?(Nx) do
             "ExBurn.Defn.Compiler: #{inspect(key)} runs node by node (no native lowering for #{inspect(ops)})"
           end)
 
-          eval = Nx.Defn.Evaluator.__compile__(key, vars, fn _ -> expr end, evaluator_opts(opts))
-          {:evaluator, eval, template(expr)}
+          {:evaluator, {key, templates, Graph.pack(expr), evaluator_opts(opts)}}
       end
     end
 
-    defp native_entry(program, expr, n_params, device, overrides) do
+    defp native_entry(program, expr, device, overrides) do
       Cache.bump(:native)
       {outputs, literal_refs, hooks} = prepare(program, device, overrides)
-      n_inputs = n_params + length(literal_refs)
+      n_inputs = length(program.params) + length(literal_refs)
       native = ExBurn.Error.unwrap!(ExBurn.Native.program_new(program.instrs, outputs, n_inputs, device))
 
       Logger.debug(fn ->
         "ExBurn.Defn.Compiler: native program of #{length(program.instrs)} instructions, #{length(outputs)} outputs"
       end)
 
-      {:native, native, literal_refs, template(expr), hooks}
+      {:native, native, program.params, literal_refs, template(expr), hooks}
     end
 
     @doc false
     # What every native entry needs from a lowered program: the outputs (hooked values are extra
     # outputs after the results), the literal tensors uploaded once, and each hook as
-    # `{callback, template, value_count}` for `finish/3`.
+    # `{id, callback, template, value_count}` for `finish/3`.
     def prepare(%{outputs: outputs, literals: literals, hooks: hooks}, device, overrides) do
       literal_refs = Enum.map(literals, &ExBurn.Backend.et(&1, device).ref)
-      outputs = outputs ++ Enum.flat_map(hooks, &elem(&1, 2))
+      outputs = outputs ++ Enum.flat_map(hooks, &elem(&1, 3))
 
       hooks =
-        Enum.map(hooks, fn {spec, t, indices} -> {resolve_hook(spec, overrides), t, length(indices)} end)
+        Enum.map(hooks, fn {id, spec, t, indices} ->
+          {id, Hooks.resolve(spec, overrides), t, length(indices)}
+        end)
 
       {outputs, literal_refs, hooks}
     end
@@ -160,10 +164,13 @@ if Code.ensure_loaded?(Nx) do
     @doc false
     def evaluator_opts(opts), do: Keyword.take(opts, [:hooks, :garbage_collect])
 
-    # As Nx.Defn.Evaluator: a `:hooks` override by name wins over the hook's own callback.
-    defp resolve_hook({:fn, fun}, _overrides), do: fun
-    defp resolve_hook({:named, name, callback}, overrides), do: overrides[name] || callback
-    defp resolve_hook(nil, _overrides), do: nil
+    @doc false
+    # The native refs of the parameters a program reads (`used`, ascending indices): only
+    # those are materialised, so templates and unused lazy fields are never touched.
+    def param_refs(params, used, device) do
+      params = List.to_tuple(params)
+      Enum.map(used, fn i -> ExBurn.Backend.et(elem(params, i).(), device).ref end)
+    end
 
     # Keeps only what results need (types, shapes, names): dropping the expression lets the
     # graph be garbage collected while the entry stays cached.
@@ -176,15 +183,17 @@ if Code.ensure_loaded?(Nx) do
       Host.run(entry, params, device)
     end
 
-    defp run({:native, program, literal_refs, template, hooks}, params, device) do
+    defp run({:native, program, used, literal_refs, template, hooks}, params, device) do
       Cache.bump(:native_runs)
-      refs = Enum.map(params, fn param -> ExBurn.Backend.et(param.(), device).ref end)
+      refs = param_refs(params, used, device)
       answers = ExBurn.Error.unwrap!(ExBurn.Native.program_run(program, refs ++ literal_refs))
       finish(template, hooks, answers)
     end
 
-    defp run({:evaluator, eval, _template}, params, device) do
+    defp run({:evaluator, {key, templates, packed, eval_opts}}, params, device) do
       Cache.bump(:fallback_runs)
+      expr = Graph.unpack(packed)
+      eval = Nx.Defn.Evaluator.__compile__(key, templates, fn _ -> expr end, eval_opts)
       backend = {ExBurn.Backend, device: device}
       params = Enum.map(params, fn param -> fn -> to_backend(param.(), backend) end end)
       previous = Nx.default_backend(backend)
@@ -202,9 +211,9 @@ if Code.ensure_loaded?(Nx) do
     def finish(template, hooks, answers) do
       {result, hooked} = fill(template, answers)
 
-      Enum.reduce(hooks, hooked, fn {fun, hook_template, _count}, answers ->
+      Enum.reduce(hooks, hooked, fn {id, fun, hook_template, _count}, answers ->
         {value, rest} = fill(hook_template, answers)
-        if fun, do: fun.(value)
+        Hooks.fire(id, fun, value)
         rest
       end)
 

@@ -8,13 +8,13 @@ if Code.ensure_loaded?(Nx) do
 
     require Logger
 
-    alias ExBurn.Defn.{Cache, Compiler, Plan}
+    alias ExBurn.Defn.{Cache, Compiler, Graph, Hooks, Plan}
     alias Nx.Defn.Composite
 
-    def entry(key, program, template, n_params, device, opts) do
-      {outputs, literal_refs, hooks} = Compiler.prepare(program, device, opts[:hooks] || %{})
-      n_global = n_params + length(literal_refs)
-      hosts = List.to_tuple(program.hosts)
+    def entry(key, program, template, device, opts) do
+      overrides = opts[:hooks] || %{}
+      {outputs, literal_refs, hooks} = Compiler.prepare(program, device, overrides)
+      n_global = length(program.params) + length(literal_refs)
 
       steps =
         program.instrs
@@ -29,14 +29,12 @@ if Code.ensure_loaded?(Nx) do
             [{:native, program, imports, exports}]
 
           {:host, id, args, outs} ->
-            %{expr: expr, params: params} = elem(hosts, id)
-            eval = Nx.Defn.Evaluator.__compile__(key, params, fn _ -> expr end, Compiler.evaluator_opts(opts))
-            [{:host, eval, Enum.zip(args, Enum.map(params, &Nx.to_template/1)), outs}]
+            [{:host, id, args, outs}]
         end)
 
       natives = Enum.count(steps, &(elem(&1, 0) == :native))
       Cache.bump(:native)
-      Cache.bump(:hosted, tuple_size(hosts))
+      Cache.bump(:hosted, length(program.hosts))
       Cache.bump(:native_segments, natives)
 
       for %{op: op, reasons: reasons} <- program.hosts do
@@ -50,36 +48,57 @@ if Code.ensure_loaded?(Nx) do
         "ExBurn.Defn.Compiler: #{inspect(key)} runs as #{natives} native segments around host nodes #{inspect(ops)}"
       end)
 
-      {:staged, steps, literal_refs, {template, outputs}, hooks}
+      # Host nodes are Nx expressions: packed together, so the entry copies in linear size.
+      # Hosted copies of natively fired hooks fire once per run (ExBurn.Defn.Hooks).
+      native_hooks = MapSet.new(hooks, &elem(&1, 0))
+      hosts = Enum.map(program.hosts, &Map.drop(&1, [:op, :reasons]))
+      packed = Graph.pack(hosts, &Hooks.guard(&1, native_hooks, overrides))
+      eval_opts = Compiler.evaluator_opts(opts)
+
+      {:staged, steps, {program.params, literal_refs}, {key, packed, eval_opts}, {template, outputs, hooks}}
     end
 
-    def run({:staged, steps, literal_refs, {template, outputs}, hooks}, params, device) do
+    def run({:staged, steps, {used, literal_refs}, {key, packed, eval_opts}, {template, outputs, hooks}}, params, device) do
       backend = {ExBurn.Backend, device: device}
-      globals = Enum.map(params, fn param -> ExBurn.Backend.et(param.(), device).ref end) ++ literal_refs
-      previous = Nx.default_backend(backend)
+      globals = Compiler.param_refs(params, used, device) ++ literal_refs
+      hosts = packed |> Graph.unpack() |> List.to_tuple()
+      context = %{globals: globals, hosts: hosts, params: params, key: key, eval_opts: eval_opts, device: device}
 
-      slots =
-        try do
-          Enum.reduce(steps, %{}, &step(&1, &2, globals, device))
-        after
-          Nx.default_backend(previous)
-        end
+      Hooks.run(fn ->
+        previous = Nx.default_backend(backend)
 
-      Compiler.finish(template, hooks, Enum.map(outputs, &Map.fetch!(slots, &1)))
+        slots =
+          try do
+            Enum.reduce(steps, %{}, &step(&1, &2, context))
+          after
+            Nx.default_backend(previous)
+          end
+
+        Compiler.finish(template, hooks, Enum.map(outputs, &Map.fetch!(slots, &1)))
+      end)
     end
 
-    defp step({:native, program, imports, exports}, slots, globals, _device) do
+    defp step({:native, program, imports, exports}, slots, %{globals: globals}) do
       inputs = globals ++ Enum.map(imports, &(slots |> Map.fetch!(&1) |> elem(0)))
       answers = ExBurn.Error.unwrap!(ExBurn.Native.program_run(program, inputs))
       exports |> Enum.zip(answers) |> Enum.into(slots)
     end
 
-    defp step({:host, eval, args, outs}, slots, _globals, device) do
+    # a parameter the program cannot hold, read only by host nodes
+    defp step({:host, id, [], [out]}, slots, %{hosts: hosts, params: params} = context)
+         when is_map_key(elem(hosts, id), :param) do
+      %{param: i} = elem(hosts, id)
+      Map.put(slots, out, slot(Enum.at(params, i).(), context.device))
+    end
+
+    defp step({:host, id, args, outs}, slots, context) do
       Cache.bump(:host_runs)
+      %{expr: expr, params: templates} = elem(context.hosts, id)
+      eval = Nx.Defn.Evaluator.__compile__(context.key, templates, fn _ -> expr end, context.eval_opts)
 
       params =
-        Enum.map(args, fn {index, template} ->
-          {value, []} = Compiler.fill(template, [Map.fetch!(slots, index)])
+        Enum.zip_with(args, templates, fn index, template ->
+          {value, []} = Compiler.fill(Nx.to_template(template), [Map.fetch!(slots, index)])
           fn -> value end
         end)
 
@@ -87,7 +106,7 @@ if Code.ensure_loaded?(Nx) do
 
       result
       |> then(&Composite.flatten_list([&1]))
-      |> Enum.map(&slot(&1, device))
+      |> Enum.map(&slot(&1, context.device))
       |> then(&Enum.zip(outs, &1))
       |> Enum.into(slots)
     end

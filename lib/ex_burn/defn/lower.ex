@@ -52,9 +52,12 @@ if Code.ensure_loaded?(Nx) do
       {indices, state} = Enum.map_reduce(outputs, state, &node/2)
 
       if state.bad == %{} do
+        {instrs, params} = compact_inputs(Enum.reverse(state.instrs), n_params)
+
         {:ok,
          %{
-           instrs: Enum.reverse(state.instrs),
+           instrs: instrs,
+           params: params,
            outputs: indices,
            literals: Enum.reverse(state.literals),
            hooks: Enum.reverse(state.hooks),
@@ -63,6 +66,24 @@ if Code.ensure_loaded?(Nx) do
       else
         {:unsupported, state.bad |> Map.keys() |> Enum.sort()}
       end
+    end
+
+    # The program's inputs are the parameters it reads (`params`, ascending), then the
+    # literals: a parameter the graph never reads as a native value is never materialised, so
+    # templates and unused lazy fields may be passed, as Nx.Defn.Evaluator allows.
+    defp compact_inputs(instrs, n_params) do
+      params = for({:input, [], i, _, _} <- instrs, i < n_params, uniq: true, do: i) |> Enum.sort()
+      position = params |> Enum.with_index() |> Map.new()
+      shift = length(params) - n_params
+
+      instrs =
+        Enum.map(instrs, fn
+          {:input, [], i, type, shape} when i < n_params -> {:input, [], Map.fetch!(position, i), type, shape}
+          {:input, [], i, type, shape} -> {:input, [], i + shift, type, shape}
+          instr -> instr
+        end)
+
+      {instrs, params}
     end
 
     defp node(%T{data: %Expr{id: id}} = t, state) do
@@ -126,9 +147,12 @@ if Code.ensure_loaded?(Nx) do
     defp lower_node(%T{vectorized_axes: [_ | _]}, state), do: unsupported(:vectorized, state)
 
     defp lower_node(%T{data: %Expr{op: :parameter, args: [i]}} = t, state) do
-      case state.scope do
-        nil -> emit(:input, [], i, t, state)
-        scope -> {Enum.at(scope, i), state}
+      cond do
+        state.scope != nil -> {Enum.at(state.scope, i), state}
+        ExBurn.Backend.native_type?(t.type) -> emit(:input, [], i, t, state)
+        # a parameter the program cannot hold (complex, f8, ...) enters as a host value
+        state.depth == 0 and state.host? -> host_param(i, t, state)
+        true -> unsupported({:type, t.type}, state)
       end
     end
 
@@ -553,6 +577,13 @@ if Code.ensure_loaded?(Nx) do
       end)
     end
 
+    defp host_param(i, %T{type: type, shape: shape}, state) do
+      id = length(state.hosts)
+      entry = %{param: i, op: :parameter, reasons: [{:type, type}]}
+      {index, state} = emit!(:host, [], {id, 0}, type, shape, %{state | hosts: [entry | state.hosts]})
+      {index, %{state | foreign: MapSet.put(state.foreign, index)}}
+    end
+
     # an Elixir function given to reduce/window_reduce is the Evaluator's to run
     defp host_arg(%T{data: %Expr{op: :fun}} = u, acc, _mode), do: {u, acc}
 
@@ -618,6 +649,8 @@ if Code.ensure_loaded?(Nx) do
     # A hook passes its value through; the values it shows its callback become extra program
     # outputs, and the caller runs the callbacks (in lowering order) after the program. Inside
     # a cond or while a hook would have to run per execution, so those graphs fall back.
+    # Each hook is `{id, spec, template, indices}`: the id lets a run fire it once even when
+    # a hosted cond holds it too (see ExBurn.Defn.Hooks).
     defp hook_values(%T{data: %Expr{id: id, args: [tensor_expr, spec, template, _ref]}}, state) do
       case state.conds do
         %{^id => indices} ->
@@ -634,10 +667,10 @@ if Code.ensure_loaded?(Nx) do
             case spec do
               {:token_hook, hooked, inner} ->
                 {shown, state} = nodes(flatten(hooked), state)
-                {{inner, Composite.traverse(hooked, &Nx.to_template/1), shown}, state}
+                {{id, inner, Composite.traverse(hooked, &Nx.to_template/1), shown}, state}
 
               spec ->
-                {{spec, template, indices}, state}
+                {{id, spec, template, indices}, state}
             end
 
           {indices, %{state | hooks: [hook | state.hooks], conds: Map.put(state.conds, id, indices)}}
