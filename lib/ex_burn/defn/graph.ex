@@ -45,14 +45,6 @@ if Code.ensure_loaded?(Nx) do
       end
     end
 
-    # A metadata node's map (custom_grad, stop_grad, ...) serves only Nx's gradient transform,
-    # which has run before a graph is compiled; evaluation reads just the inner expression.
-    # Its closures capture parts of the graph, which a copy would unfold, so the map goes.
-    defp drop_metadata(%T{data: %Expr{op: :metadata, args: [inner, _meta]} = expr} = t),
-      do: %{t | data: %{expr | args: [inner, %{}]}}
-
-    defp drop_metadata(t), do: t
-
     defp pack_term(list, nodes) when is_list(list), do: map_reduce_list(list, nodes, &pack_term/2)
 
     defp pack_term(tuple, nodes) when is_tuple(tuple) do
@@ -67,6 +59,14 @@ if Code.ensure_loaded?(Nx) do
     end
 
     defp pack_term(other, nodes), do: {other, nodes}
+
+    # A metadata node's map (custom_grad, stop_grad, ...) serves only Nx's gradient transform,
+    # which has run before a graph is compiled; evaluation reads just the inner expression.
+    # Its closures capture parts of the graph, which a copy would unfold, so the map goes.
+    defp drop_metadata(%T{data: %Expr{op: :metadata, args: [inner, _meta]} = expr} = t),
+      do: %{t | data: %{expr | args: [inner, %{}]}}
+
+    defp drop_metadata(t), do: t
 
     defp unpack_term({__MODULE__, :ref, id}, nodes, memo) do
       case memo do

@@ -48,7 +48,11 @@ if Code.ensure_loaded?(Nx) do
     callback that goes through `fire/3` (named hooks resolved against `overrides` first, as
     the Evaluator would).
     """
-    def guard(%T{data: %Expr{op: :hook, id: id, args: [value, spec, template, ref]} = expr} = t, native_ids, overrides) do
+    def guard(
+          %T{data: %Expr{op: :hook, id: id, args: [value, spec, template, ref]} = expr} = t,
+          native_ids,
+          overrides
+        ) do
       if MapSet.member?(native_ids, id) do
         spec =
           case spec do

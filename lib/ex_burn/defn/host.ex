@@ -58,11 +58,23 @@ if Code.ensure_loaded?(Nx) do
       {:staged, steps, {program.params, literal_refs}, {key, packed, eval_opts}, {template, outputs, hooks}}
     end
 
-    def run({:staged, steps, {used, literal_refs}, {key, packed, eval_opts}, {template, outputs, hooks}}, params, device) do
+    def run(
+          {:staged, steps, {used, literal_refs}, {key, packed, eval_opts}, {template, outputs, hooks}},
+          params,
+          device
+        ) do
       backend = {ExBurn.Backend, device: device}
       globals = Compiler.param_refs(params, used, device) ++ literal_refs
       hosts = packed |> Graph.unpack() |> List.to_tuple()
-      context = %{globals: globals, hosts: hosts, params: params, key: key, eval_opts: eval_opts, device: device}
+
+      context = %{
+        globals: globals,
+        hosts: hosts,
+        params: params,
+        key: key,
+        eval_opts: eval_opts,
+        device: device
+      }
 
       Hooks.run(fn ->
         previous = Nx.default_backend(backend)
