@@ -34,6 +34,10 @@ defmodule ExBurn.Error do
   @spec unwrap!({:ok, term} | {:error, {atom, String.t(), map}}) :: term
   def unwrap!({:ok, value}), do: value
 
+  # Errors Nx itself specifies as ArgumentError (out-of-bounds gather indices, negative shift
+  # amounts) keep Nx's type and message, so code written against Nx behaves the same on ExBurn.
+  def unwrap!({:error, {_op, reason, %{kind: :argument}}}), do: raise(ArgumentError, reason)
+
   def unwrap!({:error, {op, reason, details}}),
     do: raise(__MODULE__, op: op, reason: reason, details: details)
 

@@ -33,7 +33,6 @@ if Code.ensure_loaded?(Nx) do
       def unquote(op)(out, l, r) do
         native unquote(op), out, [l, r] do
           d = Backend.device_of([l, r])
-          if unquote(op in [:left_shift, :right_shift]), do: check_shift!(unquote(op), r, d)
 
           compute =
             if unquote(op in @merged_compute),
@@ -44,19 +43,6 @@ if Code.ensure_loaded?(Nx) do
         end
       end
     end
-
-    # Like BinaryBackend, a negative shift amount is an ArgumentError rather than a
-    # device-defined result.
-    defp check_shift!(op, %T{type: {:s, _}} = r, device) do
-      min = Backend.et(r, device) |> ET.reduce_min() |> ET.to_flat_list() |> hd()
-
-      if min < 0 do
-        verb = if op == :left_shift, do: "left", else: "right"
-        raise ArgumentError, "cannot #{verb} shift by #{min}"
-      end
-    end
-
-    defp check_shift!(_op, _r, _device), do: :ok
 
     @nx_unary Enum.map(Nx.Shared.unary_math_funs(), &elem(&1, 0)) ++
                 [:abs, :bitwise_not, :ceil, :floor, :negate, :round, :sign] ++

@@ -50,21 +50,14 @@ if Code.ensure_loaded?(Nx) do
 
     def slice(out, t, starts, lengths, strides) do
       native :slice, out, [t, starts, lengths, strides] do
-        starts = clamp_starts(starts, t.shape, lengths)
-        Backend.put(out, wrap_native(Native.slice(ref(t, nil), starts, lengths, strides)))
+        d = Backend.device_of([t | starts])
+        Backend.put(out, wrap_native(Native.slice(ref(t, d), start_args(starts, d), lengths, strides)))
       end
     end
 
-    # Nx clamps start indices (numbers or scalar tensors) so the window fits.
     @doc false
-    def clamp_starts(starts, shape, lengths) do
-      [starts, Tuple.to_list(shape), lengths]
-      |> Enum.zip()
-      |> Enum.map(fn {s, dim, len} -> s |> to_int() |> max(0) |> min(dim - len) end)
-    end
-
-    defp to_int(n) when is_integer(n), do: n
-    defp to_int(%T{} = t), do: Nx.to_number(t)
+    # Slice starts for the NIF, which clamps them as Nx does: integers, or scalar tensors' refs.
+    def start_args(starts, device), do: Enum.map(starts, &if(is_integer(&1), do: &1, else: ref(&1, device)))
 
     # Both take a list of tensors, moved to the first one's device.
     for op <- [:concatenate, :stack] do

@@ -84,7 +84,7 @@ if Code.ensure_loaded?(Nx) do
     def __compile__(key, vars, fun, opts) do
       device = device(opts)
       templates = Enum.map(vars, &template/1)
-      cache_key = {key, templates, Keyword.put(opts, :device, device)}
+      cache_key = Graph.key({key, templates, Keyword.put(opts, :device, device)})
       entry = Cache.fetch(cache_key, fn -> build(key, vars, templates, fun, opts, device) end)
       fn args_list -> Enum.map(args_list, &run(entry, &1, device)) end
     end
@@ -128,7 +128,7 @@ if Code.ensure_loaded?(Nx) do
             "ExBurn.Defn.Compiler: #{inspect(key)} runs node by node (no native lowering for #{inspect(ops)})"
           end)
 
-          {:evaluator, {key, templates, Graph.pack(expr), evaluator_opts(opts)}}
+          {:evaluator, {templates, Graph.pack(expr), evaluator_opts(opts)}}
       end
     end
 
@@ -190,10 +190,11 @@ if Code.ensure_loaded?(Nx) do
       finish(template, hooks, answers)
     end
 
-    defp run({:evaluator, {key, templates, packed, eval_opts}}, params, device) do
+    defp run({:evaluator, {templates, packed, eval_opts}}, params, device) do
       Cache.bump(:fallback_runs)
       expr = Graph.unpack(packed)
-      eval = Nx.Defn.Evaluator.__compile__(key, templates, fn _ -> expr end, eval_opts)
+      # the Evaluator ignores its key; entries never hold jit keys (see Graph.key/1)
+      eval = Nx.Defn.Evaluator.__compile__(nil, templates, fn _ -> expr end, eval_opts)
       backend = {ExBurn.Backend, device: device}
       params = Enum.map(params, fn param -> fn -> to_backend(param.(), backend) end end)
       previous = Nx.default_backend(backend)

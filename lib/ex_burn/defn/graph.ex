@@ -28,6 +28,17 @@ if Code.ensure_loaded?(Nx) do
       {:packed, root, nodes}
     end
 
+    @doc """
+    A stand-in for `term` as a cache key, linear in size however much the term shares: equal
+    for equal terms, expressions compared by id, and closures by their code and the values
+    they capture (which Nx's jit keys often hold: a stage of `Nx.Defn.Graph` captures its
+    whole expression). Hashing or copying the raw term would unfold those graphs.
+    """
+    def key(term) do
+      {root, {nodes, _}} = pack_term(term, {%{}, :key})
+      {root, nodes}
+    end
+
     @doc "The term `pack/1` was given, with its sharing restored."
     def unpack({:packed, root, nodes}) do
       {term, _memo} = unpack_term(root, nodes, %{})
@@ -38,7 +49,7 @@ if Code.ensure_loaded?(Nx) do
       if Map.has_key?(nodes, id) do
         {{__MODULE__, :ref, id}, acc}
       else
-        %T{data: %Expr{args: args} = expr} = t = t |> drop_metadata() |> rewrite.()
+        %T{data: %Expr{args: args} = expr} = t = t |> drop_metadata() |> apply_rewrite(rewrite)
         # reserve the id first: a node never reaches itself, but its arguments may share it
         {args, {nodes, rewrite}} = pack_term(args, {Map.put(nodes, id, nil), rewrite})
         {{__MODULE__, :ref, id}, {Map.put(nodes, id, %{t | data: %{expr | args: args}}), rewrite}}
@@ -52,6 +63,20 @@ if Code.ensure_loaded?(Nx) do
       {List.to_tuple(list), nodes}
     end
 
+    # as keys, closures are their code and their captured values; packed graphs keep closures
+    # whole (the Evaluator calls them)
+    defp pack_term(fun, {_nodes, :key} = acc) when is_function(fun) do
+      case :erlang.fun_info(fun, :type) do
+        {:type, :local} ->
+          info = :erlang.fun_info(fun)
+          {env, acc} = pack_term(info[:env], acc)
+          {{__MODULE__, :fun, info[:module], info[:new_uniq], info[:index], env}, acc}
+
+        {:type, :external} ->
+          {fun, acc}
+      end
+    end
+
     # maps and structs alike (a struct's `__struct__` pair comes back unchanged)
     defp pack_term(%{} = map, nodes) do
       {pairs, nodes} = pack_term(Map.to_list(map), nodes)
@@ -59,6 +84,9 @@ if Code.ensure_loaded?(Nx) do
     end
 
     defp pack_term(other, nodes), do: {other, nodes}
+
+    defp apply_rewrite(t, :key), do: t
+    defp apply_rewrite(t, rewrite), do: rewrite.(t)
 
     # A metadata node's map (custom_grad, stop_grad, ...) serves only Nx's gradient transform,
     # which has run before a graph is compiled; evaluation reads just the inner expression.

@@ -4,12 +4,12 @@ if Code.ensure_loaded?(Nx) do
     # Hooks fire exactly as under Nx.Defn.Evaluator: once per evaluation of the hook node.
     #
     # The native program shows hooked values as extra outputs and their callbacks run after it
-    # (ExBurn.Defn.Compiler.finish/3); a hosted cond runs its own hooks in the Evaluator. One
-    # hook node can be in both places (used inside an `if` and after it), where the Evaluator
-    # fires it once. So during a run with host nodes, hosted copies of natively fired hooks
-    # call back through `fire/3`, which records the hook's id, and the native callbacks after
-    # the program skip the ids already fired. Hooks that only hosted nodes hold (inside a
-    # hosted while, say) are left to the Evaluator: they fire on every iteration, as they must.
+    # (ExBurn.Defn.Compiler.finish/3); each hosted node runs its own hooks in its own Evaluator
+    # call. One hook node can be in several of those places (used in two hosted `if`s, or in one
+    # and after it), where the single Evaluator of the whole graph fires it once. So during a run
+    # with host nodes every hook outside loop bodies calls back through `fire/3`, which records
+    # the hook's id and skips ids already fired. Hooks inside a loop body are left to the
+    # Evaluator: they fire on every iteration, as they must.
 
     alias Nx.Defn.Expr
     alias Nx.Tensor, as: T
@@ -44,16 +44,39 @@ if Code.ensure_loaded?(Nx) do
     end
 
     @doc """
-    For `ExBurn.Defn.Graph.pack/2`: a hosted hook node whose id is in `native_ids` gets a
-    callback that goes through `fire/3` (named hooks resolved against `overrides` first, as
-    the Evaluator would).
+    The ids of the hook nodes in `term` (expressions, in any container) that the Evaluator
+    runs at most once per evaluation: every hook outside `while` bodies and anonymous
+    functions (a cond's branches run at most once).
+    """
+    def once_ids(term), do: term |> once_ids({MapSet.new(), MapSet.new()}) |> elem(1)
+
+    defp once_ids(%T{data: %Expr{id: id, op: op, args: args}}, {seen, hooks} = acc) do
+      cond do
+        MapSet.member?(seen, id) -> acc
+        # only the initial state is evaluated once; condition and body run per iteration
+        op == :while -> once_ids(hd(args), {MapSet.put(seen, id), hooks})
+        op == :fun -> {MapSet.put(seen, id), hooks}
+        op == :hook -> once_ids(args, {MapSet.put(seen, id), MapSet.put(hooks, id)})
+        true -> once_ids(args, {MapSet.put(seen, id), hooks})
+      end
+    end
+
+    defp once_ids(list, acc) when is_list(list), do: Enum.reduce(list, acc, &once_ids/2)
+    defp once_ids(tuple, acc) when is_tuple(tuple), do: once_ids(Tuple.to_list(tuple), acc)
+    defp once_ids(%{} = map, acc), do: map |> Map.values() |> once_ids(acc)
+    defp once_ids(_other, acc), do: acc
+
+    @doc """
+    For `ExBurn.Defn.Graph.pack/2`: a hosted hook node whose id is in `once` gets a callback
+    that goes through `fire/3` (named hooks resolved against `overrides` first, as the
+    Evaluator would).
     """
     def guard(
           %T{data: %Expr{op: :hook, id: id, args: [value, spec, template, ref]} = expr} = t,
-          native_ids,
+          once,
           overrides
         ) do
-      if MapSet.member?(native_ids, id) do
+      if MapSet.member?(once, id) do
         spec =
           case spec do
             {:token_hook, hooked, inner} -> {:token_hook, hooked, guarded(id, inner, overrides)}
@@ -66,7 +89,7 @@ if Code.ensure_loaded?(Nx) do
       end
     end
 
-    def guard(t, _native_ids, _overrides), do: t
+    def guard(t, _once, _overrides), do: t
 
     defp guarded(id, spec, overrides) do
       callback = resolve(spec, overrides)

@@ -49,17 +49,17 @@ if Code.ensure_loaded?(Nx) do
       end)
 
       # Host nodes are Nx expressions: packed together, so the entry copies in linear size.
-      # Hosted copies of natively fired hooks fire once per run (ExBurn.Defn.Hooks).
-      native_hooks = MapSet.new(hooks, &elem(&1, 0))
+      # Their hooks outside loop bodies fire once per run (ExBurn.Defn.Hooks).
       hosts = Enum.map(program.hosts, &Map.drop(&1, [:op, :reasons]))
-      packed = Graph.pack(hosts, &Hooks.guard(&1, native_hooks, overrides))
+      once = Hooks.once_ids(hosts)
+      packed = Graph.pack(hosts, &Hooks.guard(&1, once, overrides))
       eval_opts = Compiler.evaluator_opts(opts)
 
-      {:staged, steps, {program.params, literal_refs}, {key, packed, eval_opts}, {template, outputs, hooks}}
+      {:staged, steps, {program.params, literal_refs}, {packed, eval_opts}, {template, outputs, hooks}}
     end
 
     def run(
-          {:staged, steps, {used, literal_refs}, {key, packed, eval_opts}, {template, outputs, hooks}},
+          {:staged, steps, {used, literal_refs}, {packed, eval_opts}, {template, outputs, hooks}},
           params,
           device
         ) do
@@ -67,14 +67,7 @@ if Code.ensure_loaded?(Nx) do
       globals = Compiler.param_refs(params, used, device) ++ literal_refs
       hosts = packed |> Graph.unpack() |> List.to_tuple()
 
-      context = %{
-        globals: globals,
-        hosts: hosts,
-        params: params,
-        key: key,
-        eval_opts: eval_opts,
-        device: device
-      }
+      context = %{globals: globals, hosts: hosts, params: params, eval_opts: eval_opts, device: device}
 
       Hooks.run(fn ->
         previous = Nx.default_backend(backend)
@@ -106,7 +99,8 @@ if Code.ensure_loaded?(Nx) do
     defp step({:host, id, args, outs}, slots, context) do
       Cache.bump(:host_runs)
       %{expr: expr, params: templates} = elem(context.hosts, id)
-      eval = Nx.Defn.Evaluator.__compile__(context.key, templates, fn _ -> expr end, context.eval_opts)
+      # the Evaluator ignores its key; entries never hold jit keys (see Graph.key/1)
+      eval = Nx.Defn.Evaluator.__compile__(nil, templates, fn _ -> expr end, context.eval_opts)
 
       params =
         Enum.zip_with(args, templates, fn index, template ->

@@ -380,7 +380,7 @@ if Code.ensure_loaded?(Nx) do
          when op in [:indexed_add, :indexed_put] do
       {indices, state} = nodes([a, idx, updates], state)
       axes = opts[:axes] || Enum.to_list(0..(elem(idx.shape, tuple_size(idx.shape) - 1) - 1)//1)
-      emit(:indexed, indices, {op == :indexed_add, axes}, t, state)
+      emit(:indexed, indices, {if(op == :indexed_add, do: :add, else: :put), axes}, t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: op, args: [tensors, axis]}} = t, state)

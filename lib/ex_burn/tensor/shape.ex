@@ -103,10 +103,7 @@ defmodule ExBurn.Tensor.Shape do
 
     if Enum.any?(strides, &(&1 < 1)), do: fail!(op, "strides must be positive", %{strides: strides})
 
-    starts =
-      for {start, {len, dim}} <- Enum.zip(starts, Enum.zip(lengths, dims)),
-          do: start |> max(0) |> min(dim - len)
-
+    # the NIF clamps the starts (Nx's rule, shared with the backend and compiled programs)
     wrap(Native.slice(t.ref, starts, lengths, strides))
   end
 

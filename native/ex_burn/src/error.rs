@@ -15,6 +15,7 @@ pub enum Detail {
     Int(i128),
     Text(String),
     Type(NxType),
+    Atom(&'static str),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +44,14 @@ pub enum ExError {
     Execution(String),
     #[error("backend panicked: {message}")]
     Panic { message: String, location: Option<String> },
+    /// An error Nx itself specifies as `ArgumentError` with this exact message (out-of-bounds
+    /// gather indices, negative shift amounts): its details carry `kind: :argument`, and
+    /// `ExBurn.Error.unwrap!/1` raises it as Nx does, so backend and compiler agree with Nx.
+    #[error("{0}")]
+    NxArgument(String),
+    /// A dirty NIF noticed that the process waiting for it has exited and stopped early.
+    #[error("cancelled: the calling process exited")]
+    Cancelled,
 }
 
 pub type ExResult<T> = Result<T, ExError>;
@@ -81,7 +90,8 @@ impl ExError {
                 ("limit", Int(*limit as i128)),
             ],
             ExError::Invalid { details, .. } => details.clone(),
-            ExError::Device(_) | ExError::Execution(_) => vec![],
+            ExError::Device(_) | ExError::Execution(_) | ExError::Cancelled => vec![],
+            ExError::NxArgument(_) => vec![("kind", Atom("argument"))],
             ExError::Panic { location, .. } => match location {
                 Some(l) => vec![("location", Text(l.clone()))],
                 None => vec![],

@@ -192,10 +192,19 @@ if Code.ensure_loaded?(Nx) do
       ])
     end
 
-    test "out-of-range gather coordinates raise instead of reading garbage" do
-      jitted = Nx.Defn.jit(&Nx.gather/2, compiler: Compiler)
+    test "out-of-range gather coordinates raise Nx's ArgumentError, jitted and op by op alike" do
       t = Nx.backend_copy(iota({2, 2}), ExBurn.Backend)
-      assert_raise ExBurn.Error, ~r/out of bounds/, fn -> jitted.(t, Nx.tensor([[0, 3]])) end
+      message = "index 3 is out of bounds for axis 1 in shape {2, 2}"
+
+      for gather <- [Nx.Defn.jit(&Nx.gather/2, compiler: Compiler), &Nx.gather/2] do
+        assert_raise ArgumentError, message, fn -> gather.(t, Nx.tensor([[0, 3]])) end
+      end
+
+      indexed_add = &Nx.indexed_add(&1, Nx.tensor([[0, -1]]), Nx.tensor([1]))
+
+      for fun <- [Nx.Defn.jit(indexed_add, compiler: Compiler), indexed_add] do
+        assert_raise ArgumentError, "index -1 is out of bounds for axis 1 in shape {2, 2}", fn -> fun.(t) end
+      end
     end
 
     test "sort and argsort" do
@@ -270,8 +279,10 @@ if Code.ensure_loaded?(Nx) do
       jitted = Nx.Defn.jit(&Nx.left_shift/2, compiler: Compiler)
       burn = Nx.backend_copy(x, ExBurn.Backend)
 
-      assert_raise ExBurn.Error, ~r/cannot left shift by -1/, fn ->
-        jitted.(burn, Nx.tensor([0, -1, 0, 0], type: :s32))
+      for shift <- [jitted, &Nx.left_shift/2] do
+        assert_raise ArgumentError, "cannot left shift by -1", fn ->
+          shift.(burn, Nx.tensor([0, -1, 0, 0], type: :s32))
+        end
       end
     end
   end

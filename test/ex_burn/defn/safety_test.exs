@@ -10,6 +10,24 @@ if Code.ensure_loaded?(Nx) do
       r = if Nx.sum(x) > 0, do: y + 1, else: x
       r + y
     end
+
+    # one hook node used only inside two `if`s: still one firing per call
+    defn hook_in_two_ifs(bool, a, b) do
+      res = hook(a + b, :shared)
+      left = if bool, do: res, else: -res
+      right = if bool, do: res * 2, else: res
+      left * right
+    end
+
+    # a hook inside a loop body fires on every iteration
+    defn hook_in_loop(x) do
+      {_i, x} =
+        while {i = 0, x}, i < 3 do
+          {i + 1, hook(x + 1, :shared)}
+        end
+
+      x
+    end
   end
 
   defmodule ExBurn.Defn.SafetyTest do
@@ -191,6 +209,29 @@ if Code.ensure_loaded?(Nx) do
         assert length(want_fired) == 1
         assert got_fired == want_fired
         assert_same(got, want)
+      end
+
+      test "hooks in two ifs fire once per call, and in a loop once per iteration" do
+        runs = [
+          {&SafetyFuns.hook_in_two_ifs/3, [Nx.tensor(0), Nx.tensor(4), Nx.tensor(5)], 1},
+          {&SafetyFuns.hook_in_two_ifs/3, [Nx.tensor(1), Nx.tensor(4), Nx.tensor(5)], 1},
+          {&SafetyFuns.hook_in_loop/1, [Nx.tensor([1.0, 2.0])], 3}
+        ]
+
+        for {fun, args, times} <- runs do
+          fired =
+            for compiler <- [Nx.Defn.Evaluator, Compiler] do
+              parent = self()
+              hooks = %{shared: fn v -> send(parent, {:fired, v}) end}
+              result = Nx.Defn.jit_apply(fun, args, compiler: compiler, hooks: hooks)
+              values = Stream.repeatedly(fn -> receive do: ({:fired, v} -> host(v)), after: (0 -> nil) end)
+              {host(result), Enum.take_while(values, & &1)}
+            end
+
+          [{want, want_fired}, {got, got_fired}] = fired
+          assert length(want_fired) == times
+          assert {got, got_fired} == {want, want_fired}
+        end
       end
     end
 

@@ -59,7 +59,7 @@ pub enum Op {
     /// Operands: tensor, index tensor (last axis: one coordinate per entry of `axes`).
     Gather(Vec<usize>),
     /// Operands: tensor, index tensor, updates. `add` is indexed_add, else indexed_put.
-    Indexed { add: bool, axes: Vec<usize> },
+    Indexed { op: indexing::IndexedOp, axes: Vec<usize> },
     /// Nx `cond`: runs the clauses' predicate ranges in order and the body range of the first
     /// one that holds (else `last`). Range instructions run only from here, so an untaken
     /// branch costs nothing and cannot fail. Produces no value: `Pick`s read the outputs.
@@ -289,7 +289,7 @@ impl Program {
                 let mut pick = clauses.len();
                 for (c, (pred, _)) in clauses.iter().enumerate() {
                     self.exec_range(i, pred, values, chosen, inputs)?;
-                    if read_ints(&value(values, pred.outs[0]))?.first().is_some_and(|&p| p != 0) {
+                    if indexing::read_ints(&value(values, pred.outs[0]))?.first().is_some_and(|&p| p != 0) {
                         pick = c;
                         break;
                     }
@@ -314,7 +314,7 @@ impl Program {
                 }
                 loop {
                     self.exec_range(i, cond, values, chosen, inputs)?;
-                    if !read_ints(&value(values, cond.outs[0]))?.first().is_some_and(|&p| p != 0) {
+                    if !indexing::read_ints(&value(values, cond.outs[0]))?.first().is_some_and(|&p| p != 0) {
                         break;
                     }
                     self.exec_range(i, body, values, chosen, inputs)?;
@@ -368,12 +368,7 @@ impl Program {
             Op::Iota(axis) => create::iota(shape, ty, *axis, self.device),
             Op::Eye => create::eye(shape, ty, self.device),
             Op::Unary(op) => ew::unary(op, a[0], ty),
-            Op::Binary { op, compute } => {
-                if op == "left_shift" || op == "right_shift" {
-                    check_shift(op, a[1])?;
-                }
-                ew::binary(op, a[0], a[1], *compute)
-            }
+            Op::Binary { op, compute } => ew::binary(op, a[0], a[1], *compute),
             Op::ClampScalar { max, bound, compute } => ew::clamp_scalar(&ew::as_type(a[0], *compute)?, *max, *bound),
             Op::Select => ew::select(a[0], a[1], a[2], ty),
             Op::Clip => {
@@ -403,19 +398,10 @@ impl Program {
             Op::Sort { axis, desc } => indexing::sort(a[0], *axis, *desc),
             Op::ArgSort { axis, desc } => indexing::argsort(a[0], *axis, *desc, ty),
             Op::PadInterior(interior) => window::pad_interior(a[0], a[1], interior.clone()),
-            Op::DynSlice { lengths, strides } => {
-                let starts = clamped_starts(&a[1..], &a[0].shape, lengths)?;
-                sh::slice(a[0], starts, lengths.clone(), strides.clone())
-            }
-            Op::PutSlice => {
-                let starts = clamped_starts(&a[2..], &a[0].shape, &a[1].shape)?;
-                indexing::put_slice(a[0], starts, a[1])
-            }
-            Op::Gather(axes) => {
-                let (x, flat) = linearize(a[0], a[1], axes)?;
-                indexing::take(&x, &flat, 0)
-            }
-            Op::Indexed { add, axes } => indexed(*add, a[0], a[1], a[2], axes, ty),
+            Op::DynSlice { lengths, strides } => indexing::slice(a[0], &starts(&a[1..]), lengths.clone(), strides.clone()),
+            Op::PutSlice => indexing::put_slice_at(a[0], &starts(&a[2..]), a[1]),
+            Op::Gather(axes) => indexing::gather_axes(a[0], a[1], axes),
+            Op::Indexed { op, axes } => indexing::indexed_axes(*op, a[0], a[1], a[2], axes, ty),
             Op::Cond { .. } | Op::Pick { .. } | Op::LoopVar | Op::While { .. } => unreachable!("run by exec"),
             Op::WindowScatter { max, dims, strides, padding, select } => {
                 window::window_scatter(*max, a[0], a[1], a[2], dims.clone(), strides.clone(), padding.clone(), *select, ty)
@@ -513,100 +499,13 @@ fn dense_constants(instrs: &[Instr], device: DeviceRef) -> ExResult<Vec<Vec<Opti
     Ok(dense)
 }
 
+/// Start operands, read when the slice runs.
+fn starts(a: &[&Handle]) -> Vec<indexing::Start> {
+    a.iter().map(|h| indexing::Start::Dynamic((*h).clone())).collect()
+}
+
 fn owned(a: &[&Handle]) -> Vec<Handle> {
     a.iter().map(|h| (*h).clone()).collect()
-}
-
-/// The values of an integer tensor, read back to the host (the backend reads them too).
-fn read_ints(h: &Handle) -> ExResult<Vec<i64>> {
-    if h.numel() == 0 {
-        return Ok(Vec::new());
-    }
-    let bytes = ew::as_type(h, NxType::S(64))?.to_bytes()?;
-    Ok(bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes"))).collect())
-}
-
-/// Nx clamps dynamic start indices so the window fits, as the backend's `clamp_starts`.
-fn clamped_starts(starts: &[&Handle], shape: &[usize], lengths: &[usize]) -> ExResult<Vec<usize>> {
-    if starts.len() != shape.len() || lengths.len() != shape.len() {
-        return Err(ExError::invalid("slice needs one start and one length per axis"));
-    }
-    starts
-        .iter()
-        .zip(shape.iter().zip(lengths))
-        .map(|(s, (&dim, &len))| {
-            let v = *read_ints(s)?.first().ok_or_else(|| ExError::invalid("a slice start must be a scalar"))?;
-            Ok(v.max(0).min(dim.saturating_sub(len) as i64) as usize)
-        })
-        .collect()
-}
-
-/// Like the backend, a negative shift amount is an error rather than a device-defined result.
-fn check_shift(op: &str, amount: &Handle) -> ExResult<()> {
-    if let NxType::S(_) = amount.ty {
-        if let Some(min) = read_ints(amount)?.into_iter().min() {
-            if min < 0 {
-                let verb = if op == "left_shift" { "left" } else { "right" };
-                return Err(ExError::invalid(format!("cannot {verb} shift by {min}")));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The backend's `linearize`: `axes` moved to the front and merged into one axis, and `idx`
-/// (last axis: one coordinate per entry of `axes`) turned into s64 indices into that merged
-/// axis. Coordinates out of range are an error, never a clamped or wrapped read.
-fn linearize(x: &Handle, idx: &Handle, axes: &[usize]) -> ExResult<(Handle, Handle)> {
-    let rank = x.rank();
-    crate::ops::check_axes(axes, rank)?;
-    let k = axes.len();
-    if k == 0 || idx.rank() == 0 || idx.shape[idx.rank() - 1] != k {
-        return Err(ExError::invalid("gather indices need one coordinate per indexed axis"));
-    }
-    let perm: Vec<usize> = axes.iter().copied().chain((0..rank).filter(|a| !axes.contains(a))).collect();
-    let dims: Vec<usize> = axes.iter().map(|&a| x.shape[a]).collect();
-    let moved = if perm.iter().enumerate().all(|(i, &p)| i == p) { x.clone() } else { sh::transpose(x, perm.clone())? };
-    let mut merged = vec![dims.iter().product()];
-    merged.extend_from_slice(&moved.shape[k..]);
-    let moved = sh::reshape(&moved, merged)?;
-    let coords = read_ints(idx)?;
-    let mut flat = Vec::with_capacity(coords.len() / k * 8);
-    for row in coords.chunks_exact(k) {
-        let mut f = 0i64;
-        for (axis, (&c, &d)) in row.iter().zip(&dims).enumerate() {
-            if c < 0 || c >= d as i64 {
-                return Err(ExError::invalid(format!("index {c} is out of bounds for axis {axis} in shape {:?}", x.shape)));
-            }
-            f = f * d as i64 + c;
-        }
-        flat.extend_from_slice(&f.to_ne_bytes());
-    }
-    let flat = Handle::from_bytes(flat, idx.shape[..idx.rank() - 1].to_vec(), NxType::S(64), x.device)?;
-    Ok((moved, flat))
-}
-
-/// The backend's `indexed/6`: update the merged-axis view, then restore the axis order.
-fn indexed(add: bool, x: &Handle, idx: &Handle, updates: &Handle, axes: &[usize], ty: NxType) -> ExResult<Handle> {
-    let rank = x.rank();
-    let perm: Vec<usize> = axes.iter().copied().chain((0..rank).filter(|a| !axes.contains(a))).collect();
-    let permuted: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
-    let (x2, flat) = linearize(x, idx, axes)?;
-    let rows = updates.shape.first().copied().unwrap_or(1);
-    let mut upd_shape = vec![rows];
-    upd_shape.extend_from_slice(&x2.shape[1..]);
-    let upd = sh::reshape(updates, upd_shape)?;
-    let r = indexing::index_update(if add { "add" } else { "put" }, &x2, &flat, &upd, ty)?;
-    let r = sh::reshape(&r, permuted)?;
-    if perm.iter().enumerate().all(|(i, &p)| i == p) {
-        Ok(r)
-    } else {
-        let mut inverse = vec![0; rank];
-        for (i, &p) in perm.iter().enumerate() {
-            inverse[p] = i;
-        }
-        sh::transpose(&r, inverse)
-    }
 }
 
 #[cfg(test)]

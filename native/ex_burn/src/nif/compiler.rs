@@ -8,6 +8,7 @@ use super::resource::{arg_list, TensorOut};
 use super::{guard, term};
 use crate::compiler::{Branch, Instr, Op, Program};
 use crate::error::{ExError, ExResult};
+use crate::ops::indexing::IndexedOp;
 use crate::ops::linalg::DotSpec;
 
 pub struct ProgramRes(pub Program);
@@ -118,8 +119,8 @@ fn decode_op(name: &str, attrs: Term, ty: crate::dtype::NxType) -> ExResult<Op> 
         }
         "gather" => Op::Gather(term::usizes(attrs, "axes")?),
         "indexed" => {
-            let (add, axes): (Term, Term) = attrs.decode().map_err(|_| attr_err("{add, axes}"))?;
-            Op::Indexed { add: term::boolean(add, "add")?, axes: term::usizes(axes, "axes")? }
+            let (op, axes): (Term, Term) = attrs.decode().map_err(|_| attr_err("{:add | :put, axes}"))?;
+            Op::Indexed { op: IndexedOp::from_name(&term::atom(op, "op")?)?, axes: term::usizes(axes, "axes")? }
         }
         _ => return Err(ExError::invalid(format!("unknown program op {name}"))),
     })

@@ -4,7 +4,19 @@ use rustler::{Env, Term};
 
 use super::resource::{arg, TensorOut};
 use super::{guard, op_name, term};
-use crate::ops::indexing as ix;
+use crate::ops::indexing::{self as ix, IndexedOp, Start};
+
+/// Slice starts: integers, or scalar tensors read when the op runs (Nx's dynamic starts).
+pub(super) fn starts(list: Term) -> crate::error::ExResult<Vec<Start>> {
+    let items: Vec<Term> = list.decode().map_err(|_| crate::error::ExError::Arg { name: "starts", expected: "a list of integers or scalar tensors" })?;
+    items
+        .into_iter()
+        .map(|t| match t.decode::<i64>() {
+            Ok(v) => Ok(Start::Fixed(v)),
+            Err(_) => Ok(Start::Dynamic(arg(t)?)),
+        })
+        .collect()
+}
 
 #[rustler::nif(schedule = "DirtyCpu")]
 fn reverse<'a>(env: Env<'a>, t: Term<'a>, axes: Term<'a>) -> Term<'a> {
@@ -38,7 +50,7 @@ fn cumulative<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, axis: Term<'a>, rever
 
 #[rustler::nif(schedule = "DirtyCpu")]
 fn put_slice<'a>(env: Env<'a>, t: Term<'a>, starts: Term<'a>, update: Term<'a>) -> Term<'a> {
-    guard(env, "put_slice", || Ok(TensorOut(ix::put_slice(&arg(t)?, term::usizes(starts, "starts")?, &arg(update)?)?)))
+    guard(env, "put_slice", || Ok(TensorOut(ix::put_slice_at(&arg(t)?, &self::starts(starts)?, &arg(update)?)?)))
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
@@ -53,11 +65,18 @@ fn take_along_axis<'a>(env: Env<'a>, t: Term<'a>, indices: Term<'a>, axis: Term<
     })
 }
 
+/// Nx.gather: `indices`' last dimension holds one coordinate per axis of `axes`.
 #[rustler::nif(schedule = "DirtyCpu")]
-fn index_update<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, indices: Term<'a>, updates: Term<'a>, out_type: Term<'a>) -> Term<'a> {
-    guard(env, &op_name(op, "index_update"), || {
-        let op = term::atom(op, "op")?;
-        let out = term::decode_type(out_type)?;
-        Ok(TensorOut(ix::index_update(&op, &arg(t)?, &arg(indices)?, &arg(updates)?, out)?))
+fn gather<'a>(env: Env<'a>, t: Term<'a>, indices: Term<'a>, axes: Term<'a>) -> Term<'a> {
+    guard(env, "gather", || Ok(TensorOut(ix::gather_axes(&arg(t)?, &arg(indices)?, &term::usizes(axes, "axes")?)?)))
+}
+
+/// Nx.indexed_add / Nx.indexed_put over `axes`, the result of type `out_type`.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn indexed<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, indices: Term<'a>, updates: Term<'a>, axes: Term<'a>, out_type: Term<'a>) -> Term<'a> {
+    guard(env, &op_name(op, "indexed"), || {
+        let op = IndexedOp::from_name(&term::atom(op, "op")?)?;
+        let (axes, out) = (term::usizes(axes, "axes")?, term::decode_type(out_type)?);
+        Ok(TensorOut(ix::indexed_axes(op, &arg(t)?, &arg(indices)?, &arg(updates)?, &axes, out)?))
     })
 }

@@ -27,10 +27,10 @@ fn broadcast<'a>(env: Env<'a>, t: Term<'a>, shape: Term<'a>, axes: Term<'a>) -> 
 #[rustler::nif(schedule = "DirtyCpu")]
 fn slice<'a>(env: Env<'a>, t: Term<'a>, starts: Term<'a>, lengths: Term<'a>, strides: Term<'a>) -> Term<'a> {
     guard(env, "slice", || {
-        let starts = term::usizes(starts, "starts")?;
+        let starts = super::indexing::starts(starts)?;
         let lengths = term::usizes(lengths, "lengths")?;
         let strides = term::usizes(strides, "strides")?;
-        Ok(TensorOut(s::slice(&arg(t)?, starts, lengths, strides)?))
+        Ok(TensorOut(crate::ops::indexing::slice(&arg(t)?, &starts, lengths, strides)?))
     })
 }
 

@@ -30,6 +30,7 @@ pub fn detail<'a>(env: Env<'a>, d: &Detail) -> Term<'a> {
         },
         Detail::Text(s) => s.encode(env),
         Detail::Type(t) => nx_type(env, *t),
+        Detail::Atom(a) => rustler::Atom::from_str(env, a).map(|a| a.encode(env)).unwrap_or_else(|_| a.encode(env)),
     }
 }
 

@@ -341,6 +341,9 @@ fn arith(op: &str, a: Prim, b: Prim, ty: NxType) -> ExResult<Prim> {
 }
 
 pub fn binary(op: &str, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Handle> {
+    if op == "left_shift" || op == "right_shift" {
+        check_shift(op, b)?;
+    }
     let device = same_device(&[a, b])?;
     device.check_type(ty)?;
     check_f64_math(op, ty, device)?;
@@ -361,6 +364,20 @@ pub fn binary(op: &str, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Handle> 
         arith(op, pa, pb, ty)?
     };
     Ok(Handle::new(prim, out_ty, shape, device))
+}
+
+/// Nx: a negative shift amount is an ArgumentError (BinaryBackend's message), not a
+/// device-defined result.
+fn check_shift(op: &str, amount: &Handle) -> ExResult<()> {
+    if let NxType::S(_) = amount.ty {
+        if let Some(min) = crate::ops::indexing::read_ints(amount)?.into_iter().min() {
+            if min < 0 {
+                let verb = if op == "left_shift" { "left" } else { "right" };
+                return Err(ExError::NxArgument(format!("cannot {verb} shift by {min}")));
+            }
+        }
+    }
+    Ok(())
 }
 
 pub fn select(p: &Handle, t: &Handle, f: &Handle, ty: NxType) -> ExResult<Handle> {

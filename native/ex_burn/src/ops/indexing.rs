@@ -200,7 +200,7 @@ fn gather(dim: usize, t: Prim, idx: Prim) -> Prim {
 
 /// Adds (`add`) or writes (`put`) the rows of `updates` into `h` at positions `idx` (a vector)
 /// along axis 0. The result has `out`'s type.
-pub fn index_update(op: &str, h: &Handle, idx: &Handle, updates: &Handle, out: NxType) -> ExResult<Handle> {
+pub fn index_update(op: IndexedOp, h: &Handle, idx: &Handle, updates: &Handle, out: NxType) -> ExResult<Handle> {
     let device = same_device(&[h, idx, updates])?;
     device.check_type(out)?;
     if h.rank() == 0 || idx.rank() != 1 || updates.rank() != h.rank() || updates.shape[0] != idx.shape[0] || updates.shape[1..] != h.shape[1..] {
@@ -214,9 +214,8 @@ pub fn index_update(op: &str, h: &Handle, idx: &Handle, updates: &Handle, out: N
     }
     let p = checked_indices(idx, h.shape[0])?;
     let update = match op {
-        "add" => IndexingUpdateOp::Add,
-        "put" => IndexingUpdateOp::Assign,
-        _ => return Err(ExError::invalid_with("unknown indexed op", vec![("op", Detail::Text(op.to_string()))])),
+        IndexedOp::Add => IndexingUpdateOp::Add,
+        IndexedOp::Put => IndexingUpdateOp::Assign,
     };
     let (t, v) = (cast_to(h, out), cast_to(updates, out));
     let prim = if out.is_float() {
@@ -225,6 +224,150 @@ pub fn index_update(op: &str, h: &Handle, idx: &Handle, updates: &Handle, out: N
         Dispatch::int_select_assign(t, 0, p, v, update)
     };
     Ok(Handle::new(prim, out, h.shape.clone(), device))
+}
+
+// Nx's indexing rules, the one implementation the backend's NIFs and compiled programs share.
+
+/// The values of an integer tensor, read back to the host.
+pub fn read_ints(h: &Handle) -> ExResult<Vec<i64>> {
+    if h.numel() == 0 {
+        return Ok(Vec::new());
+    }
+    let bytes = crate::ops::elementwise::as_type(h, NxType::S(64))?.to_bytes()?;
+    Ok(bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes"))).collect())
+}
+
+/// A slice start: a number, or a scalar tensor read when the op runs.
+pub enum Start {
+    Fixed(i64),
+    Dynamic(Handle),
+}
+
+/// Nx clamps start indices so the window fits: `0 <= start <= dim - length` on every axis.
+pub fn clamp_starts(starts: &[Start], shape: &[usize], lengths: &[usize]) -> ExResult<Vec<usize>> {
+    if starts.len() != shape.len() || lengths.len() != shape.len() {
+        return Err(ExError::invalid_with(
+            "a slice needs one start and one length per axis",
+            vec![dims_detail("shape", shape), dims_detail("lengths", lengths), ("starts", Detail::Int(starts.len() as i128))],
+        ));
+    }
+    starts
+        .iter()
+        .zip(shape.iter().zip(lengths))
+        .map(|(s, (&dim, &len))| {
+            let v = match s {
+                Start::Fixed(v) => *v,
+                Start::Dynamic(h) if h.numel() == 1 => read_ints(h)?[0],
+                Start::Dynamic(h) => {
+                    return Err(ExError::invalid_with("a slice start must be a scalar", vec![dims_detail("shape", &h.shape)]))
+                }
+            };
+            Ok(v.max(0).min(dim.saturating_sub(len) as i64) as usize)
+        })
+        .collect()
+}
+
+/// Nx.slice with Nx's start clamping.
+pub fn slice(h: &Handle, starts: &[Start], lengths: Vec<usize>, strides: Vec<usize>) -> ExResult<Handle> {
+    let starts = clamp_starts(starts, &h.shape, &lengths)?;
+    crate::ops::shape::slice(h, starts, lengths, strides)
+}
+
+/// Nx.put_slice with Nx's start clamping.
+pub fn put_slice_at(h: &Handle, starts: &[Start], update: &Handle) -> ExResult<Handle> {
+    let starts = clamp_starts(starts, &h.shape, &update.shape)?;
+    put_slice(h, starts, update)
+}
+
+/// Elixir's inspect of a shape tuple, for Nx's error messages.
+fn shape_text(shape: &[usize]) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("{{{}}}", dims.join(", "))
+}
+
+/// `axes` moved to the front and merged into one axis, and `idx` (last axis: one coordinate per
+/// entry of `axes`) turned into s64 indices into that merged axis. A coordinate out of range is
+/// Nx's ArgumentError (BinaryBackend's message, naming the transposed shape), never a clamped or
+/// wrapped read. Also returns the permutation.
+fn linearize(x: &Handle, idx: &Handle, axes: &[usize]) -> ExResult<(Handle, Handle, Vec<usize>)> {
+    let rank = x.rank();
+    check_axes(axes, rank)?;
+    let k = axes.len();
+    if k == 0 || idx.rank() == 0 || idx.shape[idx.rank() - 1] != k {
+        return Err(ExError::invalid_with(
+            "indices need one coordinate per indexed axis in their last dimension",
+            vec![dims_detail("indices", &idx.shape), ("axes", Detail::Dims(axes.to_vec()))],
+        ));
+    }
+    let perm: Vec<usize> = axes.iter().copied().chain((0..rank).filter(|a| !axes.contains(a))).collect();
+    let permuted: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    let dims = &permuted[..k];
+    let moved = if perm.iter().enumerate().all(|(i, &p)| i == p) { x.clone() } else { crate::ops::shape::transpose(x, perm.clone())? };
+    let mut merged = vec![dims.iter().product()];
+    merged.extend_from_slice(&permuted[k..]);
+    let moved = crate::ops::shape::reshape(&moved, merged)?;
+    let coords = read_ints(idx)?;
+    let mut flat = Vec::with_capacity(coords.len() / k * 8);
+    for row in coords.chunks_exact(k) {
+        let mut f = 0i64;
+        for (axis, (&c, &d)) in row.iter().zip(dims).enumerate() {
+            if c < 0 || c >= d as i64 {
+                return Err(ExError::NxArgument(format!(
+                    "index {c} is out of bounds for axis {axis} in shape {}",
+                    shape_text(&permuted)
+                )));
+            }
+            f = f * d as i64 + c;
+        }
+        flat.extend_from_slice(&f.to_ne_bytes());
+    }
+    let flat = Handle::from_bytes(flat, idx.shape[..idx.rank() - 1].to_vec(), NxType::S(64), x.device)?;
+    Ok((moved, flat, perm))
+}
+
+/// Nx.gather over `axes`.
+pub fn gather_axes(x: &Handle, idx: &Handle, axes: &[usize]) -> ExResult<Handle> {
+    let (moved, flat, _perm) = linearize(x, idx, axes)?;
+    take(&moved, &flat, 0)
+}
+
+/// What an indexed update does with each update row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexedOp {
+    Add,
+    Put,
+}
+
+impl IndexedOp {
+    /// Nx's name (`:add` / `:put` at the NIF boundary).
+    pub fn from_name(name: &str) -> ExResult<Self> {
+        match name {
+            "add" => Ok(IndexedOp::Add),
+            "put" => Ok(IndexedOp::Put),
+            _ => Err(ExError::Arg { name: "op", expected: ":add or :put" }),
+        }
+    }
+}
+
+/// Nx.indexed_add / Nx.indexed_put over `axes`: the merged-axis view is updated, then the axis
+/// order restored. The result has type `ty`.
+pub fn indexed_axes(op: IndexedOp, x: &Handle, idx: &Handle, updates: &Handle, axes: &[usize], ty: NxType) -> ExResult<Handle> {
+    let (x2, flat, perm) = linearize(x, idx, axes)?;
+    let rows = updates.shape.first().copied().unwrap_or(1);
+    let mut upd_shape = vec![rows];
+    upd_shape.extend_from_slice(&x2.shape[1..]);
+    let upd = crate::ops::shape::reshape(updates, upd_shape)?;
+    let r = index_update(op, &x2, &flat, &upd, ty)?;
+    let permuted: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    let r = crate::ops::shape::reshape(&r, permuted)?;
+    if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        return Ok(r);
+    }
+    let mut inverse = vec![0; perm.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        inverse[p] = i;
+    }
+    crate::ops::shape::transpose(&r, inverse)
 }
 
 #[cfg(test)]
@@ -281,9 +424,32 @@ mod tests {
         let x = f32s(&[0.0, 0.0, 0.0], &[3, 1]);
         let idx = i64s(&[0, 2, 0], &[3]);
         let upd = f32s(&[1.0, 2.0, 3.0], &[3, 1]);
-        let r = index_update("add", &x, &idx, &upd, NxType::F(32)).unwrap();
+        let r = index_update(IndexedOp::Add, &x, &idx, &upd, NxType::F(32)).unwrap();
         assert_eq!(floats(&r), vec![4.0, 0.0, 2.0]);
-        let p = index_update("put", &x, &i64s(&[1], &[1]), &f32s(&[7.0], &[1, 1]), NxType::F(64)).unwrap();
+        let p = index_update(IndexedOp::Put, &x, &i64s(&[1], &[1]), &f32s(&[7.0], &[1, 1]), NxType::F(64)).unwrap();
         assert_eq!((p.ty, floats(&p)), (NxType::F(64), vec![0.0, 7.0, 0.0]));
+    }
+
+    /// Nx's rules shared by the backend's NIFs and compiled programs.
+    #[test]
+    fn starts_clamp_and_out_of_bounds_coordinates_are_nx_argument_errors() {
+        let x = f32s(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+        let starts = [Start::Fixed(5), Start::Dynamic(i64s(&[-3], &[1]))];
+        assert_eq!(clamp_starts(&starts, &[2, 2], &[1, 2]).unwrap(), vec![1, 0]);
+        assert!(clamp_starts(&starts[..1], &[2, 2], &[1, 2]).is_err());
+
+        let got = gather_axes(&x, &i64s(&[1, 0, 0, 1], &[2, 2]), &[0, 1]).unwrap();
+        assert_eq!(floats(&got), vec![3.0, 2.0]);
+        match gather_axes(&x, &i64s(&[0, 2], &[1, 2]), &[1, 0]) {
+            Err(ExError::NxArgument(m)) => assert_eq!(m, "index 2 is out of bounds for axis 1 in shape {2, 2}"),
+            other => panic!("expected an Nx argument error, got {other:?}"),
+        }
+        match indexed_axes(IndexedOp::Add, &x, &i64s(&[3, 0], &[1, 2]), &f32s(&[1.0], &[1]), &[0, 1], NxType::F(32)) {
+            Err(ExError::NxArgument(m)) => assert_eq!(m, "index 3 is out of bounds for axis 0 in shape {2, 2}"),
+            other => panic!("expected an Nx argument error, got {other:?}"),
+        }
+        // indexed over permuted axes writes where the coordinates say
+        let got = indexed_axes(IndexedOp::Put, &x, &i64s(&[1, 0], &[1, 2]), &f32s(&[9.0], &[1]), &[1, 0], NxType::F(32)).unwrap();
+        assert_eq!(floats(&got), vec![1.0, 9.0, 3.0, 4.0]);
     }
 }
