@@ -69,12 +69,25 @@ pub fn dot(a: &Handle, sa: &DotSpec, b: &Handle, sb: &DotSpec, out: NxType) -> E
     let order = |first: &[usize], second: &[usize], third: &[usize]| -> Vec<usize> {
         first.iter().chain(second).chain(third).copied().collect()
     };
-    let pa = dispatch::permute(cast_to(a, out), &order(&sa.batch, &fa, &sa.contract));
+    let compute = if wide_accumulation(out, bsz * m * k * n, device) { NxType::F(64) } else { out };
+    let pa = dispatch::permute(cast_to(a, compute), &order(&sa.batch, &fa, &sa.contract));
     let pa = dispatch::reshape(pa, &[bsz, m, k]);
-    let pb = dispatch::permute(cast_to(b, out), &order(&sb.batch, &sb.contract, &fb));
+    let pb = dispatch::permute(cast_to(b, compute), &order(&sb.batch, &sb.contract, &fb));
     let pb = dispatch::reshape(pb, &[bsz, k, n]);
-    let prim = by_kind2!(pa, pb, float_matmul, int_matmul);
-    Ok(Handle::new(dispatch::reshape(prim, &shape), out, shape, device))
+    let prim = dispatch::reshape(by_kind2!(pa, pb, float_matmul, int_matmul), &shape);
+    let r = Handle::new(prim, compute, shape.clone(), device);
+    Ok(if compute == out { r } else { Handle::new(cast_to(&r, out), out, shape, device) })
+}
+
+/// Products of at most this many multiply-adds accumulate narrow floats in f64.
+pub const WIDE_DOT_LIMIT: usize = 1 << 18;
+
+/// Small float products accumulate in f64 and round once, as Nx.BinaryBackend does. LinAlg's
+/// decompositions (QR, SVD, LU, eigh, pinv, least squares, covariance) iterate on small
+/// matrices, where f32 accumulation moves the last digits of the results Nx documents; there
+/// the wider product costs microseconds. Larger products keep the f32 kernel's speed.
+fn wide_accumulation(out: NxType, macs: usize, device: crate::device::DeviceRef) -> bool {
+    out.is_float() && out != NxType::F(64) && macs <= WIDE_DOT_LIMIT && device.check_type(NxType::F(64)).is_ok()
 }
 
 #[cfg(test)]
@@ -114,6 +127,16 @@ mod tests {
         assert_eq!((outer.shape.clone(), ints(&outer)), (vec![3, 3], vec![1, 2, 3, 2, 4, 6, 3, 6, 9]));
         let inner = dot(&a, &spec(&[0], &[]), &a, &spec(&[0], &[]), NxType::S(64)).unwrap();
         assert_eq!((inner.shape.clone(), ints(&inner)), (vec![], vec![14]));
+    }
+
+    /// A small f32 product rounds once, like the f64 product rounded to f32: here the f32
+    /// accumulation would give 0.0 (1e8 + 1 rounds back to 1e8 before the -1e8 cancels it).
+    #[test]
+    fn small_f32_products_accumulate_in_f64() {
+        let a = f32s(&[1.0e8, 1.0, -1.0e8], &[1, 3]);
+        let b = f32s(&[1.0, 1.0, 1.0], &[3, 1]);
+        let c = dot(&a, &spec(&[1], &[]), &b, &spec(&[0], &[]), NxType::F(32)).unwrap();
+        assert_eq!((c.ty, floats(&c)), (NxType::F(32), vec![1.0]));
     }
 
     #[test]
