@@ -19,6 +19,12 @@ if Code.ensure_loaded?(Nx) do
       left * right
     end
 
+    # runs for billions of iterations
+    defn spin(x) do
+      {_i, x} = while({i = 0, x}, i >= 0, do: {i + 1, x + 1})
+      x
+    end
+
     # a hook inside a loop body fires on every iteration
     defn hook_in_loop(x) do
       {_i, x} =
@@ -232,6 +238,31 @@ if Code.ensure_loaded?(Nx) do
           assert length(want_fired) == times
           assert {got, got_fired} == {want, want_fired}
         end
+      end
+    end
+
+    describe "abandoned work" do
+      test "a program whose caller is killed stops instead of holding a dirty scheduler" do
+        spin = jit(&SafetyFuns.spin/1)
+        x = burn_copy(Nx.tensor(1.0))
+        parent = self()
+
+        # one spinning caller per dirty CPU scheduler: if their programs kept running after the
+        # kill, the op below would never get a scheduler
+        callers =
+          for _ <- 1..:erlang.system_info(:dirty_cpu_schedulers) do
+            spawn(fn ->
+              send(parent, {:started, self()})
+              spin.(x)
+            end)
+          end
+
+        for pid <- callers, do: assert_receive({:started, ^pid}, 5_000)
+        Process.sleep(100)
+        Enum.each(callers, &Process.exit(&1, :kill))
+
+        task = Task.async(fn -> x |> Nx.add(1) |> Nx.to_number() end)
+        assert Task.await(task, 30_000) == 2.0
       end
     end
 

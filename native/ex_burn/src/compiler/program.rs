@@ -262,6 +262,13 @@ impl Program {
     /// Executes every instruction in order; values are dropped right after their last use so
     /// peak memory follows the graph's live set, not its size.
     pub fn run(&self, inputs: &[Handle]) -> ExResult<Vec<Handle>> {
+        self.run_while(inputs, &|| true)
+    }
+
+    /// `run`, stopping with `ExError::Cancelled` as soon as `alive()` is false: it is asked
+    /// before every top-level instruction and every loop iteration, so a caller that dies
+    /// (the NIF asks the BEAM) does not leave a `while` spinning on a dirty scheduler.
+    pub fn run_while(&self, inputs: &[Handle], alive: &dyn Fn() -> bool) -> ExResult<Vec<Handle>> {
         if inputs.len() != self.inputs {
             return Err(ExError::invalid_with(
                 "wrong number of program inputs",
@@ -272,7 +279,10 @@ impl Program {
         let mut chosen = vec![0usize; self.instrs.len()];
         for i in 0..self.instrs.len() {
             if self.parent[i].is_none() {
-                self.exec(i, &mut values, &mut chosen, inputs)?;
+                if !alive() {
+                    return Err(ExError::Cancelled);
+                }
+                self.exec(i, &mut values, &mut chosen, inputs, alive)?;
                 for &v in &self.frees[i] {
                     values[v] = None;
                 }
@@ -281,21 +291,21 @@ impl Program {
         Ok(self.outputs.iter().map(|&o| values[o].clone().expect("output kept alive")).collect())
     }
 
-    fn exec(&self, i: usize, values: &mut [Option<Handle>], chosen: &mut [usize], inputs: &[Handle]) -> ExResult<()> {
+    fn exec(&self, i: usize, values: &mut [Option<Handle>], chosen: &mut [usize], inputs: &[Handle], alive: &dyn Fn() -> bool) -> ExResult<()> {
         let ins = &self.instrs[i];
         let value = |values: &[Option<Handle>], a: usize| -> Handle { values[a].clone().expect("value freed before its last use") };
         match &ins.op {
             Op::Cond { clauses, last } => {
                 let mut pick = clauses.len();
                 for (c, (pred, _)) in clauses.iter().enumerate() {
-                    self.exec_range(i, pred, values, chosen, inputs)?;
+                    self.exec_range(i, pred, values, chosen, inputs, alive)?;
                     if indexing::read_ints(&value(values, pred.outs[0]))?.first().is_some_and(|&p| p != 0) {
                         pick = c;
                         break;
                     }
                 }
                 let body = clauses.get(pick).map(|(_, b)| b).unwrap_or(last);
-                self.exec_range(i, body, values, chosen, inputs)?;
+                self.exec_range(i, body, values, chosen, inputs, alive)?;
                 chosen[i] = pick;
             }
             Op::Pick { cond, out } => {
@@ -313,11 +323,14 @@ impl Program {
                     values[v] = Some(self.fix(value(values, a), &self.instrs[v])?);
                 }
                 loop {
-                    self.exec_range(i, cond, values, chosen, inputs)?;
+                    if !alive() {
+                        return Err(ExError::Cancelled);
+                    }
+                    self.exec_range(i, cond, values, chosen, inputs, alive)?;
                     if !indexing::read_ints(&value(values, cond.outs[0]))?.first().is_some_and(|&p| p != 0) {
                         break;
                     }
-                    self.exec_range(i, body, values, chosen, inputs)?;
+                    self.exec_range(i, body, values, chosen, inputs, alive)?;
                     let next: Vec<Handle> = body.outs.iter().map(|&o| value(values, o)).collect();
                     for (&v, h) in vars.iter().zip(next) {
                         values[v] = Some(self.fix(h, &self.instrs[v])?);
@@ -342,10 +355,10 @@ impl Program {
         Ok(())
     }
 
-    fn exec_range(&self, cond: usize, br: &Branch, values: &mut [Option<Handle>], chosen: &mut [usize], inputs: &[Handle]) -> ExResult<()> {
+    fn exec_range(&self, cond: usize, br: &Branch, values: &mut [Option<Handle>], chosen: &mut [usize], inputs: &[Handle], alive: &dyn Fn() -> bool) -> ExResult<()> {
         for j in br.start..br.end {
             if self.parent[j] == Some(cond) {
-                self.exec(j, values, chosen, inputs)?;
+                self.exec(j, values, chosen, inputs, alive)?;
             }
         }
         Ok(())
@@ -733,5 +746,36 @@ mod tests {
         )
         .unwrap();
         assert!(prog.run(&[]).is_err());
+    }
+
+    /// A run whose caller has gone stops with `Cancelled`, even inside a loop that never ends.
+    #[test]
+    fn a_run_stops_when_its_caller_is_gone() {
+        let checks = std::cell::Cell::new(0);
+        let prog = Program::new(
+            vec![
+                ins(Op::Input(0), &[], F32, &[]),
+                ins(Op::LoopVar, &[], F32, &[]),
+                ins(Op::Full(Scalar::Int(1)), &[], NxType::U(8), &[]),
+                ins(bin("add"), &[1, 1], F32, &[]),
+                ins(
+                    Op::While { vars: vec![1], cond: Branch { start: 2, end: 3, outs: vec![2] }, body: Branch { start: 3, end: 4, outs: vec![3] } },
+                    &[0],
+                    F32,
+                    &[],
+                ),
+                ins(Op::Pick { cond: 4, out: 0 }, &[], F32, &[]),
+            ],
+            vec![5],
+            1,
+            device(),
+        )
+        .unwrap();
+        let alive = || {
+            checks.set(checks.get() + 1);
+            checks.get() < 50
+        };
+        assert!(matches!(prog.run_while(&[f32s(&[1.0], &[])], &alive), Err(ExError::Cancelled)));
+        assert_eq!(checks.get(), 50);
     }
 }

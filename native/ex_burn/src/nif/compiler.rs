@@ -159,7 +159,9 @@ fn program_run<'a>(env: Env<'a>, program: Term<'a>, inputs: Term<'a>) -> Term<'a
     guard(env, "program_run", || {
         let program: ResourceArc<ProgramRes> =
             program.decode().map_err(|_| ExError::Arg { name: "program", expected: "an ExBurn program reference" })?;
-        let outs = program.0.run(&arg_list(inputs)?)?;
+        // a dirty NIF keeps running after its caller is killed: stop the program then
+        let alive = || unsafe { rustler::sys::enif_is_current_process_alive(env.as_c_arg()) != 0 };
+        let outs = program.0.run_while(&arg_list(inputs)?, &alive)?;
         Ok(outs.into_iter().map(TensorOut).collect::<Vec<_>>())
     })
 }
