@@ -5,6 +5,11 @@
 //! the same result-type and shape fix-ups the backend applies in Elixir, so a compiled program and
 //! op-by-op evaluation agree bit for bit.
 
-pub mod program;
+mod exec;
+mod instr;
+mod program;
+#[cfg(test)]
+mod tests;
 
-pub use program::{Branch, Instr, Op, Program};
+pub use instr::{Branch, Instr, Op};
+pub use program::Program;

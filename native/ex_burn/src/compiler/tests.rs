@@ -1,0 +1,263 @@
+//! Programs built by hand and run: lowering-independent checks of validation and execution.
+
+use burn::backend::Scalar;
+
+use super::{Branch, Instr, Op, Program};
+use crate::dtype::NxType;
+use crate::error::ExError;
+use crate::ops::linalg::DotSpec;
+use crate::tensor::Handle;
+use crate::testing::{device, f32s, floats, ints};
+
+fn ins(op: Op, args: &[usize], ty: NxType, shape: &[usize]) -> Instr {
+    Instr { op, args: args.to_vec(), ty, shape: shape.to_vec() }
+}
+
+const F32: NxType = NxType::F(32);
+
+fn bin(op: &str) -> Op {
+    Op::Binary { op: op.into(), compute: F32 }
+}
+
+/// max/min against a constant run as one clamp and still propagate NaN like Nx.
+#[test]
+fn max_and_min_with_a_constant_become_clamps() {
+    let x = [f32::NAN, -2.0, 0.5, 3.0];
+    for (op, want) in [("max", [0.0, 0.5, 1.0]), ("min", [-2.0, 0.0, 0.0])] {
+        // op(x, 0) with an s32 constant, then min(_, 1.0) with the constant second
+        let prog = Program::new(
+            vec![
+                ins(Op::Input(0), &[], F32, &[4]),
+                ins(Op::Full(Scalar::Int(0)), &[], NxType::S(32), &[]),
+                ins(bin(op), &[1, 0], F32, &[4]),
+                ins(Op::Full(Scalar::Float(1.0)), &[], F32, &[]),
+                ins(bin("min"), &[2, 3], F32, &[4]),
+            ],
+            vec![4],
+            1,
+            device(),
+        )
+        .unwrap();
+        if device().kind == crate::device::DeviceKind::Cpu {
+            assert!(matches!(prog.instrs[2].op, Op::ClampScalar { max, .. } if max == (op == "max")));
+            assert!(matches!(prog.instrs[4].op, Op::ClampScalar { max: false, .. }));
+        } else {
+            assert!(matches!(prog.instrs[2].op, Op::Binary { .. }));
+        }
+        let got = floats(&prog.run(&[f32s(&x, &[4])]).unwrap()[0]);
+        assert!(got[0].is_nan(), "{op}: {got:?}");
+        assert_eq!(&got[1..], &want[..], "{op}");
+    }
+}
+
+#[test]
+fn runs_a_dense_layer_with_relu_in_one_call() {
+    // relu(x . w + b), then its sum: the shape of one MLP forward step.
+    let prog = Program::new(
+        vec![
+            ins(Op::Input(0), &[], F32, &[2, 3]),
+            ins(Op::Input(1), &[], F32, &[3, 2]),
+            ins(Op::Input(2), &[], F32, &[2]),
+            ins(Op::Dot { a: DotSpec { contract: vec![1], batch: vec![] }, b: DotSpec { contract: vec![0], batch: vec![] } }, &[0, 1], F32, &[2, 2]),
+            ins(bin("add"), &[3, 2], F32, &[2, 2]),
+            ins(Op::Full(Scalar::Float(0.0)), &[], F32, &[]),
+            ins(bin("max"), &[4, 5], F32, &[2, 2]),
+            ins(Op::Reduce { op: "sum".into(), axes: None, keep: false }, &[6], F32, &[]),
+        ],
+        vec![6, 7],
+        3,
+        device(),
+    )
+    .unwrap();
+    let x = f32s(&[1.0, 2.0, 3.0, -1.0, -2.0, -3.0], &[2, 3]);
+    let w = f32s(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2]);
+    let b = f32s(&[0.5, -0.5], &[2]);
+    let out = prog.run(&[x, w, b]).unwrap();
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[0].shape, vec![2, 2]);
+    assert_eq!(floats(&out[0]), vec![4.5, 4.5, 0.0, 0.0]);
+    assert_eq!(out[1].shape, Vec::<usize>::new());
+    assert_eq!(floats(&out[1]), vec![9.0]);
+}
+
+#[test]
+fn results_take_the_declared_type_and_shape() {
+    // greater gives u8; declaring s32 casts like the backend's put/2. Reshape to [2, 1] too.
+    let prog = Program::new(
+        vec![
+            ins(Op::Input(0), &[], F32, &[2]),
+            ins(Op::Full(Scalar::Float(1.5)), &[], F32, &[]),
+            ins(bin("greater"), &[0, 1], NxType::S(32), &[2]),
+            ins(Op::Reshape, &[2], NxType::S(32), &[2, 1]),
+            ins(Op::Iota(None), &[], NxType::S(64), &[3]),
+            ins(Op::Reverse(vec![0]), &[4], NxType::S(64), &[3]),
+        ],
+        vec![3, 5],
+        1,
+        device(),
+    )
+    .unwrap();
+    let out = prog.run(&[f32s(&[1.0, 2.0], &[2])]).unwrap();
+    assert_eq!((out[0].ty, out[0].shape.clone()), (NxType::S(32), vec![2, 1]));
+    assert_eq!(ints(&out[0]), vec![0, 1]);
+    assert_eq!(ints(&out[1]), vec![2, 1, 0]);
+}
+
+#[test]
+fn an_output_may_be_an_input_and_appear_twice() {
+    let prog = Program::new(vec![ins(Op::Input(0), &[], F32, &[1]), ins(Op::Alias, &[0], F32, &[1])], vec![0, 1, 0], 1, device()).unwrap();
+    let out = prog.run(&[f32s(&[3.0], &[1])]).unwrap();
+    assert_eq!(out.iter().map(|h| floats(h)[0]).collect::<Vec<_>>(), vec![3.0, 3.0, 3.0]);
+}
+
+#[test]
+fn malformed_programs_are_rejected_before_running() {
+    let fwd = vec![ins(Op::Input(0), &[], F32, &[1]), ins(Op::Unary("exp".into()), &[1], F32, &[1])];
+    assert!(Program::new(fwd, vec![1], 1, device()).is_err());
+    let arity = vec![ins(Op::Input(0), &[], F32, &[1]), ins(bin("add"), &[0], F32, &[1])];
+    assert!(Program::new(arity, vec![1], 1, device()).is_err());
+    assert!(Program::new(vec![ins(Op::Input(1), &[], F32, &[1])], vec![0], 1, device()).is_err());
+    assert!(Program::new(vec![ins(Op::Input(0), &[], F32, &[1])], vec![3], 1, device()).is_err());
+    assert!(Program::new(vec![ins(Op::Concatenate(0), &[], F32, &[1])], vec![0], 0, device()).is_err());
+}
+
+#[test]
+fn run_checks_inputs_against_their_templates() {
+    let prog = Program::new(vec![ins(Op::Input(0), &[], F32, &[2])], vec![0], 1, device()).unwrap();
+    assert!(prog.run(&[]).is_err());
+    assert!(prog.run(&[f32s(&[1.0, 2.0, 3.0], &[3])]).is_err());
+    assert!(prog.run(&[f32s(&[1.0, 2.0], &[2])]).is_ok());
+}
+
+#[test]
+fn gather_and_dynamic_slice_read_their_indices_at_run_time() {
+    let s64 = NxType::S(64);
+    let prog = Program::new(
+        vec![
+            ins(Op::Input(0), &[], F32, &[2, 3]),
+            ins(Op::Input(1), &[], s64, &[2, 2]),
+            ins(Op::Gather(vec![0, 1]), &[0, 1], F32, &[2]),
+            ins(Op::Input(2), &[], s64, &[]),
+            ins(Op::Full(Scalar::Int(-4)), &[], s64, &[]),
+            // start 5 on an axis of 2 is clamped to 1 (Nx's rule), -4 to 0
+            ins(Op::DynSlice { lengths: vec![1, 2], strides: vec![1, 1] }, &[0, 3, 4], F32, &[1, 2]),
+        ],
+        vec![2, 5],
+        3,
+        device(),
+    )
+    .unwrap();
+    let x = f32s(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3]);
+    let out = prog.run(&[x.clone(), crate::testing::i64s(&[1, 2, 0, 1], &[2, 2]), crate::testing::i64s(&[5], &[])]).unwrap();
+    assert_eq!(floats(&out[0]), vec![5.0, 1.0]);
+    assert_eq!(floats(&out[1]), vec![3.0, 4.0]);
+    // out-of-range coordinates are an error, not a clamped read
+    assert!(prog.run(&[x, crate::testing::i64s(&[1, 3, 0, 1], &[2, 2]), crate::testing::i64s(&[0], &[])]).is_err());
+}
+
+#[test]
+fn cond_runs_only_the_chosen_branch() {
+    // if x > 0 then x + 1 else quotient(x, 0): the untaken branch would fail
+    let s32 = NxType::S(32);
+    let br = |start, end, outs: &[usize]| Branch { start, end, outs: outs.to_vec() };
+    let prog = Program::new(
+        vec![
+            ins(Op::Input(0), &[], s32, &[]),
+            ins(Op::Full(Scalar::Int(0)), &[], s32, &[]),
+            ins(Op::Binary { op: "greater".into(), compute: s32 }, &[0, 1], NxType::U(8), &[]),
+            ins(Op::Full(Scalar::Int(1)), &[], s32, &[]),
+            ins(Op::Binary { op: "add".into(), compute: s32 }, &[0, 3], s32, &[]),
+            ins(Op::Binary { op: "quotient".into(), compute: s32 }, &[0, 1], s32, &[]),
+            ins(Op::Cond { clauses: vec![(br(2, 3, &[2]), br(3, 5, &[4]))], last: br(5, 6, &[5]) }, &[], NxType::U(8), &[]),
+            ins(Op::Pick { cond: 6, out: 0 }, &[], s32, &[]),
+        ],
+        vec![7],
+        1,
+        device(),
+    )
+    .unwrap();
+    let one = Handle::from_bytes(4i32.to_ne_bytes().to_vec(), vec![], s32, device()).unwrap();
+    assert_eq!(ints(&prog.run(&[one]).unwrap()[0]), vec![5]);
+    let neg = Handle::from_bytes((-4i32).to_ne_bytes().to_vec(), vec![], s32, device()).unwrap();
+    assert!(prog.run(&[neg]).is_err());
+}
+
+#[test]
+fn while_repeats_its_body_until_the_predicate_fails() {
+    // {i, acc} = while {0, x}, i < 3, do: {i + 1, acc * 2}
+    let s32 = NxType::S(32);
+    let br = |start, end, outs: &[usize]| Branch { start, end, outs: outs.to_vec() };
+    let prog = Program::new(
+        vec![
+            ins(Op::Full(Scalar::Int(0)), &[], s32, &[]),
+            ins(Op::Input(0), &[], F32, &[2]),
+            ins(Op::LoopVar, &[], s32, &[]),
+            ins(Op::LoopVar, &[], F32, &[2]),
+            ins(Op::Full(Scalar::Int(3)), &[], s32, &[]),
+            ins(Op::Binary { op: "less".into(), compute: s32 }, &[2, 4], NxType::U(8), &[]),
+            ins(Op::Full(Scalar::Int(1)), &[], s32, &[]),
+            ins(Op::Binary { op: "add".into(), compute: s32 }, &[2, 6], s32, &[]),
+            ins(Op::Full(Scalar::Float(2.0)), &[], F32, &[]),
+            ins(bin("multiply"), &[3, 8], F32, &[2]),
+            ins(Op::While { vars: vec![2, 3], cond: br(4, 6, &[5]), body: br(6, 10, &[7, 9]) }, &[0, 1], NxType::U(8), &[]),
+            ins(Op::Pick { cond: 10, out: 0 }, &[], s32, &[]),
+            ins(Op::Pick { cond: 10, out: 1 }, &[], F32, &[2]),
+        ],
+        vec![11, 12],
+        1,
+        device(),
+    )
+    .unwrap();
+    let out = prog.run(&[f32s(&[1.0, -0.5], &[2])]).unwrap();
+    assert_eq!(ints(&out[0]), vec![3]);
+    assert_eq!(floats(&out[1]), vec![8.0, -4.0]);
+}
+
+#[test]
+fn errors_from_ops_surface_as_errors() {
+    // integer division by zero is an error in the core, not a panic or a wrong answer
+    let s32 = NxType::S(32);
+    let prog = Program::new(
+        vec![
+            ins(Op::Iota(None), &[], s32, &[3]),
+            ins(Op::Full(Scalar::Int(0)), &[], s32, &[]),
+            ins(Op::Binary { op: "quotient".into(), compute: s32 }, &[0, 1], s32, &[3]),
+        ],
+        vec![2],
+        0,
+        device(),
+    )
+    .unwrap();
+    assert!(prog.run(&[]).is_err());
+}
+
+/// A run whose caller has gone stops with `Cancelled`, even inside a loop that never ends.
+#[test]
+fn a_run_stops_when_its_caller_is_gone() {
+    let checks = std::cell::Cell::new(0);
+    let prog = Program::new(
+        vec![
+            ins(Op::Input(0), &[], F32, &[]),
+            ins(Op::LoopVar, &[], F32, &[]),
+            ins(Op::Full(Scalar::Int(1)), &[], NxType::U(8), &[]),
+            ins(bin("add"), &[1, 1], F32, &[]),
+            ins(
+                Op::While { vars: vec![1], cond: Branch { start: 2, end: 3, outs: vec![2] }, body: Branch { start: 3, end: 4, outs: vec![3] } },
+                &[0],
+                F32,
+                &[],
+            ),
+            ins(Op::Pick { cond: 4, out: 0 }, &[], F32, &[]),
+        ],
+        vec![5],
+        1,
+        device(),
+    )
+    .unwrap();
+    let alive = || {
+        checks.set(checks.get() + 1);
+        checks.get() < 50
+    };
+    assert!(matches!(prog.run_while(&[f32s(&[1.0], &[])], &alive), Err(ExError::Cancelled)));
+    assert_eq!(checks.get(), 50);
+}
