@@ -17,7 +17,7 @@ if Code.ensure_loaded?(Nx) do
     alias Nx.Defn.Expr
     alias Nx.Tensor, as: T
 
-    @opaque packed :: {:packed, term, %{optional(term) => T.t()}}
+    @opaque packed :: {:packed, term, %{optional(term) => Expr.t()}}
 
     @doc """
     Packs any term holding expressions (a container, an expression, a list of them).
@@ -45,14 +45,19 @@ if Code.ensure_loaded?(Nx) do
       term
     end
 
+    # Nodes are stored by id as their Expr data; a use keeps its own tensor fields, because Nx
+    # makes several views of one node (`Nx.vectorize`/`devectorize` share the data, not the
+    # shape).
     defp pack_term(%T{data: %Expr{id: id}} = t, {nodes, rewrite} = acc) do
+      view = %{t | data: nil}
+
       if Map.has_key?(nodes, id) do
-        {{__MODULE__, :ref, id}, acc}
+        {{__MODULE__, :ref, id, view}, acc}
       else
-        %T{data: %Expr{args: args} = expr} = t = t |> drop_metadata() |> apply_rewrite(rewrite)
+        %T{data: %Expr{args: args} = expr} = t |> drop_metadata() |> apply_rewrite(rewrite)
         # reserve the id first: a node never reaches itself, but its arguments may share it
         {args, {nodes, rewrite}} = pack_term(args, {Map.put(nodes, id, nil), rewrite})
-        {{__MODULE__, :ref, id}, {Map.put(nodes, id, %{t | data: %{expr | args: args}}), rewrite}}
+        {{__MODULE__, :ref, id, view}, {Map.put(nodes, id, %{expr | args: args}), rewrite}}
       end
     end
 
@@ -96,16 +101,16 @@ if Code.ensure_loaded?(Nx) do
 
     defp drop_metadata(t), do: t
 
-    defp unpack_term({__MODULE__, :ref, id}, nodes, memo) do
+    defp unpack_term({__MODULE__, :ref, id, view}, nodes, memo) do
       case memo do
-        %{^id => t} ->
-          {t, memo}
+        %{^id => data} ->
+          {%{view | data: data}, memo}
 
         %{} ->
-          %T{data: %Expr{args: args} = expr} = t = Map.fetch!(nodes, id)
+          %Expr{args: args} = data = Map.fetch!(nodes, id)
           {args, memo} = unpack_term(args, nodes, memo)
-          t = %{t | data: %{expr | args: args}}
-          {t, Map.put(memo, id, t)}
+          data = %{data | args: args}
+          {%{view | data: data}, Map.put(memo, id, data)}
       end
     end
 
