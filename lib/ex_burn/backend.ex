@@ -1,5 +1,16 @@
 if Code.ensure_loaded?(Nx) do
   defmodule ExBurn.Backend do
+    # The divergences are listed once, in guides/backend.md, and included here.
+    @guide Path.expand("../../guides/backend.md", __DIR__)
+    @external_resource @guide
+    @divergences @guide
+                 |> File.read!()
+                 |> String.split("## Known divergences from Nx.BinaryBackend\n", parts: 2)
+                 |> List.last()
+                 |> String.split("\n## ", parts: 2)
+                 |> hd()
+                 |> String.trim()
+
     @moduledoc """
     An `Nx.Backend` on Burn: `Nx.default_backend(ExBurn.Backend)` (or
     `{ExBurn.Backend, device: {:vulkan, 0}}`) runs Nx on Burn tensors held by the ExBurn NIF.
@@ -24,22 +35,7 @@ if Code.ensure_loaded?(Nx) do
 
     ## Divergences from `Nx.BinaryBackend`
 
-      1. Float results come from Burn's kernels (`flex` on the CPU): transcendental functions may
-         differ from Erlang's `:math` in the last bits, and sums are accumulated in a different
-         order, so compare floats with a tolerance.
-      2. `Nx.as_type/2` from floats to integers truncates in Burn: NaN and infinities do not
-         saturate the way BinaryBackend's conversion does (NaN gives 0 there; here it is
-         whatever the device's conversion gives).
-      3. Integer arithmetic wraps in the operand width like BinaryBackend, but integer division
-         or remainder by zero raises `ExBurn.Error` (BinaryBackend raises `ArithmeticError`).
-      4. Fallback ops (above) run on the host: they are correct but slow, and move data off
-         GPU devices.
-      5. `Nx.Backend.inspect/3` output is identical to BinaryBackend's (the device is not
-         printed); use `ExBurn.Backend.device/1` to read it.
-      6. `conv` accumulates f32/f16/bf16 results in f32 (BinaryBackend: f64), and converts
-         integer operands to the float output type first (integers above 2^24 are rounded
-         before they are multiplied). Float `window_sum`/`window_product` accumulate in f64
-         axis by axis, so their last bit can differ.
+    #{@divergences}
     """
 
     @behaviour Nx.Backend
