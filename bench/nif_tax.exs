@@ -1,5 +1,5 @@
 # NIF tax: the same ops through ExBurn.Tensor (Elixir -> NIF -> Burn) and timed inside Rust by
-# ExBurn.Native.native_bench/3 (Burn directly, no NIF boundary).
+# the crate's `burn_bench` example (Burn directly, no NIF boundary), run from here.
 #
 #   mix run bench/nif_tax.exs [iterations]
 #
@@ -52,9 +52,20 @@ IO.puts(
     String.pad_leading("Rust µs/iter", 14) <> String.pad_leading("ratio", 8)
 )
 
+# The Rust peer is a cargo example outside the shipped library (built on first use).
+rust_ns = fn op, size ->
+  args =
+    ~w(run --release -q -p ex_burn --no-default-features --example burn_bench -- peer) ++
+      [to_string(op), to_string(size), to_string(iters)]
+
+  env = [{"CARGO_TARGET_DIR", Mix.Tasks.Compile.ExBurnNative.target_dir()}]
+  {out, 0} = System.cmd("cargo", args, env: env)
+  out |> String.trim() |> String.split("\n") |> List.last() |> Float.parse() |> elem(0)
+end
+
 for {label, fun, {op, size}} <- rows do
   nif_us = time_us.(fun)
-  rust_ns = ExBurn.Error.unwrap!(ExBurn.Native.native_bench(op, size, iters))
+  rust_ns = rust_ns.(op, size)
   rust_us = rust_ns / 1000
 
   IO.puts(

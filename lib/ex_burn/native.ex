@@ -55,7 +55,6 @@ defmodule ExBurn.Native do
     window_reduce: 4,
     window_scatter: 7,
     pad_interior: 3,
-    native_bench: 3,
     model_new: 6,
     model_summary: 1,
     model_set_schedule: 2,

@@ -232,9 +232,7 @@ defmodule ExBurn.BadInputTest do
       {"clip with junk", :clip, [ref, :junk, ref]},
       {"as_type bad type", :as_type, [ref, {:c, 64}]},
       {"to_device unknown kind", :to_device, [ref, {:tpu, 0}]},
-      {"supports_type bad device", :supports_type, [:nowhere, {:f, 32}]},
-      {"native_bench unknown op", :native_bench, [:conv, 10, 1]},
-      {"native_bench negative size", :native_bench, [:add, -1, 1]}
+      {"supports_type bad device", :supports_type, [:nowhere, {:f, 32}]}
     ]
 
     all_junk ++ mixed

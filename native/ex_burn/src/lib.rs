@@ -5,7 +5,6 @@
 //! only decodes terms, calls the core and encodes results.
 
 pub mod alloc;
-pub mod bench;
 pub mod compiler;
 pub mod device;
 pub mod dispatch;

@@ -130,10 +130,3 @@ fn supports_type<'a>(env: Env<'a>, device: Term<'a>, ty: Term<'a>) -> Term<'a> {
     guard(env, "supports_type", || term::decode_device(device)?.supports(term::decode_type(ty)?))
 }
 
-#[rustler::nif(schedule = "DirtyCpu")]
-fn native_bench<'a>(env: Env<'a>, op: Term<'a>, size: Term<'a>, iters: Term<'a>) -> Term<'a> {
-    guard(env, "native_bench", || {
-        let op = term::atom(op, "op")?;
-        crate::bench::run(&op, term::usize_arg(size, "size")?, term::usize_arg(iters, "iters")?)
-    })
-}

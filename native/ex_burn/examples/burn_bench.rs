@@ -1,0 +1,173 @@
+//! Benchmarks of Burn itself, outside the shipped library (run with `--no-default-features`: an
+//! executable cannot link the NIF layer, whose `enif_*` symbols only the BEAM provides).
+//!
+//!     cargo run --release -p ex_burn --no-default-features --example burn_bench -- <command>
+//!
+//! * `peer OP SIZE ITERS` - mean ns of `add` (SIZE elements) or `matmul` (SIZE²) done by Burn in
+//!   Rust on the CPU: the peer of `bench/nif_tax.exs`, which runs it in the same invocation.
+//! * `device [DEVICE]` - matmul 4096²/1024² and add of 16M f32 on DEVICE (`cpu`, `vulkan`,
+//!   `cuda:0`, ...; default `EXBURN_TEST_DEVICE` or cpu), one parseable `BENCH` line each; the
+//!   peer is `bench/torch_peer.py`.
+//! * `kernels` - CPU kernel timings at MLP sizes ([128, 256] f32), to see where a compiled
+//!   training step's time goes.
+
+use std::time::Instant;
+
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::{DType, Dispatch, TensorData};
+use ex_burn::device::{DeviceKind, DeviceRef};
+use ex_burn::dispatch;
+use ex_burn::dtype::NxType;
+use ex_burn::ops::elementwise as ew;
+use ex_burn::ops::linalg::{self, DotSpec};
+use ex_burn::ops::reduce;
+use ex_burn::tensor::Handle;
+
+fn ramp(n: usize) -> Vec<u8> {
+    (0..n).flat_map(|i| ((i % 97) as f32 * 0.01).to_ne_bytes()).collect()
+}
+
+fn parse_device(spec: &str) -> DeviceRef {
+    let (kind, index) = spec.split_once(':').unwrap_or((spec, "0"));
+    match kind {
+        "" | "cpu" => DeviceRef::CPU,
+        name => DeviceRef {
+            kind: DeviceKind::from_name(name).unwrap_or_else(|| panic!("unknown device {spec}")),
+            index: index.parse().expect("device index"),
+        },
+    }
+}
+
+fn operands(device: &burn::tensor::Device, op: &str, size: usize) -> (dispatch::Prim, dispatch::Prim) {
+    let shape = match op {
+        "add" => vec![size],
+        "matmul" => vec![size, size],
+        _ => panic!("op must be add or matmul"),
+    };
+    let n = shape.iter().product();
+    let a = dispatch::from_data(TensorData::from_bytes_vec(ramp(n), shape.clone(), DType::F32), device);
+    let b = dispatch::from_data(TensorData::from_bytes_vec(ramp(n), shape, DType::F32), device);
+    (a, b)
+}
+
+fn apply(op: &str, a: &dispatch::Prim, b: &dispatch::Prim) -> dispatch::Prim {
+    match op {
+        "add" => Dispatch::float_add(a.clone(), b.clone()),
+        _ => Dispatch::float_matmul(a.clone(), b.clone()),
+    }
+}
+
+/// Mean nanoseconds of one CPU op whose result is dropped at once, as the NIF side of
+/// `bench/nif_tax.exs` does (flex runs eagerly, so each op completes before it returns).
+fn peer(op: &str, size: usize, iters: usize) -> f64 {
+    let device = DeviceRef::CPU.burn().expect("cpu");
+    let (a, b) = operands(&device, op, size);
+    drop(apply(op, &a, &b));
+    let start = Instant::now();
+    for _ in 0..iters.max(1) {
+        drop(apply(op, &a, &b));
+    }
+    start.elapsed().as_nanos() as f64 / iters.max(1) as f64
+}
+
+/// Mean nanoseconds per op on `device`. GPU work is asynchronous and fused: every iteration's
+/// result feeds an accumulator that is read back at the end, so no iteration can be dropped
+/// (timing `a + b` whose result is never read measured nothing on fused backends). For matmul
+/// the accumulating add is a small extra (n² next to n³). One warm-up op (shader compilation,
+/// autotuning) runs before the clock starts.
+fn run_on(device: DeviceRef, op: &str, size: usize, iters: usize) -> f64 {
+    let device = device.burn().expect("device");
+    let (a, b) = operands(&device, op, size);
+    let step = |acc: dispatch::Prim| Dispatch::float_add(acc, if op == "add" { b.clone() } else { apply(op, &a, &b) });
+    let read = |t: dispatch::Prim| dispatch::into_data(t).expect("read back");
+    read(step(a.clone()));
+    let start = Instant::now();
+    let mut acc = a.clone();
+    for _ in 0..iters.max(1) {
+        acc = step(acc);
+    }
+    read(acc);
+    start.elapsed().as_nanos() as f64 / iters.max(1) as f64
+}
+
+fn device_bench(device: DeviceRef) {
+    for (op, size, iters) in [("matmul", 4096, 20), ("matmul", 1024, 50), ("add", 1 << 24, 50)] {
+        let ns = run_on(device, op, size, iters);
+        let rate = match op {
+            "matmul" => format!("{:.2} TFLOP/s", 2.0 * (size as f64).powi(3) / ns / 1e3),
+            // the accumulating add reads two operands and writes one
+            _ => format!("{:.1} GB/s", 12.0 * size as f64 / ns),
+        };
+        println!("BENCH device={device} op={op} size={size} ms={:.4} {rate}", ns / 1e6);
+    }
+}
+
+fn f32s(values: &[f32], shape: &[usize]) -> Handle {
+    let bytes = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    Handle::from_bytes(bytes, shape.to_vec(), NxType::F(32), DeviceRef::CPU).expect("tensor")
+}
+
+fn t<F: FnMut()>(name: &str, mut f: F) {
+    for _ in 0..20 {
+        f();
+    }
+    let n = 300;
+    let s = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    println!("{name:40} {:8.1} us", s.elapsed().as_secs_f64() * 1e6 / n as f64);
+}
+
+fn kernels() {
+    let v: Vec<f32> = (0..128 * 256).map(|i| ((i % 97) as f32) * 0.01 - 0.3).collect();
+    let a = f32s(&v, &[128, 256]);
+    let b = f32s(&v.iter().map(|x| x + 1.0).collect::<Vec<_>>(), &[128, 256]);
+    let z = f32s(&[0.0], &[1]);
+    let f32t = NxType::F(32);
+    let f64t = NxType::F(64);
+    let zf = ew::as_type(&ew::binary("multiply", &a, &z, f32t).unwrap(), f32t).unwrap();
+    t("add", || drop(ew::binary("add", &a, &b, f32t).unwrap()));
+    t("multiply", || drop(ew::binary("multiply", &a, &b, f32t).unwrap()));
+    t("divide", || drop(ew::binary("divide", &a, &b, f32t).unwrap()));
+    t("max dense", || drop(ew::binary("max", &a, &zf, f32t).unwrap()));
+    t("max scalar", || drop(ew::binary("max", &a, &z, f32t).unwrap()));
+    t("greater", || drop(ew::binary("greater", &a, &b, f32t).unwrap()));
+    t("exp", || drop(ew::unary("exp", &a, f32t).unwrap()));
+    t("cast f64", || drop(ew::as_type(&a, f64t).unwrap()));
+    t("sum axis0", || drop(reduce::reduce("sum", &a, Some(vec![0]), false, f32t).unwrap()));
+    t("sum axis1", || drop(reduce::reduce("sum", &a, Some(vec![1]), false, f32t).unwrap()));
+    t("reduce_max axis0", || drop(reduce::reduce("reduce_max", &a, Some(vec![0]), false, f32t).unwrap()));
+    let sp = |c: usize| DotSpec { contract: vec![c], batch: vec![] };
+    let a64 = ew::as_type(&a, f64t).unwrap();
+    let ones_r = ew::as_type(&f32s(&[1.0; 128], &[1, 128]), f64t).unwrap();
+    let ones_c = ew::as_type(&f32s(&[1.0; 256], &[256, 1]), f64t).unwrap();
+    t("f64 ones . a (axis0)", || drop(linalg::dot(&ones_r, &sp(1), &a64, &sp(0), f64t).unwrap()));
+    t("f64 a . ones (axis1)", || drop(linalg::dot(&a64, &sp(1), &ones_c, &sp(0), f64t).unwrap()));
+    t("f32 ones . a (axis0)", || drop(linalg::dot(&ew::as_type(&ones_r, f32t).unwrap(), &sp(1), &a, &sp(0), f32t).unwrap()));
+    let x = f32s(&v[..128 * 16], &[128, 16]);
+    let w = f32s(&v[..16 * 256], &[16, 256]);
+    let g = f32s(&v[..128 * 10], &[128, 10]);
+    let w2 = f32s(&v[..256 * 10], &[256, 10]);
+    t("dot 128x16 . 16x256", || drop(linalg::dot(&x, &sp(1), &w, &sp(0), f32t).unwrap()));
+    t("dot 128x10 . (256x10)^T", || drop(linalg::dot(&g, &sp(1), &w2, &sp(1), f32t).unwrap()));
+    t("dot (128x256)^T . 128x16", || drop(linalg::dot(&a, &sp(0), &x, &sp(0), f32t).unwrap()));
+    t("dot 128x256 . 256x10", || drop(linalg::dot(&a, &sp(1), &w2, &sp(0), f32t).unwrap()));
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["peer", op, size, iters] => {
+            let ns = peer(op, size.parse().expect("size"), iters.parse().expect("iters"));
+            println!("{ns}");
+        }
+        ["device"] => device_bench(parse_device(&std::env::var("EXBURN_TEST_DEVICE").unwrap_or_default())),
+        ["device", spec] => device_bench(parse_device(spec)),
+        ["kernels"] => kernels(),
+        _ => {
+            eprintln!("usage: burn_bench (peer OP SIZE ITERS | device [DEVICE] | kernels)");
+            std::process::exit(2);
+        }
+    }
+}
