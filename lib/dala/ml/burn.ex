@@ -16,9 +16,20 @@ defmodule Dala.ML.Burn do
   loaded. Options of `compile/2` and `fit/3` are those of `ExBurn.Model.compile/2` and
   `ExBurn.Model.fit/3`; an unknown option raises `ExBurn.Error` naming it. Callbacks and history:
   `Dala.ML.Burn.Training`.
+
+  ## Tensors come back in the caller's representation
+
+  Every function here that returns tensors for tensor input (`predict/3`,
+  `Dala.ML.Burn.Serving.run/2` and `Dala.ML.Burn.Serving.batched_run/2`) answers Nx input (an
+  `Nx.Tensor` or `Nx.Batch`) with Nx tensors on `ExBurn.Backend`, and any other input
+  (`ExBurn.Tensor`s, nested lists, numbers) with `ExBurn.Tensor`s. The Nx results wrap the Burn
+  tensors the model computed (no copy), so `Nx.argmax(predictions, axis: 1)` and the rest of Nx
+  work on them directly. `zeros/2` and `ones/2` create `ExBurn.Tensor`s; `from_nx/1` and
+  `to_nx/1` convert explicitly.
   """
 
   alias ExBurn.Model
+  alias Dala.ML.Burn.Repr
 
   @doc "True when the ExBurn native library is loaded."
   def available?, do: ExBurn.Native.loaded?()
@@ -79,29 +90,26 @@ defmodule Dala.ML.Burn do
   @doc "A Burn tensor of ones: `ones([2, 4], :f32)`."
   def ones(shape, type), do: ExBurn.Tensor.ones(shape, type)
 
-  @doc "`{:ok, %ExBurn.Tensor{}}` from an Nx tensor (`{:error, reason}` without Nx or for a non-tensor)."
+  @doc """
+  `{:ok, %ExBurn.Tensor{}}` from an Nx tensor (`{:error, reason}` without Nx or for a
+  non-tensor). A tensor on `ExBurn.Backend` is not copied: the result is a new reference to its
+  Burn tensor, so freeing one leaves the other usable.
+  """
   def from_nx(tensor) do
-    if nx_tensor?(tensor) do
-      {:ok,
-       ExBurn.Tensor.from_binary(apply(Nx, :to_binary, [tensor]), apply(Nx, :type, [tensor]),
-         shape: apply(Nx, :shape, [tensor])
-       )}
-    else
-      {:error, not_nx(tensor)}
-    end
+    if nx_tensor?(tensor),
+      do: {:ok, tensor |> Repr.to_et() |> Repr.own()},
+      else: {:error, not_nx(tensor)}
   rescue
     e in ExBurn.Error -> {:error, e}
   end
 
-  @doc "`{:ok, %Nx.Tensor{}}` (on Nx's default backend) from an ExBurn tensor; `{:error, reason}` without Nx."
+  @doc """
+  `{:ok, %Nx.Tensor{}}` on `ExBurn.Backend` (on the tensor's device) from an ExBurn tensor,
+  without a copy: a new reference to the same Burn tensor, so freeing one leaves the other
+  usable. `{:error, reason}` without Nx. `Nx.backend_transfer/2` moves it to another backend.
+  """
   def to_nx(%ExBurn.Tensor{} = t) do
-    if Code.ensure_loaded?(Nx) do
-      {:ok,
-       apply(Nx, :from_binary, [ExBurn.Tensor.to_binary(t), t.type])
-       |> then(&apply(Nx, :reshape, [&1, t.shape]))}
-    else
-      {:error, %ExBurn.Error{op: :to_nx, reason: "Nx is not loaded", details: %{}}}
-    end
+    {:ok, t |> Repr.own() |> Repr.to_nx()}
   rescue
     e in ExBurn.Error -> {:error, e}
   end
@@ -109,7 +117,7 @@ defmodule Dala.ML.Burn do
   def to_nx(other),
     do: {:error, %ExBurn.Error{op: :to_nx, reason: "expected an ExBurn.Tensor", details: %{got: other}}}
 
-  defp nx_tensor?(%{__struct__: Nx.Tensor}), do: Code.ensure_loaded?(Nx)
+  defp nx_tensor?(%{__struct__: Nx.Tensor} = t), do: Repr.nx?(t)
   defp nx_tensor?(_), do: false
 
   defp not_nx(tensor) do
@@ -123,15 +131,23 @@ defmodule Dala.ML.Burn do
   @doc "Trains (see `ExBurn.Model.fit/3`); returns the trained model."
   defdelegate fit(model, data, opts \\ []), to: Model
 
-  @doc "`{:ok, predictions}` (an `ExBurn.Tensor`) or `{:error, %ExBurn.Error{}}`."
-  def predict(model, input) do
-    {:ok, Model.predict(model, input)}
+  @doc """
+  `{:ok, predictions}` or `{:error, %ExBurn.Error{}}`. The predictions (f32, `{n | output_shape}`)
+  are an Nx tensor on `ExBurn.Backend` when `input` is an Nx tensor, else an `ExBurn.Tensor`
+  (`input` may be an `ExBurn.Tensor`, a nested list or `{binary, type, shape}`). Options as
+  `ExBurn.Model.predict/3` (`:batch_size`).
+  """
+  def predict(model, input, opts \\ []) do
+    {:ok, model |> Model.predict(input, opts) |> Repr.like(input)}
   rescue
     e in ExBurn.Error -> {:error, e}
   end
 
-  @doc "The average loss over `{x, y}` (a float)."
-  def evaluate(model, data), do: Model.evaluate(model, data)
+  @doc """
+  The average loss over `{x, y}` (a float); `x` and `y` may be Nx tensors, `ExBurn.Tensor`s or
+  lists. Options as `ExBurn.Model.evaluate/3` (`:batch_size`).
+  """
+  def evaluate(model, data, opts \\ []), do: Model.evaluate(model, data, opts)
 
   @doc "The model summary as a printable string."
   def summary(model), do: Model.summary_string(model)
@@ -145,11 +161,10 @@ defmodule Dala.ML.Burn do
   """
   defdelegate load(model_or_path, path_or_opts \\ []), to: Model
 
-  @doc "Releases a model (`ExBurn.Model.free/1`) or a tensor (`ExBurn.Tensor.deallocate/1`); `:ok`."
+  @doc """
+  Releases a model (`ExBurn.Model.free/1`), an `ExBurn.Tensor` (`ExBurn.Tensor.deallocate/1`) or
+  an Nx tensor (`Nx.backend_deallocate/1`); `:ok`.
+  """
   def free(%Model{} = model), do: Model.free(model)
-
-  def free(%ExBurn.Tensor{} = t) do
-    _ = ExBurn.Tensor.deallocate(t)
-    :ok
-  end
+  def free(tensor), do: Repr.deallocate(tensor)
 end

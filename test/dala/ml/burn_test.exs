@@ -5,6 +5,7 @@ defmodule Dala.ML.BurnTest do
   alias Dala.ML.Burn.Training
   alias ExBurn.{Model, Tensor}
   import ExBurn.ModelTestData
+  import ExBurn.TestHelpers, only: [assert_close: 4]
 
   test "availability and devices" do
     assert Burn.available?() == true
@@ -57,6 +58,10 @@ defmodule Dala.ML.BurnTest do
     assert Burn.free(o) == :ok
 
     unless Code.ensure_loaded?(Nx) do
+      # without Nx no input is Nx: serving needs Nx and says so
+      e = assert_raise ExBurn.Error, fn -> Burn.Serving.run(:no_serving, z) end
+      assert e.reason =~ "Nx is not loaded"
+
       assert {:error, %ExBurn.Error{op: :to_nx, reason: "Nx is not loaded"}} = Burn.to_nx(z)
 
       assert {:error, %ExBurn.Error{op: :from_nx, reason: "Nx is not loaded"}} =
@@ -72,6 +77,7 @@ defmodule Dala.ML.BurnTest do
     assert {:ok, back} = Burn.to_nx(bt)
     assert apply(Nx, :to_binary, [back]) == apply(Nx, :to_binary, [t])
     assert apply(Nx, :shape, [back]) == {2, 2}
+    assert %{__struct__: Nx.Tensor, data: %{__struct__: ExBurn.Backend}} = back
   end
 
   @tag :tmp_dir
@@ -104,8 +110,19 @@ defmodule Dala.ML.BurnTest do
              "epoch_300.model"
            ]
 
-    assert {:ok, predictions} = Burn.predict(trained, x)
+    assert {:ok, %Tensor{} = predictions} = Burn.predict(trained, x)
+    assert {Tensor.shape(predictions), Tensor.type(predictions)} == {{4, 2}, {:f, 32}}
     assert accuracy(predictions, y) == 1.0
+    # ExBurn tensors and {binary, type, shape} in give ExBurn tensors out, the same values
+    xt = Tensor.tensor(x, type: :f32)
+
+    for input <- [xt, {Tensor.to_binary(xt), {:f, 32}, {4, 2}}] do
+      assert {:ok, %Tensor{} = p} = Burn.predict(trained, input)
+      assert Tensor.to_binary(p) == Tensor.to_binary(predictions)
+    end
+
+    {:ok, one_at_a_time} = Burn.predict(trained, x, batch_size: 1)
+    assert_close(one_at_a_time, {4, 2}, :f32, Tensor.to_flat_list(predictions))
     assert {:error, %ExBurn.Error{op: :predict}} = Burn.predict(trained, [[1.0, 2.0, 3.0]])
 
     avg_loss = Burn.evaluate(trained, {x, y})
