@@ -170,6 +170,23 @@ fn to_cl4(t: Tensor<4>) -> Tensor<4> {
     t.permute([0, 2, 3, 1])
 }
 
+/// Runs a channels-first Burn layer (conv or pool) on a channels-last `[b, t, c]` activation;
+/// other ranks are an error naming the layer.
+fn channels_first_1d(layer: &str, x: Act, f: impl FnOnce(Tensor<3>) -> Tensor<3>) -> ExResult<Act> {
+    match x {
+        Act::F3(t) => Ok(Act::F3(to_cf3(f(to_cf3(t))))),
+        other => Err(rank_error(layer, &other)),
+    }
+}
+
+/// As `channels_first_1d` for `[b, h, w, c]` activations.
+fn channels_first_2d(layer: &str, x: Act, f: impl FnOnce(Tensor<4>) -> Tensor<4>) -> ExResult<Act> {
+    match x {
+        Act::F4(t) => Ok(Act::F4(to_cl4(f(to_cf4(t))))),
+        other => Err(rank_error(layer, &other)),
+    }
+}
+
 impl Layer {
     pub fn name(&self) -> &'static str {
         match self {
@@ -197,30 +214,12 @@ impl Layer {
             Layer::Dropout(l) => any_float_rank!(x, name, |t| l.forward(t)),
             Layer::LayerNorm(l) => any_float_rank!(x, name, |t| l.forward(t)),
             Layer::Activation(l) => any_float_rank!(x, name, |t| l.apply(t)),
-            Layer::Conv1d(l) => match x {
-                Act::F3(t) => Act::F3(to_cf3(l.forward(to_cf3(t)))),
-                other => return Err(rank_error(name, &other)),
-            },
-            Layer::Conv2d(l) => match x {
-                Act::F4(t) => Act::F4(to_cl4(l.forward(to_cf4(t)))),
-                other => return Err(rank_error(name, &other)),
-            },
-            Layer::MaxPool1d(l) => match x {
-                Act::F3(t) => Act::F3(to_cf3(l.forward(to_cf3(t)))),
-                other => return Err(rank_error(name, &other)),
-            },
-            Layer::AvgPool1d(l) => match x {
-                Act::F3(t) => Act::F3(to_cf3(l.forward(to_cf3(t)))),
-                other => return Err(rank_error(name, &other)),
-            },
-            Layer::MaxPool2d(l) => match x {
-                Act::F4(t) => Act::F4(to_cl4(l.forward(to_cf4(t)))),
-                other => return Err(rank_error(name, &other)),
-            },
-            Layer::AvgPool2d(l) => match x {
-                Act::F4(t) => Act::F4(to_cl4(l.forward(to_cf4(t)))),
-                other => return Err(rank_error(name, &other)),
-            },
+            Layer::Conv1d(l) => channels_first_1d(name, x, |t| l.forward(t))?,
+            Layer::MaxPool1d(l) => channels_first_1d(name, x, |t| l.forward(t))?,
+            Layer::AvgPool1d(l) => channels_first_1d(name, x, |t| l.forward(t))?,
+            Layer::Conv2d(l) => channels_first_2d(name, x, |t| l.forward(t))?,
+            Layer::MaxPool2d(l) => channels_first_2d(name, x, |t| l.forward(t))?,
+            Layer::AvgPool2d(l) => channels_first_2d(name, x, |t| l.forward(t))?,
             Layer::GlobalAvgPool(_) => match x {
                 Act::F3(t) => {
                     let [b, _, c] = t.dims();
