@@ -61,8 +61,8 @@ defmodule ExBurn.Model.Fit do
     })
 
     try do
-      {history, halted} = epochs(model, loop)
-      history = mark_halted(history, halted)
+      {reversed, halted} = epochs(model, loop)
+      history = reversed |> mark_halted(halted) |> Enum.reverse()
       done = model.epochs + length(history)
       model = %{Model.refresh(model) | epochs: done, history: history, halted: halted}
 
@@ -86,46 +86,50 @@ defmodule ExBurn.Model.Fit do
 
   def run(other, _data, _opts), do: fail!(:fit, "expected a compiled ExBurn.Model", %{got: other})
 
+  # The history is accumulated newest first and reversed once when the fit ends; callbacks,
+  # whose contract is the chronological history, get it reversed only when there are any.
   defp epochs(model, loop) do
-    Enum.reduce_while(1..loop.epochs, {[], nil}, fn epoch, {history, nil} ->
+    Enum.reduce_while(1..loop.epochs, {[], nil}, fn epoch, {reversed, nil} ->
       t0 = System.monotonic_time()
 
-      case Native.model_train_epoch(model.ref, loop.x.ref, loop.y.ref, loop.batch_size, loop.shuffle) do
-        {:ok, loss} ->
-          val_loss = validate(model, loop.validation, loop.batch_size)
-          entry = %{epoch: epoch, loss: loss, val_loss: val_loss}
-          history = history ++ [entry]
-          duration = System.monotonic_time() - t0
-          if loop.verbose, do: IO.puts(progress_line(entry, loop.epochs, duration))
+      with {:ok, loss} <- train_epoch(model, loop),
+           {:ok, val_loss} <- validate(model, loop.validation, loop.batch_size) do
+        entry = %{epoch: epoch, loss: loss, val_loss: val_loss}
+        reversed = [entry | reversed]
+        duration = System.monotonic_time() - t0
+        if loop.verbose, do: IO.puts(progress_line(entry, loop.epochs, duration))
 
-          ExBurn.Model.Telemetry.execute(:epoch, %{loss: loss, val_loss: val_loss, duration: duration}, %{
-            model: model,
-            epoch: epoch
-          })
+        ExBurn.Model.Telemetry.execute(:epoch, %{loss: loss, val_loss: val_loss, duration: duration}, %{
+          model: model,
+          epoch: epoch
+        })
 
-          current = %{model | epochs: model.epochs + epoch, history: history}
-          info = Map.merge(entry, %{epochs: loop.epochs, history: history, model: current})
-
-          case run_callbacks(loop.callbacks, info) do
-            :cont -> {:cont, {history, nil}}
-            {:halt, reason} -> {:halt, {history, reason}}
-          end
-
-        {:error, {_, "training was cancelled", _}} ->
-          {:halt, {history, :cancelled}}
-
-        {:error, {_, reason, details}} ->
-          raise Error, op: :fit, reason: reason, details: details
+        case run_callbacks(loop.callbacks, entry, reversed, model, loop.epochs) do
+          :cont -> {:cont, {reversed, nil}}
+          {:halt, reason} -> {:halt, {reversed, reason}}
+        end
+      else
+        :cancelled -> {:halt, {reversed, :cancelled}}
       end
     end)
   end
 
-  defp validate(_model, nil, _bs), do: nil
+  # `Model.cancel/1` makes the epoch NIF stop with a `kind: :cancelled` error, which ends the fit
+  # with the epoch in progress discarded.
+  defp train_epoch(model, loop) do
+    case Native.model_train_epoch(model.ref, loop.x.ref, loop.y.ref, loop.batch_size, loop.shuffle) do
+      {:ok, loss} -> {:ok, loss}
+      {:error, {_, _, %{kind: :cancelled}}} -> :cancelled
+      {:error, {_, reason, details}} -> raise Error, op: :fit, reason: reason, details: details
+    end
+  end
+
+  defp validate(_model, nil, _bs), do: {:ok, nil}
 
   defp validate(model, {vx, vy}, bs) do
     case Native.model_evaluate(model.ref, vx.ref, vy.ref, bs) do
       {:ok, loss} ->
-        loss
+        {:ok, loss}
 
       {:error, {_, reason, details}} ->
         raise Error, op: :fit, reason: "validation_data: " <> reason, details: details
@@ -133,7 +137,13 @@ defmodule ExBurn.Model.Fit do
   end
 
   # Every callback runs; the first halt request wins.
-  defp run_callbacks(callbacks, info) do
+  defp run_callbacks([], _entry, _reversed, _model, _epochs), do: :cont
+
+  defp run_callbacks(callbacks, entry, reversed, model, epochs) do
+    history = Enum.reverse(reversed)
+    current = %{model | epochs: model.epochs + entry.epoch, history: history}
+    info = Map.merge(entry, %{epochs: epochs, history: history, model: current})
+
     Enum.reduce(callbacks, :cont, fn callback, acc ->
       case {callback.(info), acc} do
         {:halt, :cont} -> {:halt, :halted}
@@ -143,9 +153,10 @@ defmodule ExBurn.Model.Fit do
     end)
   end
 
-  defp mark_halted(history, nil), do: history
+  # On the newest-first history: the newest entry carries the halt reason.
+  defp mark_halted(reversed, nil), do: reversed
   defp mark_halted([], _reason), do: []
-  defp mark_halted(history, reason), do: List.update_at(history, -1, &Map.put(&1, :halted, reason))
+  defp mark_halted([last | earlier], reason), do: [Map.put(last, :halted, reason) | earlier]
 
   defp progress_line(%{epoch: epoch, loss: loss, val_loss: val_loss}, epochs, duration) do
     ms = System.convert_time_unit(duration, :native, :millisecond)

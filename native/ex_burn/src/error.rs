@@ -52,6 +52,11 @@ pub enum ExError {
     /// A dirty NIF noticed that the process waiting for it has exited and stopped early.
     #[error("cancelled: the calling process exited")]
     Cancelled,
+    /// A training epoch stopped because `ExBurn.Model.cancel/1` (or `free/1`) asked it to: the
+    /// caller is alive and `fit` returns `halted: :cancelled`. Its details carry `kind: :cancelled`
+    /// so Elixir recognises it without reading the message.
+    #[error("training was cancelled")]
+    TrainingCancelled,
 }
 
 pub type ExResult<T> = Result<T, ExError>;
@@ -92,6 +97,7 @@ impl ExError {
             ExError::Invalid { details, .. } => details.clone(),
             ExError::Device(_) | ExError::Execution(_) | ExError::Cancelled => vec![],
             ExError::NxArgument(_) => vec![("kind", Atom("argument"))],
+            ExError::TrainingCancelled => vec![("kind", Atom("cancelled"))],
             ExError::Panic { location, .. } => match location {
                 Some(l) => vec![("location", Text(l.clone()))],
                 None => vec![],

@@ -210,7 +210,7 @@ impl Trainer {
         let mut total: Option<Tensor<1>> = None;
         for chunk in order.chunks(batch_size) {
             if cancel.load(Ordering::Relaxed) {
-                return Err(ExError::invalid("training was cancelled"));
+                return Err(ExError::TrainingCancelled);
             }
             let out = net.forward(self.inputs(x, chunk, true)?)?;
             let loss = loss::compute(self.config.loss, out, &self.targets(y, chunk, true)?, net.last_activation())?;
@@ -353,7 +353,9 @@ mod tests {
         let (x, y) = xor();
         let mut t = xor_trainer();
         let before = t.predict(&x, 4).unwrap().to_bytes().unwrap();
-        assert!(t.train_epoch(&x, &y, 1, false, &AtomicBool::new(true)).is_err());
+        let err = t.train_epoch(&x, &y, 1, false, &AtomicBool::new(true)).unwrap_err();
+        assert!(matches!(err, ExError::TrainingCancelled), "{err:?}");
+        assert!(matches!(err.details()[..], [("kind", Detail::Atom("cancelled"))]), "{:?}", err.details());
         assert_eq!(t.epochs, 0);
         assert_eq!(t.predict(&x, 4).unwrap().to_bytes().unwrap(), before);
     }
