@@ -257,8 +257,15 @@ defmodule ExBurn.Model do
     model
   end
 
-  @doc "Like `fit/3` but returns `{model, history}`."
-  def fit_with_progress(model, data, opts \\ []), do: ExBurn.Model.Fit.run(model, data, opts)
+  @doc """
+  Like `fit/3` but returns `{model, history}`, the history of this fit alone (the same list as
+  the returned `model.history`).
+  """
+  def fit_with_history(model, data, opts \\ []), do: ExBurn.Model.Fit.run(model, data, opts)
+
+  @doc deprecated: "Use fit_with_history/3 instead"
+  @doc "The former name of `fit_with_history/3`, kept as a delegate."
+  def fit_with_progress(model, data, opts \\ []), do: fit_with_history(model, data, opts)
 
   @doc """
   Asks a running `fit` of `model` to stop (from any process): training stops before the next

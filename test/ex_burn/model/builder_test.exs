@@ -133,7 +133,7 @@ defmodule ExBurn.Model.BuilderTest do
 
       tokens = for i <- 0..7, do: for(j <- 0..4, do: rem(i * 3 + j, 20))
       labels = for i <- 0..7, do: rem(i, 2)
-      {_m, history} = Model.fit_with_progress(model, {tokens, labels}, epochs: 3, batch_size: 4)
+      {_m, history} = Model.fit_with_history(model, {tokens, labels}, epochs: 3, batch_size: 4)
       assert length(history) == 3 and Enum.all?(history, &(&1.loss > 0 and &1.loss < 5))
       out = Model.predict(model, Tensor.tensor(tokens, type: :s64))
       assert Tensor.shape(out) == {8, 2}
@@ -248,7 +248,7 @@ defmodule ExBurn.Model.BuilderTest do
     n = elem(shape, 0)
     x = Tensor.iota(shape, :f32) |> Tensor.divide(Tensor.size(Tensor.iota(shape, :f32)))
     y = Enum.map(0..(n - 1), &rem(&1, classes))
-    {model, history} = Model.fit_with_progress(model, {x, y}, epochs: 3, batch_size: 4)
+    {model, history} = Model.fit_with_history(model, {x, y}, epochs: 3, batch_size: 4)
     assert length(history) == 3
     assert Enum.all?(history, &(is_float(&1.loss) and &1.loss > 0 and &1.loss < 10)), inspect(history)
     out = Model.predict(model, x)

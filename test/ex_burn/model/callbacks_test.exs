@@ -17,7 +17,7 @@ defmodule ExBurn.Model.CallbacksTest do
     {x, y} = xor()
     # learning rate 0: the loss is exactly the same every epoch (a plateau)
     {m, history} =
-      Model.fit_with_progress(model(learning_rate: 0.0), {x, y},
+      Model.fit_with_history(model(learning_rate: 0.0), {x, y},
         epochs: 20,
         batch_size: 4,
         shuffle: false,
@@ -31,7 +31,7 @@ defmodule ExBurn.Model.CallbacksTest do
 
     # a learning model is not stopped; val_loss is monitored when present
     {m, history} =
-      Model.fit_with_progress(model(), {x, y},
+      Model.fit_with_history(model(), {x, y},
         epochs: 30,
         batch_size: 4,
         validation_data: {x, y},
@@ -42,7 +42,7 @@ defmodule ExBurn.Model.CallbacksTest do
 
     # min_delta larger than any improvement: stops after patience + 1 epochs
     {_m, history} =
-      Model.fit_with_progress(model(), {x, y},
+      Model.fit_with_history(model(), {x, y},
         epochs: 30,
         batch_size: 4,
         callbacks: [Callbacks.early_stopping(2, 100.0)]
@@ -117,7 +117,7 @@ defmodule ExBurn.Model.CallbacksTest do
       if info.epoch == 2, do: {:halt, :enough}, else: :ok
     end
 
-    {m, history} = Model.fit_with_progress(model(), {x, y}, epochs: 5, batch_size: 4, callbacks: [cb])
+    {m, history} = Model.fit_with_history(model(), {x, y}, epochs: 5, batch_size: 4, callbacks: [cb])
     assert_received {:info, [:epoch, :epochs, :history, :loss, :model, :val_loss], 1, 1, 1}
     assert_received {:info, _, 2, 2, 2}
     assert m.halted == :enough and length(history) == 2
@@ -158,7 +158,7 @@ defmodule ExBurn.Model.CallbacksTest do
     end
 
     task =
-      Task.async(fn -> Model.fit_with_progress(m, {x, y}, epochs: 50, batch_size: 1, callbacks: [gate]) end)
+      Task.async(fn -> Model.fit_with_history(m, {x, y}, epochs: 50, batch_size: 1, callbacks: [gate]) end)
 
     assert_receive {:at, 2, _pid}, 5000
     assert Model.cancel(m) == :ok
@@ -187,7 +187,7 @@ defmodule ExBurn.Model.CallbacksTest do
     before = Tensor.to_binary(Model.predict(m, x))
 
     task =
-      Task.async(fn -> :timer.tc(fn -> Model.fit_with_progress(m, {x, y}, epochs: 100, batch_size: 1) end) end)
+      Task.async(fn -> :timer.tc(fn -> Model.fit_with_history(m, {x, y}, epochs: 100, batch_size: 1) end) end)
 
     Process.sleep(300)
     Model.cancel(m)

@@ -15,7 +15,7 @@ defmodule ExBurn.Model.TrainTest do
     {x, y} = xor()
 
     {us, {model, history}} =
-      :timer.tc(fn -> Model.fit_with_progress(xor_model(), {x, y}, epochs: 300, batch_size: 4) end)
+      :timer.tc(fn -> Model.fit_with_history(xor_model(), {x, y}, epochs: 300, batch_size: 4) end)
 
     predictions = Model.predict(model, x)
     assert {Tensor.shape(predictions), Tensor.type(predictions)} == {{4, 2}, {:f, 32}}
@@ -107,7 +107,7 @@ defmodule ExBurn.Model.TrainTest do
         |> Model.dense(4)
         |> Model.compile([loss: :cross_entropy] ++ compile_opts)
 
-      {model, history} = Model.fit_with_progress(model, {x, y}, [epochs: 6, batch_size: 16] ++ fit_opts)
+      {model, history} = Model.fit_with_history(model, {x, y}, [epochs: 6, batch_size: 16] ++ fit_opts)
       assert length(history) == 6
       assert Enum.all?(history, &(is_float(&1.loss) and &1.loss >= 0 and &1.loss < 10)), inspect(history)
       assert List.last(history).loss < hd(history).loss, "#{inspect(compile_opts)}: #{inspect(history)}"
@@ -149,13 +149,36 @@ defmodule ExBurn.Model.TrainTest do
     assert Model.summary(model).params == 42
   end
 
+  test "fit_with_progress/3 is a deprecated delegate of fit_with_history/3" do
+    {x, y} = xor()
+    {model, history} = Model.fit_with_progress(xor_model(), {x, y}, epochs: 2, batch_size: 4)
+    assert model.history == history and length(history) == 2
+    assert {:fit_with_progress, 3} in deprecated_functions(Model)
+  end
+
+  defp deprecated_functions(module) do
+    {:docs_v1, _, _, _, _, _, docs} = Code.fetch_docs(module)
+    for {{:function, name, arity}, _, _, _, %{deprecated: _}} <- docs, do: {name, arity}
+  end
+
+  test "the epoch NIF reports a cancellation as kind: :cancelled, not by its message" do
+    {x, y} = xor()
+    model = xor_model()
+    xt = Tensor.tensor(x, type: :f32)
+    yt = Tensor.tensor(y, type: :s64)
+    assert ExBurn.Native.model_cancel(model.ref, true) == {:ok, :ok}
+
+    assert {:error, {:fit, _reason, %{kind: :cancelled}}} =
+             ExBurn.Native.model_train_epoch(model.ref, xt.ref, yt.ref, 4, false)
+  end
+
   test "validation data gives val_loss, verbose prints one line per epoch" do
     {x, y} = xor()
 
     output =
       ExUnit.CaptureIO.capture_io(fn ->
         {_m, history} =
-          Model.fit_with_progress(xor_model(), {x, y},
+          Model.fit_with_history(xor_model(), {x, y},
             epochs: 3,
             batch_size: 4,
             validation_data: {x, y},
