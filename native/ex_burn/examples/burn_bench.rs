@@ -21,6 +21,7 @@ use ex_burn::dtype::NxType;
 use ex_burn::ops::elementwise as ew;
 use ex_burn::ops::linalg::{self, DotSpec};
 use ex_burn::ops::reduce;
+use ex_burn::ops::vocab::{BinaryOp, ReduceOp, UnaryOp};
 use ex_burn::tensor::Handle;
 
 fn ramp(n: usize) -> Vec<u8> {
@@ -126,18 +127,18 @@ fn kernels() {
     let z = f32s(&[0.0], &[1]);
     let f32t = NxType::F(32);
     let f64t = NxType::F(64);
-    let zf = ew::as_type(&ew::binary("multiply", &a, &z, f32t).unwrap(), f32t).unwrap();
-    t("add", || drop(ew::binary("add", &a, &b, f32t).unwrap()));
-    t("multiply", || drop(ew::binary("multiply", &a, &b, f32t).unwrap()));
-    t("divide", || drop(ew::binary("divide", &a, &b, f32t).unwrap()));
-    t("max dense", || drop(ew::binary("max", &a, &zf, f32t).unwrap()));
-    t("max scalar", || drop(ew::binary("max", &a, &z, f32t).unwrap()));
-    t("greater", || drop(ew::binary("greater", &a, &b, f32t).unwrap()));
-    t("exp", || drop(ew::unary("exp", &a, f32t).unwrap()));
+    let zf = ew::as_type(&ew::binary(BinaryOp::Multiply, &a, &z, f32t).unwrap(), f32t).unwrap();
+    t("add", || drop(ew::binary(BinaryOp::Add, &a, &b, f32t).unwrap()));
+    t("multiply", || drop(ew::binary(BinaryOp::Multiply, &a, &b, f32t).unwrap()));
+    t("divide", || drop(ew::binary(BinaryOp::Divide, &a, &b, f32t).unwrap()));
+    t("max dense", || drop(ew::binary(BinaryOp::Max, &a, &zf, f32t).unwrap()));
+    t("max scalar", || drop(ew::binary(BinaryOp::Max, &a, &z, f32t).unwrap()));
+    t("greater", || drop(ew::binary(BinaryOp::Greater, &a, &b, f32t).unwrap()));
+    t("exp", || drop(ew::unary(UnaryOp::Exp, &a, f32t).unwrap()));
     t("cast f64", || drop(ew::as_type(&a, f64t).unwrap()));
-    t("sum axis0", || drop(reduce::reduce("sum", &a, Some(vec![0]), false, f32t).unwrap()));
-    t("sum axis1", || drop(reduce::reduce("sum", &a, Some(vec![1]), false, f32t).unwrap()));
-    t("reduce_max axis0", || drop(reduce::reduce("reduce_max", &a, Some(vec![0]), false, f32t).unwrap()));
+    t("sum axis0", || drop(reduce::reduce(ReduceOp::Sum, &a, Some(vec![0]), false, f32t).unwrap()));
+    t("sum axis1", || drop(reduce::reduce(ReduceOp::Sum, &a, Some(vec![1]), false, f32t).unwrap()));
+    t("reduce_max axis0", || drop(reduce::reduce(ReduceOp::ReduceMax, &a, Some(vec![0]), false, f32t).unwrap()));
     let sp = |c: usize| DotSpec { contract: vec![c], batch: vec![] };
     let a64 = ew::as_type(&a, f64t).unwrap();
     let ones_r = ew::as_type(&f32s(&[1.0; 128], &[1, 128]), f64t).unwrap();

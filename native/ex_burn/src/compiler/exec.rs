@@ -129,8 +129,8 @@ impl Program {
             Op::Full(v) => create::full(*v, shape, ty, self.device),
             Op::Iota(axis) => create::iota(shape, ty, *axis, self.device),
             Op::Eye => create::eye(shape, ty, self.device),
-            Op::Unary(op) => ew::unary(op, a[0], ty),
-            Op::Binary { op, compute } => ew::binary(op, a[0], a[1], *compute),
+            Op::Unary(op) => ew::unary(*op, a[0], ty),
+            Op::Binary { op, compute } => ew::binary(*op, a[0], a[1], *compute),
             Op::ClampScalar { max, bound, compute } => ew::clamp_scalar(&ew::as_type(a[0], *compute)?, *max, *bound),
             Op::Select => ew::select(a[0], a[1], a[2], ty),
             Op::Clip => {
@@ -138,8 +138,8 @@ impl Program {
                 ew::clip(&x, &lo, &hi)
             }
             Op::AsType => ew::as_type(a[0], ty),
-            Op::Reduce { op, axes, keep } => reduce::reduce(op, a[0], axes.clone(), *keep, ty),
-            Op::ArgReduce { op, axis, keep, high } => reduce::arg_reduce(op, a[0], *axis, *keep, *high, ty),
+            Op::Reduce { op, axes, keep } => reduce::reduce(*op, a[0], axes.clone(), *keep, ty),
+            Op::ArgReduce { op, axis, keep, high } => reduce::arg_reduce(*op, a[0], *axis, *keep, *high, ty),
             Op::Dot { a: sa, b: sb } => linalg::dot(a[0], sa, a[1], sb, ty),
             Op::Reshape => sh::reshape(a[0], shape),
             Op::Transpose(axes) => sh::transpose(a[0], axes.clone()),
@@ -156,7 +156,7 @@ impl Program {
                 Handle::from_bytes(a[0].to_bytes()?, shape, ty, self.device)
             }
             Op::Conv(spec) => conv::conv(a[0], a[1], spec, ty),
-            Op::Window { op, spec } => window::window_reduce(op, a[0], spec, ty),
+            Op::Window { op, spec } => window::window_reduce(*op, a[0], spec, ty),
             Op::Sort { axis, desc } => indexing::sort(a[0], *axis, *desc),
             Op::ArgSort { axis, desc } => indexing::argsort(a[0], *axis, *desc, ty),
             Op::PadInterior(interior) => window::pad_interior(a[0], a[1], interior.clone()),

@@ -6,6 +6,7 @@ use crate::dtype::NxType;
 use crate::ops::conv::ConvSpec;
 use crate::ops::indexing;
 use crate::ops::linalg::DotSpec;
+use crate::ops::vocab::{ArgReduceOp, BinaryOp, ReduceOp, UnaryOp, WindowOp};
 use crate::ops::window::WindowSpec;
 
 /// One node of the expression. Operands are earlier instructions, named by position.
@@ -15,18 +16,18 @@ pub enum Op {
     Full(Scalar),
     Iota(Option<usize>),
     Eye,
-    Unary(String),
+    Unary(UnaryOp),
     /// `compute` is the type the op computes in (Nx's out type, or the merged operand type
     /// for comparisons and logical ops).
-    Binary { op: String, compute: NxType },
+    Binary { op: BinaryOp, compute: NxType },
     /// Float max/min against a non-NaN constant, rewritten from `Binary` by `Program::new`: one
     /// pass instead of a compare-and-select chain (ReLU is `max(x, 0)`).
     ClampScalar { max: bool, bound: f64, compute: NxType },
     Select,
     Clip,
     AsType,
-    Reduce { op: String, axes: Option<Vec<usize>>, keep: bool },
-    ArgReduce { op: String, axis: Option<usize>, keep: bool, high: bool },
+    Reduce { op: ReduceOp, axes: Option<Vec<usize>>, keep: bool },
+    ArgReduce { op: ArgReduceOp, axis: Option<usize>, keep: bool, high: bool },
     Dot { a: DotSpec, b: DotSpec },
     Reshape,
     Transpose(Vec<usize>),
@@ -40,7 +41,7 @@ pub enum Op {
     /// The operand's bytes read as the result type (same bit width), as the backend does.
     Bitcast,
     Conv(ConvSpec),
-    Window { op: String, spec: WindowSpec },
+    Window { op: WindowOp, spec: WindowSpec },
     /// Operand already in the result type (the lowering casts it, like the backend).
     Sort { axis: usize, desc: bool },
     ArgSort { axis: usize, desc: bool },

@@ -8,6 +8,7 @@ use super::instr::{arity, Branch, Instr, Op};
 use crate::device::DeviceRef;
 use crate::dtype::NxType;
 use crate::error::{Detail, ExError, ExResult};
+use crate::ops::vocab::BinaryOp;
 use crate::ops::{create, elementwise as ew};
 use crate::tensor::Handle;
 
@@ -175,10 +176,10 @@ impl Program {
 fn clamp_constants(instrs: &mut [Instr]) {
     for i in 0..instrs.len() {
         let Op::Binary { op, compute } = &instrs[i].op else { continue };
-        if !(op == "max" || op == "min") || !compute.is_float() || instrs[i].args.len() != 2 || instrs[i].args.iter().any(|&a| a >= i) {
+        if !matches!(op, BinaryOp::Max | BinaryOp::Min) || !compute.is_float() || instrs[i].args.len() != 2 || instrs[i].args.iter().any(|&a| a >= i) {
             continue;
         }
-        let (max, compute) = (op == "max", *compute);
+        let (max, compute) = (*op == BinaryOp::Max, *compute);
         let found = [(0, 1), (1, 0)].into_iter().find_map(|(c, x)| {
             let (c, x) = (instrs[i].args[c], instrs[i].args[x]);
             match instrs[c].op {

@@ -6,6 +6,7 @@ use super::{Branch, Instr, Op, Program};
 use crate::dtype::NxType;
 use crate::error::ExError;
 use crate::ops::linalg::DotSpec;
+use crate::ops::vocab::{BinaryOp, ReduceOp, UnaryOp};
 use crate::tensor::Handle;
 use crate::testing::{device, f32s, floats, ints};
 
@@ -15,15 +16,15 @@ fn ins(op: Op, args: &[usize], ty: NxType, shape: &[usize]) -> Instr {
 
 const F32: NxType = NxType::F(32);
 
-fn bin(op: &str) -> Op {
-    Op::Binary { op: op.into(), compute: F32 }
+fn bin(op: BinaryOp) -> Op {
+    Op::Binary { op, compute: F32 }
 }
 
 /// max/min against a constant run as one clamp and still propagate NaN like Nx.
 #[test]
 fn max_and_min_with_a_constant_become_clamps() {
     let x = [f32::NAN, -2.0, 0.5, 3.0];
-    for (op, want) in [("max", [0.0, 0.5, 1.0]), ("min", [-2.0, 0.0, 0.0])] {
+    for (op, want) in [(BinaryOp::Max, [0.0, 0.5, 1.0]), (BinaryOp::Min, [-2.0, 0.0, 0.0])] {
         // op(x, 0) with an s32 constant, then min(_, 1.0) with the constant second
         let prog = Program::new(
             vec![
@@ -31,7 +32,7 @@ fn max_and_min_with_a_constant_become_clamps() {
                 ins(Op::Full(Scalar::Int(0)), &[], NxType::S(32), &[]),
                 ins(bin(op), &[1, 0], F32, &[4]),
                 ins(Op::Full(Scalar::Float(1.0)), &[], F32, &[]),
-                ins(bin("min"), &[2, 3], F32, &[4]),
+                ins(bin(BinaryOp::Min), &[2, 3], F32, &[4]),
             ],
             vec![4],
             1,
@@ -39,7 +40,7 @@ fn max_and_min_with_a_constant_become_clamps() {
         )
         .unwrap();
         if device().kind == crate::device::DeviceKind::Cpu {
-            assert!(matches!(prog.instrs[2].op, Op::ClampScalar { max, .. } if max == (op == "max")));
+            assert!(matches!(prog.instrs[2].op, Op::ClampScalar { max, .. } if max == (op == BinaryOp::Max)));
             assert!(matches!(prog.instrs[4].op, Op::ClampScalar { max: false, .. }));
         } else {
             assert!(matches!(prog.instrs[2].op, Op::Binary { .. }));
@@ -59,10 +60,10 @@ fn runs_a_dense_layer_with_relu_in_one_call() {
             ins(Op::Input(1), &[], F32, &[3, 2]),
             ins(Op::Input(2), &[], F32, &[2]),
             ins(Op::Dot { a: DotSpec { contract: vec![1], batch: vec![] }, b: DotSpec { contract: vec![0], batch: vec![] } }, &[0, 1], F32, &[2, 2]),
-            ins(bin("add"), &[3, 2], F32, &[2, 2]),
+            ins(bin(BinaryOp::Add), &[3, 2], F32, &[2, 2]),
             ins(Op::Full(Scalar::Float(0.0)), &[], F32, &[]),
-            ins(bin("max"), &[4, 5], F32, &[2, 2]),
-            ins(Op::Reduce { op: "sum".into(), axes: None, keep: false }, &[6], F32, &[]),
+            ins(bin(BinaryOp::Max), &[4, 5], F32, &[2, 2]),
+            ins(Op::Reduce { op: ReduceOp::Sum, axes: None, keep: false }, &[6], F32, &[]),
         ],
         vec![6, 7],
         3,
@@ -87,7 +88,7 @@ fn results_take_the_declared_type_and_shape() {
         vec![
             ins(Op::Input(0), &[], F32, &[2]),
             ins(Op::Full(Scalar::Float(1.5)), &[], F32, &[]),
-            ins(bin("greater"), &[0, 1], NxType::S(32), &[2]),
+            ins(bin(BinaryOp::Greater), &[0, 1], NxType::S(32), &[2]),
             ins(Op::Reshape, &[2], NxType::S(32), &[2, 1]),
             ins(Op::Iota(None), &[], NxType::S(64), &[3]),
             ins(Op::Reverse(vec![0]), &[4], NxType::S(64), &[3]),
@@ -112,9 +113,9 @@ fn an_output_may_be_an_input_and_appear_twice() {
 
 #[test]
 fn malformed_programs_are_rejected_before_running() {
-    let fwd = vec![ins(Op::Input(0), &[], F32, &[1]), ins(Op::Unary("exp".into()), &[1], F32, &[1])];
+    let fwd = vec![ins(Op::Input(0), &[], F32, &[1]), ins(Op::Unary(UnaryOp::Exp), &[1], F32, &[1])];
     assert!(Program::new(fwd, vec![1], 1, device()).is_err());
-    let arity = vec![ins(Op::Input(0), &[], F32, &[1]), ins(bin("add"), &[0], F32, &[1])];
+    let arity = vec![ins(Op::Input(0), &[], F32, &[1]), ins(bin(BinaryOp::Add), &[0], F32, &[1])];
     assert!(Program::new(arity, vec![1], 1, device()).is_err());
     assert!(Program::new(vec![ins(Op::Input(1), &[], F32, &[1])], vec![0], 1, device()).is_err());
     assert!(Program::new(vec![ins(Op::Input(0), &[], F32, &[1])], vec![3], 1, device()).is_err());
@@ -164,10 +165,10 @@ fn cond_runs_only_the_chosen_branch() {
         vec![
             ins(Op::Input(0), &[], s32, &[]),
             ins(Op::Full(Scalar::Int(0)), &[], s32, &[]),
-            ins(Op::Binary { op: "greater".into(), compute: s32 }, &[0, 1], NxType::U(8), &[]),
+            ins(Op::Binary { op: BinaryOp::Greater, compute: s32 }, &[0, 1], NxType::U(8), &[]),
             ins(Op::Full(Scalar::Int(1)), &[], s32, &[]),
-            ins(Op::Binary { op: "add".into(), compute: s32 }, &[0, 3], s32, &[]),
-            ins(Op::Binary { op: "quotient".into(), compute: s32 }, &[0, 1], s32, &[]),
+            ins(Op::Binary { op: BinaryOp::Add, compute: s32 }, &[0, 3], s32, &[]),
+            ins(Op::Binary { op: BinaryOp::Quotient, compute: s32 }, &[0, 1], s32, &[]),
             ins(Op::Cond { clauses: vec![(br(2, 3, &[2]), br(3, 5, &[4]))], last: br(5, 6, &[5]) }, &[], NxType::U(8), &[]),
             ins(Op::Pick { cond: 6, out: 0 }, &[], s32, &[]),
         ],
@@ -194,11 +195,11 @@ fn while_repeats_its_body_until_the_predicate_fails() {
             ins(Op::LoopVar, &[], s32, &[]),
             ins(Op::LoopVar, &[], F32, &[2]),
             ins(Op::Full(Scalar::Int(3)), &[], s32, &[]),
-            ins(Op::Binary { op: "less".into(), compute: s32 }, &[2, 4], NxType::U(8), &[]),
+            ins(Op::Binary { op: BinaryOp::Less, compute: s32 }, &[2, 4], NxType::U(8), &[]),
             ins(Op::Full(Scalar::Int(1)), &[], s32, &[]),
-            ins(Op::Binary { op: "add".into(), compute: s32 }, &[2, 6], s32, &[]),
+            ins(Op::Binary { op: BinaryOp::Add, compute: s32 }, &[2, 6], s32, &[]),
             ins(Op::Full(Scalar::Float(2.0)), &[], F32, &[]),
-            ins(bin("multiply"), &[3, 8], F32, &[2]),
+            ins(bin(BinaryOp::Multiply), &[3, 8], F32, &[2]),
             ins(Op::While { vars: vec![2, 3], cond: br(4, 6, &[5]), body: br(6, 10, &[7, 9]) }, &[0, 1], NxType::U(8), &[]),
             ins(Op::Pick { cond: 10, out: 0 }, &[], s32, &[]),
             ins(Op::Pick { cond: 10, out: 1 }, &[], F32, &[2]),
@@ -221,7 +222,7 @@ fn errors_from_ops_surface_as_errors() {
         vec![
             ins(Op::Iota(None), &[], s32, &[3]),
             ins(Op::Full(Scalar::Int(0)), &[], s32, &[]),
-            ins(Op::Binary { op: "quotient".into(), compute: s32 }, &[0, 1], s32, &[3]),
+            ins(Op::Binary { op: BinaryOp::Quotient, compute: s32 }, &[0, 1], s32, &[3]),
         ],
         vec![2],
         0,
@@ -240,7 +241,7 @@ fn a_run_stops_when_its_caller_is_gone() {
             ins(Op::Input(0), &[], F32, &[]),
             ins(Op::LoopVar, &[], F32, &[]),
             ins(Op::Full(Scalar::Int(1)), &[], NxType::U(8), &[]),
-            ins(bin("add"), &[1, 1], F32, &[]),
+            ins(bin(BinaryOp::Add), &[1, 1], F32, &[]),
             ins(
                 Op::While { vars: vec![1], cond: Branch { start: 2, end: 3, outs: vec![2] }, body: Branch { start: 3, end: 4, outs: vec![3] } },
                 &[0],

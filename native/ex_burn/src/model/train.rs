@@ -322,7 +322,7 @@ mod tests {
     }
 
     fn argmax_rows(h: &Handle) -> Vec<i64> {
-        ints(&crate::ops::reduce::arg_reduce("argmax", h, Some(1), false, false, NxType::S(64)).unwrap())
+        ints(&crate::ops::reduce::arg_reduce(crate::ops::vocab::ArgReduceOp::Argmax, h, Some(1), false, false, NxType::S(64)).unwrap())
     }
 
     #[test]

@@ -30,10 +30,10 @@ fn decode_op(name: &str, attrs: Term, ty: crate::dtype::NxType) -> ExResult<Op> 
         "full" => Op::Full(term::scalar(attrs, ty)?),
         "iota" => Op::Iota(term::opt_usize(attrs, "axis")?),
         "eye" => Op::Eye,
-        "unary" => Op::Unary(term::atom(attrs, "op")?),
+        "unary" => Op::Unary(term::op(attrs)?),
         "binary" => {
             let (op, compute): (Term, Term) = attrs.decode().map_err(|_| attr_err("{op, compute_type}"))?;
-            Op::Binary { op: term::atom(op, "op")?, compute: term::decode_type(compute)? }
+            Op::Binary { op: term::op(op)?, compute: term::decode_type(compute)? }
         }
         "select" => Op::Select,
         "clip" => Op::Clip,
@@ -43,13 +43,13 @@ fn decode_op(name: &str, attrs: Term, ty: crate::dtype::NxType) -> ExResult<Op> 
         "bitcast" => Op::Bitcast,
         "reduce" => {
             let (op, axes, keep): (Term, Term, Term) = attrs.decode().map_err(|_| attr_err("{op, axes, keep}"))?;
-            Op::Reduce { op: term::atom(op, "op")?, axes: term::opt_axes(axes, "axes")?, keep: term::boolean(keep, "keep")? }
+            Op::Reduce { op: term::op(op)?, axes: term::opt_axes(axes, "axes")?, keep: term::boolean(keep, "keep")? }
         }
         "arg_reduce" => {
             let (op, axis, keep, high): (Term, Term, Term, Term) =
                 attrs.decode().map_err(|_| attr_err("{op, axis, keep, high}"))?;
             Op::ArgReduce {
-                op: term::atom(op, "op")?,
+                op: term::op(op)?,
                 axis: term::opt_usize(axis, "axis")?,
                 keep: term::boolean(keep, "keep")?,
                 high: term::boolean(high, "high")?,
@@ -75,7 +75,7 @@ fn decode_op(name: &str, attrs: Term, ty: crate::dtype::NxType) -> ExResult<Op> 
         "conv" => Op::Conv(super::conv::spec(attrs)?),
         "window" => {
             let (op, spec): (Term, Term) = attrs.decode().map_err(|_| attr_err("{op, spec}"))?;
-            Op::Window { op: term::atom(op, "op")?, spec: super::window::spec(spec)? }
+            Op::Window { op: term::op(op)?, spec: super::window::spec(spec)? }
         }
         "sort" | "argsort" => {
             let (axis, desc): (Term, Term) = attrs.decode().map_err(|_| attr_err("{axis, descending}"))?;

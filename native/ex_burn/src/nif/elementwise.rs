@@ -9,16 +9,14 @@ use crate::ops::elementwise as ew;
 #[rustler::nif(schedule = "DirtyCpu")]
 fn unary<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, out_type: Term<'a>) -> Term<'a> {
     guard(env, &op_name(op, "unary"), || {
-        let op = term::atom(op, "op")?;
-        Ok(TensorOut(ew::unary(&op, &arg(t)?, term::decode_type(out_type)?)?))
+        Ok(TensorOut(ew::unary(term::op(op)?, &arg(t)?, term::decode_type(out_type)?)?))
     })
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
 fn binary<'a>(env: Env<'a>, op: Term<'a>, a: Term<'a>, b: Term<'a>, compute_type: Term<'a>) -> Term<'a> {
     guard(env, &op_name(op, "binary"), || {
-        let op = term::atom(op, "op")?;
-        Ok(TensorOut(ew::binary(&op, &arg(a)?, &arg(b)?, term::decode_type(compute_type)?)?))
+        Ok(TensorOut(ew::binary(term::op(op)?, &arg(a)?, &arg(b)?, term::decode_type(compute_type)?)?))
     })
 }
 

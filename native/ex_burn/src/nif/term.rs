@@ -99,6 +99,14 @@ pub fn atom(term: Term, name: &'static str) -> ExResult<String> {
     term.atom_to_string().map_err(|_| ExError::Arg { name, expected: "an atom" })
 }
 
+/// An op of family `V`, named by Nx's atom: the one place op names are read.
+pub fn op<V: crate::ops::vocab::Vocabulary>(term: Term) -> ExResult<V> {
+    let name = atom(term, "op")?;
+    V::from_name(&name).ok_or_else(|| {
+        ExError::invalid_with(format!("unknown {}", V::FAMILY), vec![("op", crate::error::Detail::Text(name))])
+    })
+}
+
 /// A fill value for a tensor of type `ty`: a number, or `:infinity`/`:neg_infinity`/`:nan`.
 pub fn scalar(term: Term, ty: NxType) -> ExResult<Scalar> {
     let bad = ExError::Arg { name: "value", expected: "a number, :infinity, :neg_infinity or :nan" };

@@ -26,8 +26,7 @@ pub(super) fn spec(opts: Term) -> ExResult<WindowSpec> {
 #[rustler::nif(schedule = "DirtyCpu")]
 fn window_reduce<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, opts: Term<'a>, out_type: Term<'a>) -> Term<'a> {
     guard(env, &op_name(op, "window_reduce"), || {
-        let op = term::atom(op, "op")?;
-        Ok(TensorOut(window::window_reduce(&op, &arg(t)?, &spec(opts)?, term::decode_type(out_type)?)?))
+        Ok(TensorOut(window::window_reduce(term::op(op)?, &arg(t)?, &spec(opts)?, term::decode_type(out_type)?)?))
     })
 }
 

@@ -8,42 +8,36 @@ use burn::backend::{Dispatch, Scalar};
 use crate::dispatch::{self, by_kind, by_kind2, Prim, BOOL};
 use crate::dtype::{NxType, PRED};
 use crate::error::{ExError, ExResult};
+use crate::ops::vocab::{BinaryOp, UnaryOp};
 use crate::ops::{broadcast_prim, broadcast_shape, cast_to, check_alloc, empty, same_device};
 use crate::tensor::{numel, Handle};
 
 type UnaryFn = fn(Prim) -> Prim;
 
 /// Float-only unary ops that map one-to-one onto a Burn kernel.
-const FLOAT_UNARY: &[(&str, UnaryFn)] = &[
-    ("exp", Dispatch::float_exp),
-    ("log", Dispatch::float_log),
-    ("sqrt", Dispatch::float_sqrt),
-    ("sin", Dispatch::float_sin),
-    ("cos", Dispatch::float_cos),
-    ("tan", Dispatch::float_tan),
-    ("asin", Dispatch::float_asin),
-    ("acos", Dispatch::float_acos),
-    ("atan", Dispatch::float_atan),
-    ("sinh", Dispatch::float_sinh),
-    ("cosh", Dispatch::float_cosh),
-    ("tanh", Dispatch::float_tanh),
-    ("erf", Dispatch::float_erf),
-    ("sigmoid", Dispatch::sigmoid),
-    ("floor", Dispatch::float_floor),
-    ("ceil", Dispatch::float_ceil),
-];
-
-/// Float ops that need no transcendental function, so they run in f64 wherever f64 is stored.
-const F64_EXACT: &[&str] = &[
-    "abs", "negate", "sign", "floor", "ceil", "round", "square", "sqrt", "rsqrt", "is_nan", "is_infinity", "logical_not",
-    "add", "subtract", "multiply", "divide", "remainder", "max", "min",
-    "equal", "not_equal", "greater", "less", "greater_equal", "less_equal", "logical_and", "logical_or", "logical_xor",
+const FLOAT_UNARY: &[(UnaryOp, UnaryFn)] = &[
+    (UnaryOp::Exp, Dispatch::float_exp),
+    (UnaryOp::Log, Dispatch::float_log),
+    (UnaryOp::Sqrt, Dispatch::float_sqrt),
+    (UnaryOp::Sin, Dispatch::float_sin),
+    (UnaryOp::Cos, Dispatch::float_cos),
+    (UnaryOp::Tan, Dispatch::float_tan),
+    (UnaryOp::Asin, Dispatch::float_asin),
+    (UnaryOp::Acos, Dispatch::float_acos),
+    (UnaryOp::Atan, Dispatch::float_atan),
+    (UnaryOp::Sinh, Dispatch::float_sinh),
+    (UnaryOp::Cosh, Dispatch::float_cosh),
+    (UnaryOp::Tanh, Dispatch::float_tanh),
+    (UnaryOp::Erf, Dispatch::float_erf),
+    (UnaryOp::Sigmoid, Dispatch::sigmoid),
+    (UnaryOp::Floor, Dispatch::float_floor),
+    (UnaryOp::Ceil, Dispatch::float_ceil),
 ];
 
 /// Refuses f64 transcendentals where the device cannot compile them (see `DeviceRef::f64_math`):
 /// an error now instead of a poisoned device later.
-fn check_f64_math(op: &str, ty: NxType, device: crate::device::DeviceRef) -> ExResult<()> {
-    if ty == NxType::F(64) && !device.f64_math() && !F64_EXACT.contains(&op) {
+fn check_f64_math(op: &'static str, exact: bool, ty: NxType, device: crate::device::DeviceRef) -> ExResult<()> {
+    if ty == NxType::F(64) && !device.f64_math() && !exact {
         return Err(ExError::invalid_with(
             format!("f64 {op} is not supported on {device}: Vulkan (SPIR-V) has no f64 transcendental functions"),
             vec![("op", crate::error::Detail::Text(op.into())), ("device", crate::error::Detail::Text(device.to_string()))],
@@ -55,20 +49,20 @@ fn check_f64_math(op: &str, ty: NxType, device: crate::device::DeviceRef) -> ExR
 /// Float ops built from several Burn kernels. asinh/acosh/atanh are here because the kernels'
 /// textbook formulas overflow (asinh, acosh of huge x), cancel (acosh near 1) or round 1 - x
 /// (atanh near -1): Rust's f64 atanh(-(1 - 2^-53)) is 2% off.
-const COMPOSITES: &[&str] = &["expm1", "log1p", "cbrt", "erfc", "erf_inv", "asinh", "acosh", "atanh"];
+const COMPOSITES: &[UnaryOp] = &[UnaryOp::Expm1, UnaryOp::Log1p, UnaryOp::Cbrt, UnaryOp::Erfc, UnaryOp::ErfInv, UnaryOp::Asinh, UnaryOp::Acosh, UnaryOp::Atanh];
 
 fn fscalar(v: f64) -> Scalar {
     Scalar::Float(v)
 }
 
-fn float_unary(op: &str, t: Prim) -> ExResult<Prim> {
+fn float_unary(op: UnaryOp, t: Prim) -> ExResult<Prim> {
     if let Some((_, f)) = FLOAT_UNARY.iter().find(|(name, _)| *name == op) {
         return Ok(f(t));
     }
     Ok(match op {
         // expm1 = 2t / (1 - t) with t = tanh(x/2) keeps full precision near 0, where exp(x) - 1
         // cancels; far from 0 the direct form is exact enough and does not overflow early.
-        "expm1" => {
+        UnaryOp::Expm1 => {
             let half = Dispatch::float_tanh(Dispatch::float_mul_scalar(t.clone(), fscalar(0.5)));
             let near = Dispatch::float_div(
                 Dispatch::float_mul_scalar(half.clone(), fscalar(2.0)),
@@ -78,34 +72,34 @@ fn float_unary(op: &str, t: Prim) -> ExResult<Prim> {
             let small = Dispatch::float_lower_elem(Dispatch::float_abs(t), fscalar(0.5), BOOL);
             Dispatch::float_mask_where(far, small, near)
         }
-        "log1p" => log1p(t),
-        "rsqrt" => Dispatch::float_recip(Dispatch::float_sqrt(t)),
-        "cbrt" => cbrt(t),
-        "erfc" => erfc(&t, &erf_ratio(&t)),
-        "asinh" => asinh(t),
-        "acosh" => acosh(t),
-        "atanh" => atanh(t),
+        UnaryOp::Log1p => log1p(t),
+        UnaryOp::Rsqrt => Dispatch::float_recip(Dispatch::float_sqrt(t)),
+        UnaryOp::Cbrt => cbrt(t),
+        UnaryOp::Erfc => erfc(&t, &erf_ratio(&t)),
+        UnaryOp::Asinh => asinh(t),
+        UnaryOp::Acosh => acosh(t),
+        UnaryOp::Atanh => atanh(t),
         // Nx rounds half away from zero; Burn rounds half to even.
-        "round" => {
+        UnaryOp::Round => {
             let tr = Dispatch::float_trunc(t.clone());
             let frac = Dispatch::float_abs(Dispatch::float_sub(t.clone(), tr.clone()));
             let bump = Dispatch::float_greater_equal_elem(frac, fscalar(0.5), BOOL);
             let away = Dispatch::float_add(tr.clone(), Dispatch::float_sign(t));
             Dispatch::float_mask_where(tr, bump, away)
         }
-        "erf_inv" => erf_inv(t),
-        "abs" => Dispatch::float_abs(t),
-        "negate" => Dispatch::float_neg(t),
+        UnaryOp::ErfInv => erf_inv(t),
+        UnaryOp::Abs => Dispatch::float_abs(t),
+        UnaryOp::Negate => Dispatch::float_neg(t),
         // Burn's sign maps -0 to +0 and NaN to 0; zeros and NaN pass through, as in XLA (EXLA).
-        "sign" => {
+        UnaryOp::Sign => {
             let zero = Dispatch::float_equal_elem(t.clone(), fscalar(0.0), BOOL);
             let keep = Dispatch::bool_or(zero, Dispatch::float_is_nan(t.clone(), BOOL));
             Dispatch::float_mask_where(Dispatch::float_sign(t.clone()), keep, t)
         }
-        "square" => Dispatch::float_mul(t.clone(), t),
-        "is_nan" => dispatch::pred(Dispatch::float_is_nan(t, BOOL)),
-        "is_infinity" => dispatch::pred(Dispatch::float_is_inf(t, BOOL)),
-        _ => return Err(unknown(op, "unary")),
+        UnaryOp::Square => Dispatch::float_mul(t.clone(), t),
+        UnaryOp::IsNan => dispatch::pred(Dispatch::float_is_nan(t, BOOL)),
+        UnaryOp::IsInfinity => dispatch::pred(Dispatch::float_is_inf(t, BOOL)),
+        _ => return Err(unknown(op.name(), "unary")),
     })
 }
 
@@ -379,21 +373,21 @@ fn population_count(t: Prim, ty: NxType) -> Prim {
     (1..bits(ty)).fold(bit(0), |acc, i| D::int_add(acc, bit(i)))
 }
 
-fn int_unary(op: &str, t: Prim, ty: NxType) -> ExResult<Prim> {
+fn int_unary(op: UnaryOp, t: Prim, ty: NxType) -> ExResult<Prim> {
     Ok(match op {
-        "abs" if ty.is_unsigned() => t,
-        "abs" => Dispatch::int_abs(t),
-        "negate" => Dispatch::int_neg(t),
-        "sign" if ty.is_unsigned() => dispatch::cast(dispatch::pred(dispatch::to_bool(t)), ty.dtype()),
-        "sign" => Dispatch::int_sign(t),
-        "square" => Dispatch::int_mul(t.clone(), t),
-        "bitwise_not" => Dispatch::bitwise_not(t),
-        "count_leading_zeros" => count_leading_zeros(t, ty),
-        "population_count" => population_count(t, ty),
+        UnaryOp::Abs if ty.is_unsigned() => t,
+        UnaryOp::Abs => Dispatch::int_abs(t),
+        UnaryOp::Negate => Dispatch::int_neg(t),
+        UnaryOp::Sign if ty.is_unsigned() => dispatch::cast(dispatch::pred(dispatch::to_bool(t)), ty.dtype()),
+        UnaryOp::Sign => Dispatch::int_sign(t),
+        UnaryOp::Square => Dispatch::int_mul(t.clone(), t),
+        UnaryOp::BitwiseNot => Dispatch::bitwise_not(t),
+        UnaryOp::CountLeadingZeros => count_leading_zeros(t, ty),
+        UnaryOp::PopulationCount => population_count(t, ty),
         // Rounding an integer is the identity in Nx.
-        "floor" | "ceil" | "round" => t,
-        "is_nan" | "is_infinity" => dispatch::pred(Dispatch::int_not_equal(t.clone(), t, BOOL)),
-        _ => return Err(unknown(op, "unary")),
+        UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => t,
+        UnaryOp::IsNan | UnaryOp::IsInfinity => dispatch::pred(Dispatch::int_not_equal(t.clone(), t, BOOL)),
+        _ => return Err(unknown(op.name(), "unary")),
     })
 }
 
@@ -406,18 +400,18 @@ fn unknown(op: &str, family: &str) -> ExError {
 
 /// `op` applied to `h` cast to `out` (Elixir computes Nx's result type). The predicates
 /// (`logical_not`, `is_nan`, `is_infinity`) look at the input as it is and return u8.
-pub fn unary(op: &str, h: &Handle, out: NxType) -> ExResult<Handle> {
-    let predicate = matches!(op, "logical_not" | "is_nan" | "is_infinity");
+pub fn unary(op: UnaryOp, h: &Handle, out: NxType) -> ExResult<Handle> {
+    let predicate = op.is_predicate();
     let out = if predicate { PRED } else { out };
     h.device.check_type(out)?;
-    check_f64_math(op, if predicate { h.ty } else { out }, h.device)?;
+    check_f64_math(op.name(), op.f64_exact(), if predicate { h.ty } else { out }, h.device)?;
     if h.numel() == 0 {
         return empty(h.shape.clone(), out, h.device);
     }
     let prim = match op {
-        "logical_not" => dispatch::pred(by_kind!(h.prim.clone(), float_equal_elem, int_equal_elem, dispatch::zero_of(h.ty.dtype()), BOOL)),
-        "is_nan" | "is_infinity" if h.ty.is_float() => float_unary(op, h.prim.clone())?,
-        "is_nan" | "is_infinity" => int_unary(op, h.prim.clone(), h.ty)?,
+        UnaryOp::LogicalNot => dispatch::pred(by_kind!(h.prim.clone(), float_equal_elem, int_equal_elem, dispatch::zero_of(h.ty.dtype()), BOOL)),
+        UnaryOp::IsNan | UnaryOp::IsInfinity if h.ty.is_float() => float_unary(op, h.prim.clone())?,
+        UnaryOp::IsNan | UnaryOp::IsInfinity => int_unary(op, h.prim.clone(), h.ty)?,
         // Composites of several kernels (Halley steps, erfc's branches, the tanh form of expm1)
         // round at every step; narrow floats are computed in f64 and rounded once, as
         // BinaryBackend does (in f32 where the device has no f64 math).
@@ -457,26 +451,23 @@ fn check_nonzero_divisor(b: &Prim) -> ExResult<()> {
     Ok(())
 }
 
-const COMPARISONS: &[&str] = &["equal", "not_equal", "greater", "less", "greater_equal", "less_equal"];
-const LOGICAL: &[&str] = &["logical_and", "logical_or", "logical_xor"];
-
-fn compare(op: &str, a: Prim, b: Prim) -> Prim {
+fn compare(op: BinaryOp, a: Prim, b: Prim) -> Prim {
     let bool_prim = match op {
-        "equal" => by_kind2!(a, b, float_equal, int_equal, BOOL),
-        "not_equal" => by_kind2!(a, b, float_not_equal, int_not_equal, BOOL),
-        "greater" => by_kind2!(a, b, float_greater, int_greater, BOOL),
-        "less" => by_kind2!(a, b, float_lower, int_lower, BOOL),
-        "greater_equal" => by_kind2!(a, b, float_greater_equal, int_greater_equal, BOOL),
+        BinaryOp::Equal => by_kind2!(a, b, float_equal, int_equal, BOOL),
+        BinaryOp::NotEqual => by_kind2!(a, b, float_not_equal, int_not_equal, BOOL),
+        BinaryOp::Greater => by_kind2!(a, b, float_greater, int_greater, BOOL),
+        BinaryOp::Less => by_kind2!(a, b, float_lower, int_lower, BOOL),
+        BinaryOp::GreaterEqual => by_kind2!(a, b, float_greater_equal, int_greater_equal, BOOL),
         _ => by_kind2!(a, b, float_lower_equal, int_lower_equal, BOOL),
     };
     dispatch::pred(bool_prim)
 }
 
-fn logical(op: &str, a: Prim, b: Prim) -> Prim {
+fn logical(op: BinaryOp, a: Prim, b: Prim) -> Prim {
     let (a, b) = (dispatch::to_bool(a), dispatch::to_bool(b));
     let bool_prim = match op {
-        "logical_and" => Dispatch::bool_and(a, b),
-        "logical_or" => Dispatch::bool_or(a, b),
+        BinaryOp::LogicalAnd => Dispatch::bool_and(a, b),
+        BinaryOp::LogicalOr => Dispatch::bool_or(a, b),
         _ => Dispatch::bool_xor(a, b),
     };
     dispatch::pred(bool_prim)
@@ -504,7 +495,7 @@ fn remainder(a: Prim, b: Prim) -> Prim {
     Dispatch::float_mask_where(out, keep, dividend)
 }
 
-fn arith(op: &str, a: Prim, b: Prim, ty: NxType) -> ExResult<Prim> {
+fn arith(op: BinaryOp, a: Prim, b: Prim, ty: NxType) -> ExResult<Prim> {
     let float = ty.is_float();
     let int_only = |what: &str| -> ExResult<()> {
         if float {
@@ -514,27 +505,27 @@ fn arith(op: &str, a: Prim, b: Prim, ty: NxType) -> ExResult<Prim> {
         }
     };
     Ok(match op {
-        "add" => by_kind2!(a, b, float_add, int_add),
-        "subtract" => by_kind2!(a, b, float_sub, int_sub),
-        "multiply" => by_kind2!(a, b, float_mul, int_mul),
-        "divide" if float => Dispatch::float_div(a, b),
-        "divide" | "quotient" => {
-            int_only(op)?;
+        BinaryOp::Add => by_kind2!(a, b, float_add, int_add),
+        BinaryOp::Subtract => by_kind2!(a, b, float_sub, int_sub),
+        BinaryOp::Multiply => by_kind2!(a, b, float_mul, int_mul),
+        BinaryOp::Divide if float => Dispatch::float_div(a, b),
+        BinaryOp::Divide | BinaryOp::Quotient => {
+            int_only(op.name())?;
             check_nonzero_divisor(&b)?;
             Dispatch::int_div(a, b)
         }
-        "remainder" => {
+        BinaryOp::Remainder => {
             if !float {
                 check_nonzero_divisor(&b)?;
             }
             remainder(a, b)
         }
-        "pow" if float => Dispatch::float_powf(a, b),
-        "pow" => Dispatch::int_powi(a, b),
-        "max" | "min" if float => {
+        BinaryOp::Pow if float => Dispatch::float_powf(a, b),
+        BinaryOp::Pow => Dispatch::int_powi(a, b),
+        BinaryOp::Max | BinaryOp::Min if float => {
             // b where it wins or is NaN, else a (also NaN when a is): Nx propagates NaN, and a
             // comparison with NaN is false. Four passes; ties keep a.
-            let b_wins = if op == "max" {
+            let b_wins = if op == BinaryOp::Max {
                 Dispatch::float_lower(a.clone(), b.clone(), BOOL)
             } else {
                 Dispatch::float_greater(a.clone(), b.clone(), BOOL)
@@ -542,38 +533,38 @@ fn arith(op: &str, a: Prim, b: Prim, ty: NxType) -> ExResult<Prim> {
             let take_b = Dispatch::bool_or(b_wins, Dispatch::float_is_nan(b.clone(), BOOL));
             dispatch::select(take_b, b, a)
         }
-        "max" | "min" => {
-            let a_wins = if op == "max" {
+        BinaryOp::Max | BinaryOp::Min => {
+            let a_wins = if op == BinaryOp::Max {
                 by_kind2!(a.clone(), b.clone(), float_greater_equal, int_greater_equal, BOOL)
             } else {
                 by_kind2!(a.clone(), b.clone(), float_lower_equal, int_lower_equal, BOOL)
             };
             dispatch::select(a_wins, a, b)
         }
-        "atan2" if float => Dispatch::float_atan2(a, b),
-        "bitwise_and" | "bitwise_or" | "bitwise_xor" | "left_shift" | "right_shift" => {
-            int_only(op)?;
+        BinaryOp::Atan2 if float => Dispatch::float_atan2(a, b),
+        BinaryOp::BitwiseAnd | BinaryOp::BitwiseOr | BinaryOp::BitwiseXor | BinaryOp::LeftShift | BinaryOp::RightShift => {
+            int_only(op.name())?;
             match op {
-                "bitwise_and" => Dispatch::bitwise_and(a, b),
-                "bitwise_or" => Dispatch::bitwise_or(a, b),
-                "bitwise_xor" => Dispatch::bitwise_xor(a, b),
-                "left_shift" => Dispatch::bitwise_left_shift(a, b),
+                BinaryOp::BitwiseAnd => Dispatch::bitwise_and(a, b),
+                BinaryOp::BitwiseOr => Dispatch::bitwise_or(a, b),
+                BinaryOp::BitwiseXor => Dispatch::bitwise_xor(a, b),
+                BinaryOp::LeftShift => Dispatch::bitwise_left_shift(a, b),
                 _ => Dispatch::bitwise_right_shift(a, b),
             }
         }
-        _ => return Err(unknown(op, "binary")),
+        _ => return Err(unknown(op.name(), "binary")),
     })
 }
 
-pub fn binary(op: &str, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Handle> {
-    if op == "left_shift" || op == "right_shift" {
+pub fn binary(op: BinaryOp, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Handle> {
+    if matches!(op, BinaryOp::LeftShift | BinaryOp::RightShift) {
         check_shift(op, b)?;
     }
     let device = same_device(&[a, b])?;
     device.check_type(ty)?;
-    check_f64_math(op, ty, device)?;
+    check_f64_math(op.name(), op.f64_exact(), ty, device)?;
     let shape = broadcast_shape(&a.shape, &b.shape)?;
-    let is_pred = COMPARISONS.contains(&op) || LOGICAL.contains(&op);
+    let is_pred = op.is_comparison() || op.is_logical();
     let out_ty = if is_pred { PRED } else { ty };
     check_alloc(&shape, out_ty)?;
     if numel(&shape) == 0 {
@@ -581,9 +572,9 @@ pub fn binary(op: &str, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Handle> 
     }
     let pa = dispatch::cast(broadcast_prim(a, &shape), ty.dtype());
     let pb = dispatch::cast(broadcast_prim(b, &shape), ty.dtype());
-    let prim = if COMPARISONS.contains(&op) {
+    let prim = if op.is_comparison() {
         compare(op, pa, pb)
-    } else if LOGICAL.contains(&op) {
+    } else if op.is_logical() {
         logical(op, pa, pb)
     } else {
         arith(op, pa, pb, ty)?
@@ -593,11 +584,11 @@ pub fn binary(op: &str, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Handle> 
 
 /// Nx: a negative shift amount is an ArgumentError (BinaryBackend's message), not a
 /// device-defined result.
-fn check_shift(op: &str, amount: &Handle) -> ExResult<()> {
+fn check_shift(op: BinaryOp, amount: &Handle) -> ExResult<()> {
     if let NxType::S(_) = amount.ty {
         if let Some(min) = crate::ops::indexing::read_ints(amount)?.into_iter().min() {
             if min < 0 {
-                let verb = if op == "left_shift" { "left" } else { "right" };
+                let verb = if op == BinaryOp::LeftShift { "left" } else { "right" };
                 return Err(ExError::NxArgument(format!("cannot {verb} shift by {min}")));
             }
         }
@@ -626,8 +617,8 @@ pub fn clip(h: &Handle, lo: &Handle, hi: &Handle) -> ExResult<Handle> {
             return Err(ExError::Broadcast { lhs: h.shape.clone(), rhs: bound.shape.clone() });
         }
     }
-    let low = binary("max", h, lo, h.ty)?;
-    binary("min", &low, hi, h.ty)
+    let low = binary(BinaryOp::Max, h, lo, h.ty)?;
+    binary(BinaryOp::Min, &low, hi, h.ty)
 }
 
 /// Nx's max/min of a float tensor and a non-NaN constant, in one pass. flex's clamps test
@@ -663,10 +654,10 @@ mod tests {
     fn float_min_max_propagate_nan() {
         let a = f32s(&[f32::NAN, 1.0, 2.0], &[3]);
         let b = f32s(&[f32::INFINITY, f32::NAN, 0.5], &[3]);
-        for op in ["min", "max"] {
+        for op in [BinaryOp::Min, BinaryOp::Max] {
             let r = floats(&binary(op, &a, &b, NxType::F(32)).unwrap());
             assert!(r[0].is_nan() && r[1].is_nan(), "{op}: {r:?}");
-            assert_eq!(r[2], if op == "min" { 0.5 } else { 2.0 });
+            assert_eq!(r[2], if op == BinaryOp::Min { 0.5 } else { 2.0 });
         }
     }
 
@@ -674,10 +665,10 @@ mod tests {
     fn binary_broadcasts_like_nx() {
         let a = f32s(&[1.0, 2.0, 3.0], &[3, 1]);
         let b = f32s(&[10.0, 20.0], &[2]);
-        let c = binary("add", &a, &b, NxType::F(32)).unwrap();
+        let c = binary(BinaryOp::Add, &a, &b, NxType::F(32)).unwrap();
         assert_eq!(c.shape, vec![3, 2]);
         assert_eq!(floats(&c), vec![11.0, 21.0, 12.0, 22.0, 13.0, 23.0]);
-        let err = binary("add", &f32s(&[1.0, 2.0], &[2]), &f32s(&[1.0, 2.0, 3.0], &[3]), NxType::F(32)).unwrap_err();
+        let err = binary(BinaryOp::Add, &f32s(&[1.0, 2.0], &[2]), &f32s(&[1.0, 2.0, 3.0], &[3]), NxType::F(32)).unwrap_err();
         assert!(matches!(err, ExError::Broadcast { .. }));
     }
 
@@ -685,16 +676,16 @@ mod tests {
     fn remainder_takes_the_sign_of_the_dividend() {
         let a = i64s(&[7, -7, 7, -7], &[4]);
         let b = i64s(&[3, 3, -3, -3], &[4]);
-        assert_eq!(ints(&binary("remainder", &a, &b, NxType::S(64)).unwrap()), vec![1, -1, 1, -1]);
+        assert_eq!(ints(&binary(BinaryOp::Remainder, &a, &b, NxType::S(64)).unwrap()), vec![1, -1, 1, -1]);
         let fa = f32s(&[5.5, -5.5], &[2]);
         let fb = f32s(&[2.0, 2.0], &[2]);
-        assert_eq!(floats(&binary("remainder", &fa, &fb, NxType::F(32)).unwrap()), vec![1.5, -1.5]);
-        assert_eq!(ints(&binary("quotient", &a, &b, NxType::S(64)).unwrap()), vec![2, -2, -2, 2]);
+        assert_eq!(floats(&binary(BinaryOp::Remainder, &fa, &fb, NxType::F(32)).unwrap()), vec![1.5, -1.5]);
+        assert_eq!(ints(&binary(BinaryOp::Quotient, &a, &b, NxType::S(64)).unwrap()), vec![2, -2, -2, 2]);
     }
 
     #[test]
     fn integer_division_by_zero_is_an_error() {
-        let err = binary("quotient", &i64s(&[1], &[1]), &i64s(&[0], &[1]), NxType::S(64)).unwrap_err();
+        let err = binary(BinaryOp::Quotient, &i64s(&[1], &[1]), &i64s(&[0], &[1]), NxType::S(64)).unwrap_err();
         assert!(err.to_string().contains("division by zero"), "{err}");
     }
 
@@ -702,30 +693,30 @@ mod tests {
     fn comparisons_and_logic_return_u8() {
         let a = f32s(&[1.0, 2.0, 3.0], &[3]);
         let b = f32s(&[2.0], &[]);
-        let c = binary("greater", &a, &b, NxType::F(32)).unwrap();
+        let c = binary(BinaryOp::Greater, &a, &b, NxType::F(32)).unwrap();
         assert_eq!((c.ty, c.to_bytes().unwrap()), (PRED, vec![0, 0, 1]));
-        let d = binary("logical_xor", &a, &f32s(&[0.0, 1.0, 0.0], &[3]), NxType::F(32)).unwrap();
+        let d = binary(BinaryOp::LogicalXor, &a, &f32s(&[0.0, 1.0, 0.0], &[3]), NxType::F(32)).unwrap();
         assert_eq!(d.to_bytes().unwrap(), vec![1, 0, 1]);
     }
 
     #[test]
     fn round_is_half_away_from_zero_and_expm1_is_precise() {
         let x = f32s(&[0.5, 1.5, 2.5, -0.5, -2.5, 0.49999997], &[6]);
-        assert_eq!(floats(&unary("round", &x, NxType::F(32)).unwrap()), vec![1.0, 2.0, 3.0, -1.0, -3.0, 0.0]);
-        let small = unary("expm1", &f32s(&[1e-7, 2.0], &[2]), NxType::F(32)).unwrap();
+        assert_eq!(floats(&unary(UnaryOp::Round, &x, NxType::F(32)).unwrap()), vec![1.0, 2.0, 3.0, -1.0, -3.0, 0.0]);
+        let small = unary(UnaryOp::Expm1, &f32s(&[1e-7, 2.0], &[2]), NxType::F(32)).unwrap();
         assert_close(&floats(&small), &[1e-7, 2.0f64.exp_m1()], 1e-6);
     }
 
     #[test]
     fn unary_on_ints_casts_to_the_out_type() {
         let x = i64s(&[-2, 0, 3], &[3]);
-        assert_eq!(ints(&unary("abs", &x, NxType::S(64)).unwrap()), vec![2, 0, 3]);
-        let e = unary("exp", &x, NxType::F(32)).unwrap();
+        assert_eq!(ints(&unary(UnaryOp::Abs, &x, NxType::S(64)).unwrap()), vec![2, 0, 3]);
+        let e = unary(UnaryOp::Exp, &x, NxType::F(32)).unwrap();
         assert_eq!(e.ty, NxType::F(32));
         assert_close(&floats(&e), &[(-2f64).exp(), 1.0, 3f64.exp()], 1e-6);
     }
 
-    fn f64_op(op: &str, x: &[f64]) -> Vec<f64> {
+    fn f64_op(op: UnaryOp, x: &[f64]) -> Vec<f64> {
         floats(&unary(op, &f64s(x, &[x.len()]), NxType::F(64)).unwrap())
     }
 
@@ -745,17 +736,17 @@ mod tests {
     #[test]
     fn erf_inv_is_f64_accurate_up_to_one() {
         if !device().f64_math() {
-            let err = unary("erf_inv", &f64s(&[0.5], &[1]), NxType::F(64)).unwrap_err();
+            let err = unary(UnaryOp::ErfInv, &f64s(&[0.5], &[1]), NxType::F(64)).unwrap_err();
             assert!(err.to_string().contains("no f64 transcendental"), "{err}");
             return;
         }
         // references: mpmath.erfinv at 300 bits, rounded to f64
         let y = [0.5, -0.25, 0.999, 1.0 - f64::EPSILON / 2.0, 0.999_999_999_999, 1e-300, 0.1];
         let want = [0.476_936_276_204_469_9, -0.225_312_055_012_178_1, 2.326_753_765_513_524_6, 5.863_584_748_755_167_6, 5.042_031_898_572_696, 8.862_269_254_527_58e-301, 0.088_855_990_494_257_69];
-        assert_rel(&f64_op("erf_inv", &y), &want, 1e-15);
+        assert_rel(&f64_op(UnaryOp::ErfInv, &y), &want, 1e-15);
         let edges = [1.0, -1.0, 0.0, -0.0, 2.0, -1.5, f64::INFINITY, f64::NAN];
         let want = [f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, f64::NAN, f64::NAN, f64::NAN, f64::NAN];
-        assert_same(&f64_op("erf_inv", &edges), &want);
+        assert_same(&f64_op(UnaryOp::ErfInv, &edges), &want);
     }
 
     #[test]
@@ -766,12 +757,12 @@ mod tests {
         // references: mpmath.erfc at 300 bits, rounded to f64
         let x = [0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 26.5, -1.0, -5.0, 1e-20];
         let want = [0.479_500_122_186_953_5, 0.157_299_207_050_285_13, 0.004_677_734_981_047_266, 2.209_049_699_858_544e-05, 1.537_459_794_428_035e-12, 2.088_487_583_762_545e-45, 2.210_907_664_263_734_3e-307, 1.842_700_792_949_714_8, 1.999_999_999_998_462_6, 1.0];
-        assert_rel(&f64_op("erfc", &x), &want, 1e-15);
+        assert_rel(&f64_op(UnaryOp::Erfc, &x), &want, 1e-15);
         // erfc(27) = 5.2370489e-319 is subnormal: within an ulp (4.9e-324)
-        let sub = f64_op("erfc", &[27.0])[0];
+        let sub = f64_op(UnaryOp::Erfc, &[27.0])[0];
         assert!((sub - 5.237_05e-319).abs() <= 5e-324, "{sub:e}");
         let edges = [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 0.0, -0.0, 28.0, -30.0];
-        assert_same(&f64_op("erfc", &edges), &[0.0, 2.0, f64::NAN, 1.0, 1.0, 0.0, 2.0]);
+        assert_same(&f64_op(UnaryOp::Erfc, &edges), &[0.0, 2.0, f64::NAN, 1.0, 1.0, 0.0, 2.0]);
     }
 
     #[test]
@@ -779,14 +770,14 @@ mod tests {
         if !device().f64_math() {
             return; // f64 log is refused there, as erf_inv_is_f64_accurate_up_to_one checks
         }
-        let got = f64_op("log1p", &[2.0, 1e-10, -0.5, -1.0 + f64::EPSILON]);
+        let got = f64_op(UnaryOp::Log1p, &[2.0, 1e-10, -0.5, -1.0 + f64::EPSILON]);
         assert_eq!(got[0], 3f64.ln());
         // naive log(1 + 1e-10) is off by 8e-7 relative; the corrected form by at most an ulp
         // (references: mpmath.log1p)
         assert_rel(&got[1..], &[9.999_999_999_500_001e-11, -std::f64::consts::LN_2, -36.043_653_389_117_15], 2.3e-16);
         let edges = [0.0, -0.0, -1.0, f64::INFINITY, -2.0, f64::NEG_INFINITY, f64::NAN, 1e-300, -1e-300];
         let want = [0.0, -0.0, f64::NEG_INFINITY, f64::INFINITY, f64::NAN, f64::NAN, f64::NAN, 1e-300, -1e-300];
-        assert_same(&f64_op("log1p", &edges), &want);
+        assert_same(&f64_op(UnaryOp::Log1p, &edges), &want);
     }
 
     #[test]
@@ -797,13 +788,13 @@ mod tests {
         // references: mpmath at 300 bits. Rust's formulas give atanh(-(1 - 2^-53)) = -18.368 (1 - x
         // rounds), acosh(1 + 2^-52) 4e-9 off (log near 1), and asinh/acosh(f64::MAX) = inf.
         let big = f64::MAX;
-        assert_rel(&f64_op("atanh", &[-(1.0 - f64::EPSILON / 2.0), 0.5, 1e-10]), &[-18.714_973_875_118_524, 0.549_306_144_334_054_9, 1e-10], 2.3e-16);
-        assert_rel(&f64_op("acosh", &[1.0 + f64::EPSILON, big, 2.0]), &[2.107_342_425_544_701_4e-08, 710.475_860_073_944, 1.316_957_896_924_816_8], 2.3e-16);
-        assert_rel(&f64_op("asinh", &[big, -big, 1e-10, 3.0]), &[710.475_860_073_944, -710.475_860_073_944, 1e-10, 1.818_446_459_232_066_8], 2.3e-16);
+        assert_rel(&f64_op(UnaryOp::Atanh, &[-(1.0 - f64::EPSILON / 2.0), 0.5, 1e-10]), &[-18.714_973_875_118_524, 0.549_306_144_334_054_9, 1e-10], 2.3e-16);
+        assert_rel(&f64_op(UnaryOp::Acosh, &[1.0 + f64::EPSILON, big, 2.0]), &[2.107_342_425_544_701_4e-08, 710.475_860_073_944, 1.316_957_896_924_816_8], 2.3e-16);
+        assert_rel(&f64_op(UnaryOp::Asinh, &[big, -big, 1e-10, 3.0]), &[710.475_860_073_944, -710.475_860_073_944, 1e-10, 1.818_446_459_232_066_8], 2.3e-16);
         let (inf, nan) = (f64::INFINITY, f64::NAN);
-        assert_same(&f64_op("atanh", &[1.0, -1.0, -0.0, 1.5, nan, 3.4e38, -1e300]), &[inf, -inf, -0.0, nan, nan, nan, nan]);
-        assert_same(&f64_op("acosh", &[1.0, 0.5, -big, inf, -inf, nan]), &[0.0, nan, nan, inf, nan, nan]);
-        assert_same(&f64_op("asinh", &[-0.0, inf, -inf, nan]), &[-0.0, inf, -inf, nan]);
+        assert_same(&f64_op(UnaryOp::Atanh, &[1.0, -1.0, -0.0, 1.5, nan, 3.4e38, -1e300]), &[inf, -inf, -0.0, nan, nan, nan, nan]);
+        assert_same(&f64_op(UnaryOp::Acosh, &[1.0, 0.5, -big, inf, -inf, nan]), &[0.0, nan, nan, inf, nan, nan]);
+        assert_same(&f64_op(UnaryOp::Asinh, &[-0.0, inf, -inf, nan]), &[-0.0, inf, -inf, nan]);
     }
 
     #[test]
@@ -813,9 +804,9 @@ mod tests {
         }
         let (inf, nan) = (f64::INFINITY, f64::NAN);
         // powf(x, 1/3) alone is 58 ulps off at 1e-300; the Newton step leaves at most one
-        assert_rel(&f64_op("cbrt", &[1e300, 1e-300, -8.0, 5e-324]), &[1e100, 1e-100, -2.0, 1.703_183_936_003_260_3e-108], 2.3e-16);
-        assert_same(&f64_op("cbrt", &[-0.0, 0.0, inf, -inf, nan, 27.0]), &[-0.0, 0.0, inf, -inf, nan, 3.0]);
-        assert_same(&f64_op("sign", &[-0.0, 0.0, nan, -3.0, inf]), &[-0.0, 0.0, nan, -1.0, 1.0]);
+        assert_rel(&f64_op(UnaryOp::Cbrt, &[1e300, 1e-300, -8.0, 5e-324]), &[1e100, 1e-100, -2.0, 1.703_183_936_003_260_3e-108], 2.3e-16);
+        assert_same(&f64_op(UnaryOp::Cbrt, &[-0.0, 0.0, inf, -inf, nan, 27.0]), &[-0.0, 0.0, inf, -inf, nan, 3.0]);
+        assert_same(&f64_op(UnaryOp::Sign, &[-0.0, 0.0, nan, -3.0, inf]), &[-0.0, 0.0, nan, -1.0, 1.0]);
     }
 
     #[test]
@@ -823,12 +814,12 @@ mod tests {
         let (inf, nan) = (f32::INFINITY, f32::NAN);
         let a = f32s(&[-1.5, 2.0, 0.0, inf, nan, -4.0], &[6]);
         let b = f32s(&[inf, -inf, inf, inf, inf, 2.0], &[6]);
-        let got: Vec<f64> = floats(&binary("remainder", &a, &b, NxType::F(32)).unwrap());
+        let got: Vec<f64> = floats(&binary(BinaryOp::Remainder, &a, &b, NxType::F(32)).unwrap());
         assert_same(&got, &[-1.5, 2.0, 0.0, f64::NAN, f64::NAN, -0.0]);
     }
 
     /// A composite run in f32 itself, as on a device without f64 math (Vulkan).
-    fn f32_native(op: &str, x: &[f32]) -> Vec<f32> {
+    fn f32_native(op: UnaryOp, x: &[f32]) -> Vec<f32> {
         let h = f32s(x, &[x.len()]);
         let out = Handle::new(float_unary(op, h.prim.clone()).unwrap(), NxType::F(32), h.shape.clone(), h.device);
         out.to_bytes().unwrap().chunks(4).map(|c| f32::from_ne_bytes(c.try_into().unwrap())).collect()
@@ -839,40 +830,40 @@ mod tests {
         // Where a device has no f64 math the composites run in f32: still within a few f32 ulps
         // of the truth (references: mpmath), with the same edges.
         let ulps = |got: f32, want: f64| ((got as f64 - want) / (want as f32 as f64 * f32::EPSILON as f64 / 2.0)).abs();
-        let cases: &[(&str, f32, f64)] = &[
-            ("erfc", 0.5, 0.479_500_122_186_953_5),
-            ("erfc", 2.0, 0.004_677_734_981_047_266),
-            ("erfc", 5.0, 1.537_459_794_428_035e-12),
-            ("erfc", 9.0, 4.137_031_746_513_81e-37),
-            ("erfc", -1.0, 1.842_700_792_949_714_8),
-            ("erf_inv", 0.5, 0.476_936_276_204_469_9),
-            ("erf_inv", 0.1, 0.088_855_990_494_257_69),
-            ("erf_inv", 0.999_999_9, 3.743_921_162_776_799_4),
-            ("log1p", 1e-7, 9.999_999_616_860_996e-8),
-            ("atanh", -0.999_999_94, -8.664_339_742_098_155),
-            ("acosh", 1.000_000_1, 4.882_812_451_493_617e-4),
-            ("asinh", f32::MAX, 89.415_986_232_628_3),
+        let cases: &[(UnaryOp, f32, f64)] = &[
+            (UnaryOp::Erfc, 0.5, 0.479_500_122_186_953_5),
+            (UnaryOp::Erfc, 2.0, 0.004_677_734_981_047_266),
+            (UnaryOp::Erfc, 5.0, 1.537_459_794_428_035e-12),
+            (UnaryOp::Erfc, 9.0, 4.137_031_746_513_81e-37),
+            (UnaryOp::Erfc, -1.0, 1.842_700_792_949_714_8),
+            (UnaryOp::ErfInv, 0.5, 0.476_936_276_204_469_9),
+            (UnaryOp::ErfInv, 0.1, 0.088_855_990_494_257_69),
+            (UnaryOp::ErfInv, 0.999_999_9, 3.743_921_162_776_799_4),
+            (UnaryOp::Log1p, 1e-7, 9.999_999_616_860_996e-8),
+            (UnaryOp::Atanh, -0.999_999_94, -8.664_339_742_098_155),
+            (UnaryOp::Acosh, 1.000_000_1, 4.882_812_451_493_617e-4),
+            (UnaryOp::Asinh, f32::MAX, 89.415_986_232_628_3),
         ];
         for (op, x, want) in cases {
-            let got = f32_native(op, &[*x])[0];
+            let got = f32_native(*op, &[*x])[0];
             assert!(ulps(got, *want) <= 4.0, "{op}({x}) = {got}, want {want} ({} ulps)", ulps(got, *want));
         }
         let (inf, nan) = (f32::INFINITY, f32::NAN);
-        let same = |op: &str, x: &[f32], want: &[f32]| {
+        let same = |op: UnaryOp, x: &[f32], want: &[f32]| {
             let got = f32_native(op, x);
             for (g, w) in got.iter().zip(want) {
                 assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{op}: got {got:?}, want {want:?}");
             }
         };
-        same("erfc", &[inf, -inf, nan, 0.0, 30.0], &[0.0, 2.0, nan, 1.0, 0.0]);
-        same("erf_inv", &[1.0, -1.0, -0.0, 2.0, nan], &[inf, -inf, -0.0, nan, nan]);
-        same("log1p", &[-1.0, inf, -0.0, -2.0], &[-inf, inf, -0.0, nan]);
+        same(UnaryOp::Erfc, &[inf, -inf, nan, 0.0, 30.0], &[0.0, 2.0, nan, 1.0, 0.0]);
+        same(UnaryOp::ErfInv, &[1.0, -1.0, -0.0, 2.0, nan], &[inf, -inf, -0.0, nan, nan]);
+        same(UnaryOp::Log1p, &[-1.0, inf, -0.0, -2.0], &[-inf, inf, -0.0, nan]);
     }
 
     #[test]
     fn narrow_float_composites_are_correctly_rounded() {
         // erf_inv(0.1) = 0.08885599049425769; the nearest f32 is 0.08885599 (bits 0x3db5fa0f).
-        let x = unary("erf_inv", &f32s(&[0.1], &[1]), NxType::F(32)).unwrap();
+        let x = unary(UnaryOp::ErfInv, &f32s(&[0.1], &[1]), NxType::F(32)).unwrap();
         assert_eq!(x.ty, NxType::F(32));
         let got = f32::from_ne_bytes(x.to_bytes().unwrap()[..4].try_into().unwrap());
         let exact = 0.088_855_990_494_257_69_f64 as f32;
@@ -890,11 +881,11 @@ mod tests {
     #[test]
     fn bit_counting_ops() {
         let x = as_type(&i64s(&[1, 0, -1, 255], &[4]), NxType::S(32)).unwrap();
-        assert_eq!(ints(&unary("count_leading_zeros", &x, NxType::S(32)).unwrap()), vec![31, 32, 0, 24]);
-        assert_eq!(ints(&unary("population_count", &x, NxType::S(32)).unwrap()), vec![1, 0, 32, 8]);
+        assert_eq!(ints(&unary(UnaryOp::CountLeadingZeros, &x, NxType::S(32)).unwrap()), vec![31, 32, 0, 24]);
+        assert_eq!(ints(&unary(UnaryOp::PopulationCount, &x, NxType::S(32)).unwrap()), vec![1, 0, 32, 8]);
         let u = as_type(&i64s(&[1, 128, 255, 16], &[4]), NxType::U(8)).unwrap();
-        assert_eq!(ints(&unary("count_leading_zeros", &u, NxType::U(8)).unwrap()), vec![7, 0, 0, 3]);
-        assert_eq!(ints(&unary("population_count", &u, NxType::U(8)).unwrap()), vec![1, 1, 8, 1]);
+        assert_eq!(ints(&unary(UnaryOp::CountLeadingZeros, &u, NxType::U(8)).unwrap()), vec![7, 0, 0, 3]);
+        assert_eq!(ints(&unary(UnaryOp::PopulationCount, &u, NxType::U(8)).unwrap()), vec![1, 1, 8, 1]);
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod indexing;
 pub mod linalg;
 pub mod reduce;
 pub mod shape;
+pub mod vocab;
 pub mod window;
 
 use std::sync::OnceLock;

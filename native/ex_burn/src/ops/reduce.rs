@@ -7,6 +7,7 @@ use crate::dispatch::{self, by_kind, Prim, BOOL};
 use crate::dtype::{NxType, PRED};
 use crate::error::{ExError, ExResult};
 use crate::ops::{cast_to, check_axes, empty};
+use crate::ops::vocab::{ArgReduceOp, ReduceOp};
 use crate::tensor::{numel, Handle};
 
 fn out_shape(shape: &[usize], axes: &[usize], keep: bool) -> Vec<usize> {
@@ -22,7 +23,7 @@ fn out_shape(shape: &[usize], axes: &[usize], keep: bool) -> Vec<usize> {
 }
 
 /// The value a reduction of nothing yields (Nx: sum 0, product 1, max -inf / type minimum, ...).
-fn identity(op: &str, ty: NxType) -> ExResult<Scalar> {
+fn identity(op: ReduceOp, ty: NxType) -> Scalar {
     let (lo, hi) = match ty {
         t if t.is_float() => (Scalar::Float(f64::NEG_INFINITY), Scalar::Float(f64::INFINITY)),
         NxType::U(b) => (Scalar::UInt(0), Scalar::UInt(if b == 64 { u64::MAX } else { (1u64 << b) - 1 })),
@@ -30,41 +31,35 @@ fn identity(op: &str, ty: NxType) -> ExResult<Scalar> {
         _ => unreachable!(),
     };
     let int_or_float = |v: i64| if ty.is_float() { Scalar::Float(v as f64) } else if ty.is_unsigned() { Scalar::UInt(v as u64) } else { Scalar::Int(v) };
-    Ok(match op {
-        "sum" | "any" => int_or_float(0),
-        "product" | "all" => int_or_float(1),
-        "mean" => Scalar::Float(f64::NAN),
-        "reduce_max" => lo,
-        "reduce_min" => hi,
-        _ => return Err(unknown(op)),
-    })
-}
-
-fn unknown(op: &str) -> ExError {
-    ExError::invalid_with("unknown reduction", vec![("op", crate::error::Detail::Text(op.to_string()))])
+    match op {
+        ReduceOp::Sum | ReduceOp::Any => int_or_float(0),
+        ReduceOp::Product | ReduceOp::All => int_or_float(1),
+        ReduceOp::Mean => Scalar::Float(f64::NAN),
+        ReduceOp::ReduceMax => lo,
+        ReduceOp::ReduceMin => hi,
+    }
 }
 
 fn fold_axes(t: Prim, axes: &[usize], f: impl Fn(Prim, usize) -> Prim) -> Prim {
     axes.iter().fold(t, |acc, &a| f(acc, a))
 }
 
-fn reduce_prim(op: &str, t: Prim, axes: &[usize]) -> ExResult<Prim> {
-    Ok(match op {
-        "sum" => fold_axes(t, axes, |x, a| by_kind!(x, float_sum_dim, int_sum_dim, a)),
-        "product" => fold_axes(t, axes, |x, a| by_kind!(x, float_prod_dim, int_prod_dim, a)),
-        "mean" => fold_axes(t, axes, Dispatch::float_mean_dim),
-        "reduce_max" => fold_axes(t, axes, |x, a| by_kind!(x, float_max_dim, int_max_dim, a)),
-        "reduce_min" => fold_axes(t, axes, |x, a| by_kind!(x, float_min_dim, int_min_dim, a)),
-        "all" => dispatch::pred(fold_axes(dispatch::to_bool(t), axes, Dispatch::bool_all_dim)),
-        "any" => dispatch::pred(fold_axes(dispatch::to_bool(t), axes, Dispatch::bool_any_dim)),
-        _ => return Err(unknown(op)),
-    })
+fn reduce_prim(op: ReduceOp, t: Prim, axes: &[usize]) -> Prim {
+    match op {
+        ReduceOp::Sum => fold_axes(t, axes, |x, a| by_kind!(x, float_sum_dim, int_sum_dim, a)),
+        ReduceOp::Product => fold_axes(t, axes, |x, a| by_kind!(x, float_prod_dim, int_prod_dim, a)),
+        ReduceOp::Mean => fold_axes(t, axes, Dispatch::float_mean_dim),
+        ReduceOp::ReduceMax => fold_axes(t, axes, |x, a| by_kind!(x, float_max_dim, int_max_dim, a)),
+        ReduceOp::ReduceMin => fold_axes(t, axes, |x, a| by_kind!(x, float_min_dim, int_min_dim, a)),
+        ReduceOp::All => dispatch::pred(fold_axes(dispatch::to_bool(t), axes, Dispatch::bool_all_dim)),
+        ReduceOp::Any => dispatch::pred(fold_axes(dispatch::to_bool(t), axes, Dispatch::bool_any_dim)),
+    }
 }
 
-pub fn reduce(op: &str, h: &Handle, axes: Option<Vec<usize>>, keep: bool, out: NxType) -> ExResult<Handle> {
+pub fn reduce(op: ReduceOp, h: &Handle, axes: Option<Vec<usize>>, keep: bool, out: NxType) -> ExResult<Handle> {
     let axes = axes.unwrap_or_else(|| (0..h.rank()).collect());
     check_axes(&axes, h.rank())?;
-    let is_pred = matches!(op, "all" | "any");
+    let is_pred = matches!(op, ReduceOp::All | ReduceOp::Any);
     let out = if is_pred { PRED } else { out };
     h.device.check_type(out)?;
     let shape = out_shape(&h.shape, &axes, keep);
@@ -72,15 +67,15 @@ pub fn reduce(op: &str, h: &Handle, axes: Option<Vec<usize>>, keep: bool, out: N
         return empty(shape, out, h.device);
     }
     if h.numel() == 0 {
-        let prim = dispatch::full(&shape, identity(op, out)?, out.dtype(), &h.device.burn()?);
+        let prim = dispatch::full(&shape, identity(op, out), out.dtype(), &h.device.burn()?);
         return Ok(Handle::new(prim, out, shape, h.device));
     }
-    if op == "mean" && !out.is_float() {
+    if op == ReduceOp::Mean && !out.is_float() {
         return Err(ExError::invalid(format!("mean needs a floating output type, got {out}")));
     }
     // Narrow floats accumulate in f64 (as Nx.BinaryBackend does): f32 running sums drift by
     // several ulps on long axes. Max/min are exact in any width.
-    let widen = matches!(op, "sum" | "product" | "mean")
+    let widen = matches!(op, ReduceOp::Sum | ReduceOp::Product | ReduceOp::Mean)
         && matches!(out, NxType::F(16) | NxType::F(32) | NxType::BF16)
         && h.device.check_type(NxType::F(64)).is_ok();
     let x = if is_pred {
@@ -92,7 +87,7 @@ pub fn reduce(op: &str, h: &Handle, axes: Option<Vec<usize>>, keep: bool, out: N
     };
     let reduced = match widen.then(|| sum_by_matmul(op, &x, &h.shape, &axes, h.device)).flatten() {
         Some(r) => r?,
-        None => reduce_prim(op, x, &axes)?,
+        None => reduce_prim(op, x, &axes),
     };
     let prim = dispatch::reshape(dispatch::cast(reduced, out.dtype()), &shape);
     Ok(Handle::new(prim, out, shape, h.device))
@@ -102,8 +97,8 @@ pub fn reduce(op: &str, h: &Handle, axes: Option<Vec<usize>>, keep: bool, out: N
 /// on the CPU: the gemm kernel accumulates in f64 like `sum_dim` but is about 15x faster there
 /// (7 vs 110 us over [128, 256]; a bias gradient is exactly this column sum). `None` where the
 /// axes are not such a block or the device is a GPU, whose own reductions are already fused.
-fn sum_by_matmul(op: &str, x: &Prim, shape: &[usize], axes: &[usize], device: crate::device::DeviceRef) -> Option<ExResult<Prim>> {
-    if !matches!(op, "sum" | "mean") || device.kind != crate::device::DeviceKind::Cpu || shape.is_empty() {
+fn sum_by_matmul(op: ReduceOp, x: &Prim, shape: &[usize], axes: &[usize], device: crate::device::DeviceRef) -> Option<ExResult<Prim>> {
+    if !matches!(op, ReduceOp::Sum | ReduceOp::Mean) || device.kind != crate::device::DeviceKind::Cpu || shape.is_empty() {
         return None;
     }
     let mut sorted = axes.to_vec();
@@ -126,7 +121,7 @@ fn sum_by_matmul(op: &str, x: &Prim, shape: &[usize], axes: &[usize], device: cr
         } else {
             Dispatch::float_matmul(dispatch::reshape(x.clone(), &[kept, reduced]), ones(&[reduced, 1]))
         };
-        let summed = if op == "mean" {
+        let summed = if op == ReduceOp::Mean {
             Dispatch::float_div_scalar(summed, Scalar::Float(reduced as f64))
         } else {
             summed
@@ -147,7 +142,7 @@ fn widen(x: Prim) -> Prim {
 
 /// argmax/argmin along `axis` (the flattened tensor when `None`); `high` picks the last of tied
 /// extremes instead of the first.
-pub fn arg_reduce(op: &str, h: &Handle, axis: Option<usize>, keep: bool, high: bool, out: NxType) -> ExResult<Handle> {
+pub fn arg_reduce(op: ArgReduceOp, h: &Handle, axis: Option<usize>, keep: bool, high: bool, out: NxType) -> ExResult<Handle> {
     if out.is_float() {
         return Err(ExError::invalid(format!("{op} needs an integer output type, got {out}")));
     }
@@ -169,12 +164,11 @@ pub fn arg_reduce(op: &str, h: &Handle, axis: Option<usize>, keep: bool, high: b
     // Burn returns the first extreme index; the last one is the first of the reversed axis.
     let x = if high { dispatch::flip(x, &[axis]) } else { x };
     let idx = match op {
-        "argmax" if dispatch::is_float(&x) => Dispatch::float_argmax(x, axis, IntDType::I64),
-        "argmin" if dispatch::is_float(&x) => Dispatch::float_argmin(x, axis, IntDType::I64),
+        ArgReduceOp::Argmax if dispatch::is_float(&x) => Dispatch::float_argmax(x, axis, IntDType::I64),
+        ArgReduceOp::Argmin if dispatch::is_float(&x) => Dispatch::float_argmin(x, axis, IntDType::I64),
         // Int argmax returns indices in the input's dtype: widen first so they cannot wrap.
-        "argmax" => Dispatch::int_argmax(widen(x), axis),
-        "argmin" => Dispatch::int_argmin(widen(x), axis),
-        _ => return Err(ExError::Arg { name: "op", expected: ":argmax or :argmin" }),
+        ArgReduceOp::Argmax => Dispatch::int_argmax(widen(x), axis),
+        ArgReduceOp::Argmin => Dispatch::int_argmin(widen(x), axis),
     };
     let idx = dispatch::cast(idx, DType::I64);
     let idx = if high {
@@ -195,7 +189,7 @@ mod tests {
     fn f32_sum_accumulates_in_f64() {
         let n = 100_000;
         let x = f32s(&vec![0.1; n], &[n]);
-        let got = floats(&reduce("sum", &x, None, false, NxType::F(32)).unwrap())[0];
+        let got = floats(&reduce(ReduceOp::Sum, &x, None, false, NxType::F(32)).unwrap())[0];
         let want = (0.1f32 as f64 * n as f64) as f32 as f64;
         assert_eq!(got, want);
     }
@@ -209,7 +203,7 @@ mod tests {
         let x = f32s(&vals, &shape);
         let sets: [&[usize]; 7] = [&[0], &[2], &[0, 1], &[1, 2], &[0, 1, 2], &[1], &[0, 2]];
         for axes in sets {
-            for op in ["sum", "mean"] {
+            for op in [ReduceOp::Sum, ReduceOp::Mean] {
                 let got = floats(&reduce(op, &x, Some(axes.to_vec()), false, NxType::F(32)).unwrap());
                 let kept: Vec<usize> = (0..3).filter(|a| !axes.contains(a)).collect();
                 let mut want = std::collections::BTreeMap::<Vec<usize>, (f64, usize)>::new();
@@ -219,18 +213,18 @@ mod tests {
                     e.0 += *v as f64;
                     e.1 += 1;
                 }
-                let want: Vec<f64> = want.values().map(|&(s, n)| (if op == "sum" { s as f32 } else { (s / n as f64) as f32 }) as f64).collect();
+                let want: Vec<f64> = want.values().map(|&(s, n)| (if op == ReduceOp::Sum { s as f32 } else { (s / n as f64) as f32 }) as f64).collect();
                 assert_eq!(got, want, "{op} over {axes:?}");
             }
         }
         vals[7] = f32::INFINITY;
         vals[8] = f32::NAN;
         let x = f32s(&vals, &shape);
-        let got = floats(&reduce("sum", &x, Some(vec![1, 2]), false, NxType::F(32)).unwrap());
+        let got = floats(&reduce(ReduceOp::Sum, &x, Some(vec![1, 2]), false, NxType::F(32)).unwrap());
         assert!(got[0].is_nan() && got[1].is_finite() && got[2].is_finite(), "{got:?}");
         // inf + -inf: the positive quiet NaN, as Nx writes it
         let x = f32s(&[f32::INFINITY, f32::NEG_INFINITY], &[2]);
-        let bytes = reduce("sum", &x, None, false, NxType::F(32)).unwrap().to_bytes().unwrap();
+        let bytes = reduce(ReduceOp::Sum, &x, None, false, NxType::F(32)).unwrap().to_bytes().unwrap();
         assert_eq!(bytes, f32::NAN.to_ne_bytes().to_vec());
     }
 
@@ -244,37 +238,37 @@ mod tests {
     #[test]
     fn sums_over_axes_with_and_without_keep() {
         let x = f32s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
-        let s = reduce("sum", &x, Some(vec![1]), false, NxType::F(32)).unwrap();
+        let s = reduce(ReduceOp::Sum, &x, Some(vec![1]), false, NxType::F(32)).unwrap();
         assert_eq!((s.shape.clone(), floats(&s)), (vec![2], vec![6.0, 15.0]));
-        let s = reduce("sum", &x, None, true, NxType::F(32)).unwrap();
+        let s = reduce(ReduceOp::Sum, &x, None, true, NxType::F(32)).unwrap();
         assert_eq!((s.shape.clone(), floats(&s)), (vec![1, 1], vec![21.0]));
-        let m = reduce("reduce_max", &x, Some(vec![0]), false, NxType::F(32)).unwrap();
+        let m = reduce(ReduceOp::ReduceMax, &x, Some(vec![0]), false, NxType::F(32)).unwrap();
         assert_eq!(floats(&m), vec![4.0, 5.0, 6.0]);
-        let p = reduce("product", &i64s(&[1, 2, 3, 4], &[4]), None, false, NxType::S(64)).unwrap();
+        let p = reduce(ReduceOp::Product, &i64s(&[1, 2, 3, 4], &[4]), None, false, NxType::S(64)).unwrap();
         assert_eq!((p.shape.clone(), ints(&p)), (vec![], vec![24]));
-        let a = reduce("all", &x, Some(vec![1]), false, NxType::F(32)).unwrap();
+        let a = reduce(ReduceOp::All, &x, Some(vec![1]), false, NxType::F(32)).unwrap();
         assert_eq!((a.ty, a.to_bytes().unwrap()), (PRED, vec![1, 1]));
     }
 
     #[test]
     fn reductions_of_nothing_give_the_identity() {
         let e = crate::tensor::Handle::from_bytes(vec![], vec![0, 2], NxType::F(32), crate::testing::device()).unwrap();
-        assert_eq!(floats(&reduce("sum", &e, Some(vec![0]), false, NxType::F(32)).unwrap()), vec![0.0, 0.0]);
-        assert_eq!(floats(&reduce("product", &e, None, false, NxType::F(32)).unwrap()), vec![1.0]);
+        assert_eq!(floats(&reduce(ReduceOp::Sum, &e, Some(vec![0]), false, NxType::F(32)).unwrap()), vec![0.0, 0.0]);
+        assert_eq!(floats(&reduce(ReduceOp::Product, &e, None, false, NxType::F(32)).unwrap()), vec![1.0]);
     }
 
     #[test]
     fn argmax_breaks_ties_low_or_high() {
         let x = f32s(&[3.0, 1.0, 3.0, 0.0, 2.0, 2.0], &[2, 3]);
-        let lo = arg_reduce("argmax", &x, Some(1), false, false, NxType::S(64)).unwrap();
+        let lo = arg_reduce(ArgReduceOp::Argmax, &x, Some(1), false, false, NxType::S(64)).unwrap();
         assert_eq!(ints(&lo), vec![0, 1]);
-        let hi = arg_reduce("argmax", &x, Some(1), false, true, NxType::S(64)).unwrap();
+        let hi = arg_reduce(ArgReduceOp::Argmax, &x, Some(1), false, true, NxType::S(64)).unwrap();
         assert_eq!(ints(&hi), vec![2, 2]);
-        let flat = arg_reduce("argmin", &x, None, false, false, NxType::S(32)).unwrap();
+        let flat = arg_reduce(ArgReduceOp::Argmin, &x, None, false, false, NxType::S(32)).unwrap();
         assert_eq!((flat.shape.clone(), ints(&flat)), (vec![], vec![3]));
         let big = crate::ops::create::iota(vec![300], NxType::U(8), None, crate::testing::device()).unwrap();
         // u8 iota wraps at 256, so the maximum (255) sits at index 255, an index u8 could hold,
         // while the int path widens before Burn computes indices in the input's dtype.
-        assert_eq!(ints(&arg_reduce("argmax", &big, None, false, false, NxType::S(64)).unwrap()), vec![255]);
+        assert_eq!(ints(&arg_reduce(ArgReduceOp::Argmax, &big, None, false, false, NxType::S(64)).unwrap()), vec![255]);
     }
 }

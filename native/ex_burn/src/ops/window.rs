@@ -13,7 +13,8 @@ use burn::tensor::Device;
 
 use crate::dispatch::{self, by_kind, by_kind2, Prim, BOOL};
 use crate::dtype::NxType;
-use crate::error::{Detail, ExError, ExResult};
+use crate::error::{ExError, ExResult};
+use crate::ops::vocab::WindowOp;
 use crate::ops::{cast_to, check_alloc, dims_detail, empty, same_device};
 use crate::tensor::{numel, Handle};
 
@@ -172,10 +173,6 @@ impl WindowSpec {
     }
 }
 
-fn unknown(op: &str) -> ExError {
-    ExError::invalid_with("unknown window op", vec![("op", Detail::Text(op.to_string()))])
-}
-
 fn bounds(ty: NxType) -> (Scalar, Scalar) {
     match ty {
         t if t.is_float() => (Scalar::Float(f64::NEG_INFINITY), Scalar::Float(f64::INFINITY)),
@@ -188,15 +185,14 @@ fn bounds(ty: NxType) -> (Scalar, Scalar) {
 }
 
 /// The reduction's identity, which is also what BinaryBackend pads with.
-fn identity(op: &str, ty: NxType) -> ExResult<Scalar> {
+fn identity(op: WindowOp, ty: NxType) -> Scalar {
     let number = |v: i64| if ty.is_float() { Scalar::Float(v as f64) } else { Scalar::Int(v) };
-    Ok(match op {
-        "window_sum" => number(0),
-        "window_product" => number(1),
-        "window_max" => bounds(ty).0,
-        "window_min" => bounds(ty).1,
-        _ => return Err(unknown(op)),
-    })
+    match op {
+        WindowOp::WindowSum => number(0),
+        WindowOp::WindowProduct => number(1),
+        WindowOp::WindowMax => bounds(ty).0,
+        WindowOp::WindowMin => bounds(ty).1,
+    }
 }
 
 /// Nx's NaN-propagating max/min (a comparison with NaN is false, so NaN must be picked
@@ -211,12 +207,12 @@ fn extreme(max: bool, a: Prim, b: Prim) -> Prim {
     dispatch::select(a_wins, a, b)
 }
 
-fn combine(op: &str, a: Prim, b: Prim) -> Prim {
+fn combine(op: WindowOp, a: Prim, b: Prim) -> Prim {
     match op {
-        "window_sum" => by_kind2!(a, b, float_add, int_add),
-        "window_product" => by_kind2!(a, b, float_mul, int_mul),
-        "window_max" => extreme(true, a, b),
-        _ => extreme(false, a, b),
+        WindowOp::WindowSum => by_kind2!(a, b, float_add, int_add),
+        WindowOp::WindowProduct => by_kind2!(a, b, float_mul, int_mul),
+        WindowOp::WindowMax => extreme(true, a, b),
+        WindowOp::WindowMin => extreme(false, a, b),
     }
 }
 
@@ -234,10 +230,10 @@ fn strided(shape: &[usize], axis: usize, start: usize, count: usize, stride: usi
 }
 
 /// Nx.window_sum/product/max/min (op named as the callback), result of type `out`.
-pub fn window_reduce(op: &str, h: &Handle, spec: &WindowSpec, out: NxType) -> ExResult<Handle> {
+pub fn window_reduce(op: WindowOp, h: &Handle, spec: &WindowSpec, out: NxType) -> ExResult<Handle> {
     let device = h.device;
     device.check_type(out)?;
-    let fill = Fill::Value(identity(op, out)?);
+    let fill = Fill::Value(identity(op, out));
     let out_shape = spec.check(&h.shape)?;
     check_alloc(&out_shape, out)?;
     if numel(&out_shape) == 0 {
@@ -247,13 +243,13 @@ pub fn window_reduce(op: &str, h: &Handle, spec: &WindowSpec, out: NxType) -> Ex
         return Ok(Handle::new(cast_to(h, out), out, vec![], device));
     }
     // BinaryBackend folds float sums and products in f64 and rounds once at the end.
-    let compute = if matches!(op, "window_sum" | "window_product") && out.is_float() && out != NxType::F(64) && device.supports(NxType::F(64))? {
+    let compute = if matches!(op, WindowOp::WindowSum | WindowOp::WindowProduct) && out.is_float() && out != NxType::F(64) && device.supports(NxType::F(64))? {
         NxType::F(64)
     } else {
         out
     };
     let burn = device.burn()?;
-    let fill = if compute == out { fill } else { Fill::Value(identity(op, compute)?) };
+    let fill = if compute == out { fill } else { Fill::Value(identity(op, compute)) };
     let (mut x, mut shape) = pad_constant(cast_to(h, compute), &h.shape, &spec.padding, &fill, &burn)?;
     for axis in 0..shape.len() {
         let (w, s, d, o) = (spec.dims[axis], spec.strides[axis], spec.dilations[axis], out_shape[axis]);
@@ -388,13 +384,13 @@ mod tests {
     #[test]
     fn window_sum_and_max_in_one_dimension() {
         let x = f32s(&[1.0, 2.0, 3.0, 4.0], &[4]);
-        let s = window_reduce("window_sum", &x, &spec(&[2], &[1], &[(0, 0)], &[1]), NxType::F(32)).unwrap();
+        let s = window_reduce(WindowOp::WindowSum, &x, &spec(&[2], &[1], &[(0, 0)], &[1]), NxType::F(32)).unwrap();
         assert_eq!((s.shape.clone(), floats(&s)), (vec![3], vec![3.0, 5.0, 7.0]));
         // padding (1, 1), stride 2: windows [pad 1] [2 3] [4 pad]
-        let m = window_reduce("window_max", &x, &spec(&[2], &[2], &[(1, 1)], &[1]), NxType::F(32)).unwrap();
+        let m = window_reduce(WindowOp::WindowMax, &x, &spec(&[2], &[2], &[(1, 1)], &[1]), NxType::F(32)).unwrap();
         assert_eq!(floats(&m), vec![1.0, 3.0, 4.0]);
         // dilation 2: windows {1,3} {2,4}
-        let p = window_reduce("window_product", &x, &spec(&[2], &[1], &[(0, 0)], &[2]), NxType::F(32)).unwrap();
+        let p = window_reduce(WindowOp::WindowProduct, &x, &spec(&[2], &[1], &[(0, 0)], &[2]), NxType::F(32)).unwrap();
         assert_eq!(floats(&p), vec![3.0, 8.0]);
     }
 
@@ -403,19 +399,19 @@ mod tests {
         // [[5 1 4]
         //  [2 8 0]]
         let x = i64s(&[5, 1, 4, 2, 8, 0], &[2, 3]);
-        let m = window_reduce("window_min", &x, &spec(&[2, 2], &[1, 1], &[(0, 0), (0, 1)], &[1, 1]), NxType::S(64)).unwrap();
+        let m = window_reduce(WindowOp::WindowMin, &x, &spec(&[2, 2], &[1, 1], &[(0, 0), (0, 1)], &[1, 1]), NxType::S(64)).unwrap();
         assert_eq!((m.shape.clone(), ints(&m)), (vec![1, 3], vec![1, 0, 0]));
-        let s = window_reduce("window_sum", &x, &spec(&[1, 3], &[1, 1], &[(1, 0), (0, 0)], &[1, 1]), NxType::S(64)).unwrap();
+        let s = window_reduce(WindowOp::WindowSum, &x, &spec(&[1, 3], &[1, 1], &[(1, 0), (0, 0)], &[1, 1]), NxType::S(64)).unwrap();
         assert_eq!((s.shape.clone(), ints(&s)), (vec![3, 1], vec![0, 10, 10]));
         let u = crate::ops::elementwise::as_type(&x, NxType::U(8)).unwrap();
-        let mx = window_reduce("window_max", &u, &spec(&[2, 2], &[1, 1], &[(1, 0), (0, 0)], &[1, 1]), NxType::U(8)).unwrap();
+        let mx = window_reduce(WindowOp::WindowMax, &u, &spec(&[2, 2], &[1, 1], &[(1, 0), (0, 0)], &[1, 1]), NxType::U(8)).unwrap();
         assert_eq!(ints(&mx), vec![5, 4, 8, 8]);
     }
 
     #[test]
     fn window_max_propagates_nan() {
         let x = f32s(&[1.0, f32::NAN, 3.0, 2.0], &[4]);
-        let m = window_reduce("window_max", &x, &spec(&[2], &[2], &[(0, 0)], &[1]), NxType::F(32)).unwrap();
+        let m = window_reduce(WindowOp::WindowMax, &x, &spec(&[2], &[2], &[(0, 0)], &[1]), NxType::F(32)).unwrap();
         let v = floats(&m);
         assert!(v[0].is_nan() && v[1] == 3.0);
     }
