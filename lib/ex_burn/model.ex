@@ -19,6 +19,10 @@ defmodule ExBurn.Model do
   place and returns the struct with fresh `summary`, `epochs`, `history`, `halted`), `spec`
   (`ExBurn.Model.Spec`), `config` (the training configuration), `device` and `seed`.
 
+  The native model is freed when the last reference to it is garbage collected, or at once by
+  `free/1`, which answers like `ExBurn.Tensor.deallocate/1` and Nx's `Nx.backend_deallocate/1`:
+  `:ok` the first time, `:already_deallocated` after.
+
   Inputs (`x`) and targets (`y`) may be `ExBurn.Tensor`s, `{binary, type, shape}` tuples, nested
   lists of numbers, or Nx tensors when Nx is loaded. With `loss: :cross_entropy`, targets are class
   indices (a flat list of integers or an integer tensor `{n}`) or float probabilities `{n, classes}`.
@@ -247,7 +251,7 @@ defmodule ExBurn.Model do
     * `:verbose` - prints one line per epoch (false)
 
   The returned model's `history` is `[%{epoch: 1, loss: .., val_loss: ..}, ...]` (`val_loss` is
-  nil without validation data); `halted` is nil, `:cancelled` (see `cancel/1`),
+  nil without validation data); `halted` is nil, `:cancelled` (see `cancel/1` and `free/1`),
   `:early_stopping` or the reason a callback gave, and the last history entry then carries
   `halted: reason` too. A callback that raises stops the fit and the exception reaches the
   caller; the native model keeps the last completed epoch.
@@ -332,16 +336,22 @@ defmodule ExBurn.Model do
   defdelegate load!(path_or_model, path_or_opts \\ []), to: ExBurn.Model.Store
 
   @doc """
-  Frees the model's weights and optimizer state now, instead of when the struct is garbage
-  collected; a running `fit/3` is cancelled. Later use of the model raises `ExBurn.Error`.
-  Returns `:ok` (also when it was already freed).
+  Frees the model's weights and optimizer state now, instead of when the last reference to the
+  native model is garbage collected.
+
+  Returns `:ok`, and `:already_deallocated` when the model was already freed: the answers of
+  `ExBurn.Tensor.deallocate/1` and of Nx's `Nx.backend_deallocate/1`. Every copy of the struct
+  (and every model `fit/3` returned from it) shares the one native model, so freeing any of
+  them frees it for all.
+
+  A running `fit/3` of the model is cancelled: `free/1` waits for the batch in progress, and
+  `fit` returns with `halted: :cancelled`, the interrupted epoch discarded. Afterwards
+  `summary/1` still answers (it reads the layer table kept in Elixir and beside the native
+  model); `fit/3`, `evaluate/3`, `predict/3`, `save!/2` and `load!/2` raise `ExBurn.Error`
+  with reason `"model was freed"` (details `%{kind: :freed}`), which `save/2` and `load/2`
+  return as `{:error, error}`.
   """
-  def free(%__MODULE__{ref: ref}) when is_reference(ref) do
-    case Native.model_free(ref) do
-      {:ok, _} -> :ok
-      {:error, {op, reason, details}} -> raise ExBurn.Error, op: op, reason: reason, details: details
-    end
-  end
+  def free(%__MODULE__{ref: ref}) when is_reference(ref), do: Error.unwrap!(Native.model_free(ref))
 
   def free(other), do: fail!(:free, "expected an ExBurn.Model", %{got: other})
 

@@ -292,8 +292,10 @@ defmodule ExBurn.Tensor do
   def size(tensor), do: ExBurn.Tensor.Util.size(shape(tensor))
 
   @doc """
-  Frees the tensor's memory now. Returns `:ok`, or `:already_deallocated` the second time; any
-  other use of a deallocated tensor raises `ExBurn.Error`.
+  Frees the tensor's memory now. Returns `:ok`, or `:already_deallocated` the second time (the
+  contract of Nx's `Nx.backend_deallocate/1`, which `ExBurn.Backend` answers the same way, and
+  of `ExBurn.Model.free/1`); any other use of a deallocated tensor raises `ExBurn.Error`, while
+  its shape, type and device stay readable (they live in the struct).
   """
   def deallocate(tensor) do
     Native.deallocate(tensor!(:deallocate, tensor).ref) |> ExBurn.Error.unwrap!()

@@ -114,12 +114,13 @@ defmodule ExBurn.Model.Fit do
     end)
   end
 
-  # `Model.cancel/1` makes the epoch NIF stop with a `kind: :cancelled` error, which ends the fit
+  # `Model.cancel/1` makes the epoch NIF stop with a `kind: :cancelled` error; `Model.free/1`
+  # cancels too, and a model freed between two epochs answers `kind: :freed`: both end the fit
   # with the epoch in progress discarded.
   defp train_epoch(model, loop) do
     case Native.model_train_epoch(model.ref, loop.x.ref, loop.y.ref, loop.batch_size, loop.shuffle) do
       {:ok, loss} -> {:ok, loss}
-      {:error, {_, _, %{kind: :cancelled}}} -> :cancelled
+      {:error, {_, _, %{kind: kind}}} when kind in [:cancelled, :freed] -> :cancelled
       {:error, {_, reason, details}} -> raise Error, op: :fit, reason: reason, details: details
     end
   end
@@ -130,6 +131,9 @@ defmodule ExBurn.Model.Fit do
     case Native.model_evaluate(model.ref, vx.ref, vy.ref, bs) do
       {:ok, loss} ->
         {:ok, loss}
+
+      {:error, {_, _, %{kind: :freed}}} ->
+        :cancelled
 
       {:error, {_, reason, details}} ->
         raise Error, op: :fit, reason: "validation_data: " <> reason, details: details

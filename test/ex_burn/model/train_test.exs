@@ -139,16 +139,6 @@ defmodule ExBurn.Model.TrainTest do
     assert Model.evaluate(unclipped, {x, y}) < untrained_loss / 4
   end
 
-  test "free releases the native model at once; later use is an ExBurn.Error" do
-    {x, y} = xor()
-    model = Model.fit(xor_model(), {x, y}, epochs: 1, batch_size: 4)
-    assert Model.free(model) == :ok
-    error = assert_raise ExBurn.Error, fn -> Model.predict(model, x) end
-    assert error.reason == "model was freed"
-    assert Model.free(model) == :ok
-    assert Model.summary(model).params == 42
-  end
-
   test "fit_with_progress/3 is a deprecated delegate of fit_with_history/3" do
     {x, y} = xor()
     {model, history} = Model.fit_with_progress(xor_model(), {x, y}, epochs: 2, batch_size: 4)

@@ -11,7 +11,7 @@ use rustler::{Binary, Encoder, Env, ResourceArc, Term};
 
 use super::resource::{arg, BinaryOut, TensorOut};
 use super::{atoms, guard, term};
-use crate::error::{ExError, ExResult};
+use crate::error::{Detail, ExError, ExResult};
 use crate::model::spec::{Activation, LayerSpec, LossKind, OptimizerKind, Padding, Schedule, TrainConfig};
 use crate::model::net::LayerInfo;
 use crate::model::train::Trainer;
@@ -38,10 +38,16 @@ fn model(term: Term) -> ExResult<ResourceArc<ModelRes>> {
     term.decode().map_err(|_| ExError::Arg { name: "model", expected: "an ExBurn model reference" })
 }
 
+/// The error for any use of a freed model. `kind: :freed` lets `fit` tell a model freed under it
+/// (which cancels the fit) from other failures without reading the message.
+fn freed() -> ExError {
+    ExError::invalid_with("model was freed", vec![("kind", Detail::Atom("freed"))])
+}
+
 /// Runs `f` on the model's trainer under its lock; a freed model is an error.
 fn with_trainer<R>(m: &ModelRes, f: impl FnOnce(&mut Trainer) -> ExResult<R>) -> ExResult<R> {
     let mut guard: MutexGuard<'_, Option<Trainer>> = m.trainer.lock().unwrap_or_else(|e| e.into_inner());
-    let trainer = guard.as_mut().ok_or_else(|| ExError::invalid("model was freed"))?;
+    let trainer = guard.as_mut().ok_or_else(freed)?;
     let result = f(trainer);
     m.epochs.store(trainer.epochs, Ordering::Relaxed);
     result
@@ -136,7 +142,7 @@ fn layer(t: Term) -> ExResult<LayerSpec> {
             None => {
                 return Err(ExError::invalid_with(
                     "unsupported layer",
-                    vec![("layer", crate::error::Detail::Text(other.to_string()))],
+                    vec![("layer", Detail::Text(other.to_string()))],
                 ))
             }
         },
@@ -326,7 +332,9 @@ fn model_configure<'a>(env: Env<'a>, m: Term<'a>, changes: Term<'a>) -> Term<'a>
     })
 }
 
-/// Frees the model's weights and optimizer state now instead of at garbage collection.
+/// Frees the model's weights and optimizer state now instead of at garbage collection: `:ok`, or
+/// `:already_deallocated` when it was already freed (the answers of `deallocate` and of Nx's
+/// `backend_deallocate`). A running epoch is cancelled first; the lock waits for its batch.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn model_free<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
     guard(env, "free", || {
