@@ -4,9 +4,8 @@ use burn::backend::Scalar;
 
 use crate::dtype::NxType;
 use crate::ops::conv::ConvSpec;
-use crate::ops::indexing;
 use crate::ops::linalg::DotSpec;
-use crate::ops::vocab::{ArgReduceOp, BinaryOp, ReduceOp, UnaryOp, WindowOp};
+use crate::ops::vocab::{ArgReduceOp, BinaryOp, IndexedOp, ReduceOp, UnaryOp, WindowOp};
 use crate::ops::window::WindowSpec;
 
 /// One node of the expression. Operands are earlier instructions, named by position.
@@ -57,7 +56,7 @@ pub enum Op {
     /// Operands: tensor, index tensor (last axis: one coordinate per entry of `axes`).
     Gather(Vec<usize>),
     /// Operands: tensor, index tensor, updates. `add` is indexed_add, else indexed_put.
-    Indexed { op: indexing::IndexedOp, axes: Vec<usize> },
+    Indexed { op: IndexedOp, axes: Vec<usize> },
     /// Nx `cond`: runs the clauses' predicate ranges in order and the body range of the first
     /// one that holds (else `last`). Range instructions run only from here, so an untaken
     /// branch costs nothing and cannot fail. Produces no value: `Pick`s read the outputs.

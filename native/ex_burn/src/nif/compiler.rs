@@ -8,7 +8,6 @@ use super::resource::{arg_list, TensorOut};
 use super::{guard, term};
 use crate::compiler::{Branch, Instr, Op, Program};
 use crate::error::{ExError, ExResult};
-use crate::ops::indexing::IndexedOp;
 use crate::ops::linalg::DotSpec;
 
 pub struct ProgramRes(pub Program);
@@ -120,7 +119,7 @@ fn decode_op(name: &str, attrs: Term, ty: crate::dtype::NxType) -> ExResult<Op> 
         "gather" => Op::Gather(term::usizes(attrs, "axes")?),
         "indexed" => {
             let (op, axes): (Term, Term) = attrs.decode().map_err(|_| attr_err("{:add | :put, axes}"))?;
-            Op::Indexed { op: IndexedOp::from_name(&term::atom(op, "op")?)?, axes: term::usizes(axes, "axes")? }
+            Op::Indexed { op: term::op(op)?, axes: term::usizes(axes, "axes")? }
         }
         _ => return Err(ExError::invalid(format!("unknown program op {name}"))),
     })

@@ -4,7 +4,8 @@ use rustler::{Env, Term};
 
 use super::resource::{arg, TensorOut};
 use super::{guard, op_name, term};
-use crate::ops::indexing::{self as ix, IndexedOp, Start};
+use crate::ops::indexing::{self as ix, Start};
+use crate::ops::vocab::IndexedOp;
 
 /// Slice starts: integers, or scalar tensors read when the op runs (Nx's dynamic starts).
 pub(super) fn starts(list: Term) -> crate::error::ExResult<Vec<Start>> {
@@ -42,9 +43,8 @@ fn argsort<'a>(env: Env<'a>, t: Term<'a>, axis: Term<'a>, descending: Term<'a>, 
 #[rustler::nif(schedule = "DirtyCpu")]
 fn cumulative<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, axis: Term<'a>, reverse: Term<'a>) -> Term<'a> {
     guard(env, &op_name(op, "cumulative"), || {
-        let op = term::atom(op, "op")?;
         let (axis, rev) = (term::usize_arg(axis, "axis")?, term::boolean(reverse, "reverse")?);
-        Ok(TensorOut(ix::cumulative(&op, &arg(t)?, axis, rev)?))
+        Ok(TensorOut(ix::cumulative(term::op(op)?, &arg(t)?, axis, rev)?))
     })
 }
 
@@ -75,7 +75,7 @@ fn gather<'a>(env: Env<'a>, t: Term<'a>, indices: Term<'a>, axes: Term<'a>) -> T
 #[rustler::nif(schedule = "DirtyCpu")]
 fn indexed<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, indices: Term<'a>, updates: Term<'a>, axes: Term<'a>, out_type: Term<'a>) -> Term<'a> {
     guard(env, &op_name(op, "indexed"), || {
-        let op = IndexedOp::from_name(&term::atom(op, "op")?)?;
+        let op: IndexedOp = term::op(op)?;
         let (axes, out) = (term::usizes(axes, "axes")?, term::decode_type(out_type)?);
         Ok(TensorOut(ix::indexed_axes(op, &arg(t)?, &arg(indices)?, &arg(updates)?, &axes, out)?))
     })

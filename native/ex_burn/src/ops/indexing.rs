@@ -9,6 +9,7 @@ use crate::dispatch::{self, by_kind, Prim, BOOL};
 use crate::dtype::NxType;
 use crate::error::{Detail, ExError, ExResult};
 use crate::ops::{cast_to, check_alloc, check_axes, dims_detail, empty, same_device};
+use crate::ops::vocab::{CumulativeOp, IndexedOp};
 use crate::tensor::{numel, Handle};
 
 fn axis_error(axis: usize, shape: &[usize]) -> ExError {
@@ -97,18 +98,17 @@ pub fn sort(h: &Handle, axis: usize, descending: bool) -> ExResult<Handle> {
 }
 
 /// Cumulative sum/product/min/max along `axis`, optionally from the end.
-pub fn cumulative(op: &str, h: &Handle, axis: usize, reverse: bool) -> ExResult<Handle> {
+pub fn cumulative(op: CumulativeOp, h: &Handle, axis: usize, reverse: bool) -> ExResult<Handle> {
     check_axis(axis, h)?;
     if h.numel() == 0 {
         return Ok(h.clone());
     }
     let x = if reverse { dispatch::flip(h.prim.clone(), &[axis]) } else { h.prim.clone() };
     let y = match op {
-        "cumulative_sum" => by_kind!(x, float_cumsum, int_cumsum, axis),
-        "cumulative_product" => by_kind!(x, float_cumprod, int_cumprod, axis),
-        "cumulative_min" => by_kind!(x, float_cummin, int_cummin, axis),
-        "cumulative_max" => by_kind!(x, float_cummax, int_cummax, axis),
-        _ => return Err(ExError::invalid_with("unknown cumulative op", vec![("op", Detail::Text(op.to_string()))])),
+        CumulativeOp::CumulativeSum => by_kind!(x, float_cumsum, int_cumsum, axis),
+        CumulativeOp::CumulativeProduct => by_kind!(x, float_cumprod, int_cumprod, axis),
+        CumulativeOp::CumulativeMin => by_kind!(x, float_cummin, int_cummin, axis),
+        CumulativeOp::CumulativeMax => by_kind!(x, float_cummax, int_cummax, axis),
     };
     let y = if reverse { dispatch::flip(y, &[axis]) } else { y };
     Ok(h.with(dispatch::cast(y, h.ty.dtype()), h.shape.clone()))
@@ -331,24 +331,6 @@ pub fn gather_axes(x: &Handle, idx: &Handle, axes: &[usize]) -> ExResult<Handle>
     take(&moved, &flat, 0)
 }
 
-/// What an indexed update does with each update row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IndexedOp {
-    Add,
-    Put,
-}
-
-impl IndexedOp {
-    /// Nx's name (`:add` / `:put` at the NIF boundary).
-    pub fn from_name(name: &str) -> ExResult<Self> {
-        match name {
-            "add" => Ok(IndexedOp::Add),
-            "put" => Ok(IndexedOp::Put),
-            _ => Err(ExError::Arg { name: "op", expected: ":add or :put" }),
-        }
-    }
-}
-
 /// Nx.indexed_add / Nx.indexed_put over `axes`: the merged-axis view is updated, then the axis
 /// order restored. The result has type `ty`.
 pub fn indexed_axes(op: IndexedOp, x: &Handle, idx: &Handle, updates: &Handle, axes: &[usize], ty: NxType) -> ExResult<Handle> {
@@ -397,12 +379,12 @@ mod tests {
     #[test]
     fn cumulative_ops_forward_and_reverse() {
         let x = i64s(&[1, 2, 3, 4], &[4]);
-        assert_eq!(ints(&cumulative("cumulative_sum", &x, 0, false).unwrap()), vec![1, 3, 6, 10]);
-        assert_eq!(ints(&cumulative("cumulative_sum", &x, 0, true).unwrap()), vec![10, 9, 7, 4]);
-        assert_eq!(ints(&cumulative("cumulative_product", &x, 0, false).unwrap()), vec![1, 2, 6, 24]);
+        assert_eq!(ints(&cumulative(CumulativeOp::CumulativeSum, &x, 0, false).unwrap()), vec![1, 3, 6, 10]);
+        assert_eq!(ints(&cumulative(CumulativeOp::CumulativeSum, &x, 0, true).unwrap()), vec![10, 9, 7, 4]);
+        assert_eq!(ints(&cumulative(CumulativeOp::CumulativeProduct, &x, 0, false).unwrap()), vec![1, 2, 6, 24]);
         let y = f32s(&[3.0, 1.0, 2.0], &[3]);
-        assert_eq!(floats(&cumulative("cumulative_max", &y, 0, false).unwrap()), vec![3.0, 3.0, 3.0]);
-        assert_eq!(floats(&cumulative("cumulative_min", &y, 0, true).unwrap()), vec![1.0, 1.0, 2.0]);
+        assert_eq!(floats(&cumulative(CumulativeOp::CumulativeMax, &y, 0, false).unwrap()), vec![3.0, 3.0, 3.0]);
+        assert_eq!(floats(&cumulative(CumulativeOp::CumulativeMin, &y, 0, true).unwrap()), vec![1.0, 1.0, 2.0]);
     }
 
     #[test]

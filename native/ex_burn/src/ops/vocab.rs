@@ -99,6 +99,19 @@ vocabulary! {
     }
 }
 
+vocabulary! {
+    /// Scans along an axis.
+    CumulativeOp ("cumulative op") {
+        CumulativeSum = "cumulative_sum", CumulativeProduct = "cumulative_product",
+        CumulativeMin = "cumulative_min", CumulativeMax = "cumulative_max",
+    }
+}
+
+vocabulary! {
+    /// What an indexed update does with each update row (`Nx.indexed_add` / `indexed_put`).
+    IndexedOp ("indexed op") { Add = "add", Put = "put" }
+}
+
 impl UnaryOp {
     /// The ops that look at their input as it is and answer u8 (Nx's predicates).
     pub fn is_predicate(self) -> bool {
