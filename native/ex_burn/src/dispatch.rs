@@ -112,11 +112,14 @@ pub fn permute(t: Prim, axes: &[usize]) -> Prim {
     by_kind!(t, float_permute, int_permute, axes)
 }
 
+/// Broadcasts `t` to the Nx `shape`; like `reshape` and `full`, it applies the burn-shape rule
+/// itself (`tensor::burn_shape`: rank 0 is stored as `[1]`), so callers pass Nx shapes.
 pub fn expand(t: Prim, shape: &[usize]) -> Prim {
+    let shape = crate::tensor::burn_shape(shape);
     if dims(&t) == shape {
         return t;
     }
-    let shape = Shape::from(shape.to_vec());
+    let shape = Shape::from(shape);
     if t.dtype().is_bool() {
         Dispatch::bool_expand(t, shape)
     } else {

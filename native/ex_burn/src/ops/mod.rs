@@ -69,7 +69,7 @@ pub fn broadcast_prim(h: &Handle, shape: &[usize]) -> Prim {
     let mut padded = vec![1; shape.len() - h.rank()];
     padded.extend_from_slice(&h.shape);
     let t = dispatch::reshape(h.prim.clone(), &padded);
-    dispatch::expand(t, &crate::tensor::burn_shape(shape))
+    dispatch::expand(t, shape)
 }
 
 /// The device all operands live on; operands on different devices are an error, not an

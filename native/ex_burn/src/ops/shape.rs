@@ -6,7 +6,7 @@ use crate::dispatch;
 use crate::dtype::NxType;
 use crate::error::{Detail, ExError, ExResult};
 use crate::ops::{cast_to, check_alloc, check_axes, dims_detail, empty, same_device};
-use crate::tensor::{self, numel, Handle};
+use crate::tensor::{numel, Handle};
 
 pub fn reshape(h: &Handle, shape: Vec<usize>) -> ExResult<Handle> {
     if numel(&shape) != h.numel() {
@@ -63,7 +63,7 @@ pub fn broadcast(h: &Handle, shape: Vec<usize>, axes: Vec<usize>) -> ExResult<Ha
             return empty(shape, h.ty, h.device);
         }
         let prim = dispatch::reshape(h.prim.clone(), &aligned);
-        let prim = dispatch::expand(prim, &tensor::burn_shape(&shape));
+        let prim = dispatch::expand(prim, &shape);
         Ok(h.with(prim, shape))
     }
 }

@@ -36,8 +36,8 @@ pub(crate) fn filled(shape: &[usize], fill: &Fill, dtype: DType, device: &Device
             // Assigning a broadcast view writes the value's exact bits (-0.0 and NaN payloads
             // included), which arithmetic such as `zeros + value` would not.
             let zeros = dispatch::full(shape, dispatch::zero_of(dtype), dtype, device);
-            let one = dispatch::reshape(dispatch::cast(t.clone(), dtype), &vec![1; shape.len().max(1)]);
-            let value = dispatch::expand(one, &crate::tensor::burn_shape(shape));
+            let one = dispatch::reshape(dispatch::cast(t.clone(), dtype), &vec![1; shape.len()]);
+            let value = dispatch::expand(one, shape);
             let slices = full_slices(&crate::tensor::burn_shape(shape));
             by_kind!(zeros, float_slice_assign, int_slice_assign, &slices, value)
         }
