@@ -36,7 +36,7 @@ warm = Tensor.slice(x, [0, 0], [1024, features])
 Model.fit(model, {warm, Tensor.slice(y, [0], [1024])}, epochs: 1, batch_size: batch)
 
 {us, {_model, [%{loss: loss}]}} =
-  :timer.tc(fn -> Model.fit_with_progress(model, {x, y}, epochs: 1, batch_size: batch) end)
+  :timer.tc(fn -> Model.fit_with_history(model, {x, y}, epochs: 1, batch_size: batch) end)
 
 exburn_rate = n / (us / 1.0e6)
 

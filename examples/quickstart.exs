@@ -62,7 +62,7 @@ IO.puts(Model.summary_string(model))
 
 {us, {model, history}} =
   :timer.tc(fn ->
-    Model.fit_with_progress(model, {points, labels},
+    Model.fit_with_history(model, {points, labels},
       epochs: 20,
       batch_size: 32,
       validation_data: {points, labels}

@@ -125,8 +125,16 @@ defmodule Dala.ML.Burn do
     %ExBurn.Error{op: :from_nx, reason: reason, details: %{got: tensor}}
   end
 
-  @doc "Compiles a model (see `ExBurn.Model.compile/2`); returns `%ExBurn.Model{}`."
-  defdelegate compile(model, opts \\ []), to: Model
+  @doc """
+  Compiles a model (see `ExBurn.Model.compile/2`); returns `%ExBurn.Model{}`. As the Dala guide's
+  optimizer table says, `optimizer: :sgd` uses momentum 0.9 unless `:momentum` is given
+  (`ExBurn.Model.compile/2` itself defaults to plain SGD).
+  """
+  def compile(model, opts \\ []) do
+    opts = if opts[:optimizer] == :sgd, do: Keyword.put_new(opts, :momentum, 0.9), else: opts
+
+    Model.compile(model, opts)
+  end
 
   @doc "Trains (see `ExBurn.Model.fit/3`); returns the trained model."
   defdelegate fit(model, data, opts \\ []), to: Model

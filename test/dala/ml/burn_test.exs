@@ -153,6 +153,13 @@ defmodule Dala.ML.BurnTest do
     assert {e.op, e.details.option} == {:fit, :learning_rate}
   end
 
+  test "optimizer: :sgd uses momentum 0.9 unless given, as the guide's optimizer table says" do
+    net = fn -> Model.input({nil, 2}) |> Model.dense(2) end
+    assert Burn.compile(net.(), optimizer: :sgd).config.momentum == 0.9
+    assert Burn.compile(net.(), optimizer: :sgd, momentum: 0.5).config.momentum == 0.5
+    assert Burn.compile(net.(), optimizer: :adam).config.momentum == nil
+  end
+
   test "logging callback" do
     {x, y} = xor()
     m = Burn.compile(Model.input({nil, 2}) |> Model.dense(2), loss: :cross_entropy)

@@ -22,5 +22,5 @@ defmodule Dala.ML.Burn.Training do
   defdelegate screen_callback(pid), to: Callbacks, as: :screen
 
   @doc "Trains like `Dala.ML.Burn.fit/3` and returns `{model, history}`."
-  defdelegate fit_with_progress(model, data, opts \\ []), to: ExBurn.Model
+  defdelegate fit_with_progress(model, data, opts \\ []), to: ExBurn.Model, as: :fit_with_history
 end
