@@ -489,9 +489,11 @@ fn remainder(a: Prim, b: Prim) -> Prim {
     if !float {
         return out;
     }
-    // fmod(x, +-inf) = x for finite x, where Burn's remainder gives +-inf (or NaN) and the
-    // fix-up above inf - inf.
-    let keep = Dispatch::bool_and(Dispatch::float_is_inf(b, BOOL), Dispatch::bool_not(Dispatch::float_is_inf(dividend.clone(), BOOL)));
+    // fmod(x, y) = x exactly wherever |x| < |y|, where the floored remainder and its fix-up
+    // round twice (remainder(3.86, -1e30) came out 0: 3.86 - 1e30 + 1e30). That also covers
+    // fmod(x, +-inf) = x for finite x, where Burn's remainder gives +-inf or NaN. NaN compares
+    // false, so NaN operands keep the NaN result.
+    let keep = Dispatch::float_lower(Dispatch::float_abs(dividend.clone()), Dispatch::float_abs(b), BOOL);
     Dispatch::float_mask_where(out, keep, dividend)
 }
 
@@ -680,6 +682,11 @@ mod tests {
         let fa = f32s(&[5.5, -5.5], &[2]);
         let fb = f32s(&[2.0, 2.0], &[2]);
         assert_eq!(floats(&binary(BinaryOp::Remainder, &fa, &fb, NxType::F(32)).unwrap()), vec![1.5, -1.5]);
+        // |x| < |y|: x itself, however far apart the magnitudes (C fmod)
+        let small = f32s(&[3.863_054, -3.863_054, 0.5], &[3]);
+        let huge = f32s(&[-1.0e30, 1.0e30, -2.0], &[3]);
+        let want: Vec<f64> = [3.863_054_f32, -3.863_054, 0.5].iter().map(|&v| v as f64).collect();
+        assert_eq!(floats(&binary(BinaryOp::Remainder, &small, &huge, NxType::F(32)).unwrap()), want);
         assert_eq!(ints(&binary(BinaryOp::Quotient, &a, &b, NxType::S(64)).unwrap()), vec![2, -2, -2, 2]);
     }
 
