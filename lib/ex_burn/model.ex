@@ -277,11 +277,14 @@ defmodule ExBurn.Model do
   epoch with `halted: :cancelled`. A `fit` started later clears the request.
   """
   def cancel(%__MODULE__{ref: ref}), do: Error.unwrap!(Native.model_cancel(ref, true))
+  def cancel(other), do: fail!(:cancel, "expected an ExBurn.Model", %{got: other})
 
   ## Inference
 
   @doc "Mean loss over `{x, y}` in inference mode (dropout off). Options: `:batch_size` (256)."
-  def evaluate(%__MODULE__{} = model, data, opts \\ []) do
+  def evaluate(model, data, opts \\ [])
+
+  def evaluate(%__MODULE__{} = model, data, opts) do
     op = :evaluate
     opts = keyword!(op, opts, [:batch_size])
     {x, y} = Data.pair!(op, data)
@@ -291,17 +294,23 @@ defmodule ExBurn.Model do
     Error.unwrap!(Native.model_evaluate(model.ref, x.ref, y.ref, bs))
   end
 
+  def evaluate(other, _data, _opts), do: fail!(:evaluate, "expected an ExBurn.Model", %{got: other})
+
   @doc """
   The model's outputs for `x` as an f32 `ExBurn.Tensor` (`{n | output_shape}`), in inference
   mode. Options: `:batch_size` (256).
   """
-  def predict(%__MODULE__{} = model, x, opts \\ []) do
+  def predict(model, x, opts \\ [])
+
+  def predict(%__MODULE__{} = model, x, opts) do
     op = :predict
     opts = keyword!(op, opts, [:batch_size])
     x = Data.inputs!(op, x, model)
     bs = Options.pos_int!(op, :batch_size, Keyword.get(opts, :batch_size, 256))
     ExBurn.Tensor.Util.wrap(Native.model_predict(model.ref, x.ref, bs))
   end
+
+  def predict(other, _x, _opts), do: fail!(:predict, "expected an ExBurn.Model", %{got: other})
 
   ## Summary, persistence, memory
 
@@ -311,9 +320,10 @@ defmodule ExBurn.Model do
   Non-trainable parameters are batch-norm running statistics.
   """
   def summary(%__MODULE__{} = model), do: refresh(model).summary
+  def summary(other), do: fail!(:summary, "expected an ExBurn.Model", %{got: other})
 
   @doc "The summary as a printable box (see `summary/1`)."
-  def summary_string(%__MODULE__{} = model), do: ExBurn.Model.Summary.format(summary(model))
+  def summary_string(model), do: ExBurn.Model.Summary.format(summary(model))
 
   @doc """
   Writes the model (architecture, configuration and weights) to `path` atomically: a temporary
