@@ -12,6 +12,7 @@ pub mod dtype;
 pub mod error;
 pub mod model;
 pub mod ops;
+pub mod pretrained;
 pub mod tensor;
 
 #[cfg(feature = "nif")]

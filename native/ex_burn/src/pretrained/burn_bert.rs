@@ -1,0 +1,12 @@
+//! BERT-family encoder on the Burn engine. Placeholder until issue #12's engine work lands.
+
+use std::path::Path;
+
+use super::Encoder;
+use crate::device::DeviceRef;
+use crate::error::{ExError, ExResult};
+
+/// Loads `config.json` and `model.safetensors` from the model directory `dir`.
+pub fn load(_dir: &Path, _device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
+    Err(ExError::invalid("the burn BERT engine is not built yet"))
+}

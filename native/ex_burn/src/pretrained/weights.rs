@@ -1,0 +1,1 @@
+//! Placeholder: filled in by the pre-trained models work (issue #12).
