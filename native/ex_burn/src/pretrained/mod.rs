@@ -11,13 +11,27 @@ pub mod burn_bert;
 pub mod burn_llama;
 pub mod candle_bert;
 pub mod candle_llama;
+pub mod errors;
 pub mod files;
 pub mod generate;
+pub mod gguf;
 pub mod pooling;
+#[cfg(test)]
+mod reference_tests;
 pub mod tokenizer;
 pub mod weights;
 
-use crate::error::ExResult;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::device::DeviceRef;
+use crate::error::{Detail, ExResult};
+use errors::kind;
+use generate::{ChatMessage, GenOptions, Generation, Prompt};
+use pooling::PoolingConfig;
+use tokenizer::{EncoderTokenizer, LmTokenizer};
 
 /// Which implementation runs a model. `:auto` is an Elixir-side policy (Burn, then Candle on
 /// failure) and never reaches Rust.
@@ -77,4 +91,261 @@ pub trait LmSession: Send {
     /// returns the logits (`vocab_size` values) of the last one. `pos` is the number of tokens
     /// already in the cache; a session is fed strictly in order.
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>>;
+}
+
+/// Texts per encoder call: bounds memory and the padding one long text imposes on the others.
+const EMBED_CHUNK: usize = 32;
+
+fn empty_input(what: &str) -> crate::error::ExError {
+    errors::err(kind::EMPTY_INPUT, format!("{what}: the list of texts is empty"), vec![])
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> ExResult<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| errors::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| errors::bad_config(path, e))
+}
+
+#[derive(Deserialize)]
+struct StModule {
+    #[serde(default)]
+    path: String,
+    #[serde(rename = "type")]
+    ty: String,
+}
+
+/// A sentence-transformers model: encoder, pooling, optional normalisation.
+pub struct EmbeddingModel {
+    pub encoder: Box<dyn Encoder>,
+    pub tokenizer: EncoderTokenizer,
+    pub pooling: PoolingConfig,
+    pub normalize: bool,
+    pub max_seq_len: usize,
+    pub engine: Engine,
+    pub device: DeviceRef,
+    pub name: String,
+    pub arch: String,
+    pub path: PathBuf,
+}
+
+impl EmbeddingModel {
+    /// Loads a sentence-transformers directory: `config.json`, `model.safetensors`,
+    /// `tokenizer.json`, and when present `modules.json`, `1_Pooling/config.json`,
+    /// `sentence_bert_config.json`.
+    pub fn load(dir: &Path, engine: Engine, device: DeviceRef) -> ExResult<Self> {
+        if !dir.is_dir() {
+            return Err(if dir.exists() {
+                errors::err(kind::MISSING_FILE, format!("{} is not a model directory", dir.display()), vec![errors::path_detail(dir)])
+            } else {
+                errors::missing_file(dir)
+            });
+        }
+        for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+            if !dir.join(f).is_file() {
+                return Err(errors::missing_file(&dir.join(f)));
+            }
+        }
+        let config: serde_json::Value = read_json(&dir.join("config.json"))?;
+        let arch = config.get("model_type").and_then(|v| v.as_str()).unwrap_or("bert").to_string();
+        let max_pos = config.get("max_position_embeddings").and_then(|v| v.as_u64()).map(|v| v as usize);
+
+        // modules.json: Transformer, Pooling, Normalize are what sentence-transformers models
+        // made of these parts use; anything else (Dense, …) would change the vectors.
+        let mut normalize = false;
+        let mut pooling_dir = dir.join("1_Pooling");
+        let modules_path = dir.join("modules.json");
+        if modules_path.is_file() {
+            let modules: Vec<StModule> = read_json(&modules_path)?;
+            for m in &modules {
+                match m.ty.rsplit('.').next().unwrap_or("") {
+                    "Transformer" => {}
+                    "Pooling" => pooling_dir = dir.join(&m.path),
+                    "Normalize" => normalize = true,
+                    other => {
+                        return Err(errors::err(
+                            kind::UNSUPPORTED_MODULE,
+                            format!("unsupported sentence-transformers module {other:?} in {}", modules_path.display()),
+                            vec![("module", Detail::Text(m.ty.clone())), errors::path_detail(&modules_path)],
+                        ))
+                    }
+                }
+            }
+        }
+        let pooling_path = pooling_dir.join("config.json");
+        let pooling: PoolingConfig = if pooling_path.is_file() { read_json(&pooling_path)? } else { PoolingConfig::default() };
+        if pooling.modes() == 0 {
+            return Err(errors::bad_config(&pooling_path, "no pooling mode is on"));
+        }
+
+        #[derive(Deserialize)]
+        struct SbertConfig {
+            max_seq_length: Option<usize>,
+        }
+        let sbert = dir.join("sentence_bert_config.json");
+        let max_seq = if sbert.is_file() { read_json::<SbertConfig>(&sbert)?.max_seq_length } else { None };
+        let max_seq_len = match (max_seq, max_pos) {
+            (Some(s), Some(p)) => s.min(p),
+            (Some(s), None) => s,
+            (None, Some(p)) => p,
+            (None, None) => 512,
+        };
+        files::check_safetensors(&dir.join("model.safetensors"))?;
+        let tokenizer = EncoderTokenizer::from_file(&dir.join("tokenizer.json"), max_seq_len)?;
+        let encoder = match engine {
+            Engine::Burn => burn_bert::load(dir, &device)?,
+            Engine::Candle => candle_bert::load(dir, &device)?,
+        };
+        let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        Ok(EmbeddingModel { encoder, tokenizer, pooling, normalize, max_seq_len, engine, device, name, arch, path: dir.to_path_buf() })
+    }
+
+    /// The length of each embedding.
+    pub fn dim(&self) -> usize {
+        self.pooling.modes() * self.encoder.hidden_size()
+    }
+
+    pub fn tokenize(&self, texts: &[String]) -> ExResult<Vec<Vec<u32>>> {
+        if texts.is_empty() {
+            return Err(empty_input("tokenize"));
+        }
+        self.tokenizer.tokenize(texts)
+    }
+
+    /// Each text's token ids (special tokens included, truncated) and embedding.
+    pub fn embed(&self, texts: &[String]) -> ExResult<(Vec<Vec<u32>>, Vec<Vec<f32>>)> {
+        if texts.is_empty() {
+            return Err(empty_input("embed"));
+        }
+        let (mut ids, mut rows) = (Vec::with_capacity(texts.len()), Vec::with_capacity(texts.len()));
+        for chunk in texts.chunks(EMBED_CHUNK) {
+            let (batch, chunk_ids) = self.tokenizer.batch(chunk)?;
+            let hidden = self.encoder.hidden_states(&batch)?;
+            let size = self.encoder.hidden_size();
+            if hidden.len() != batch.batch * batch.seq * size {
+                return Err(errors::engine(self.engine.name(), format!("encoder returned {} values for a [{}, {}, {size}] batch", hidden.len(), batch.batch, batch.seq)));
+            }
+            let mut pooled = self.pooling.pool(&hidden, &batch, size);
+            if self.normalize {
+                pooled.iter_mut().for_each(|v| pooling::normalize(v));
+            }
+            ids.extend(chunk_ids);
+            rows.extend(pooled);
+        }
+        Ok((ids, rows))
+    }
+}
+
+/// A loaded LLM: weights (behind the engine), tokenizer and chat template.
+pub struct TextModel {
+    pub lm: Box<dyn CausalLm>,
+    pub tokenizer: Arc<LmTokenizer>,
+    pub chat_template: Option<String>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    pub engine: Engine,
+    pub device: DeviceRef,
+    pub name: String,
+    pub arch: String,
+    pub path: PathBuf,
+}
+
+/// The GGUF file `path` names: the file itself, or the only `.gguf` in a directory.
+pub fn gguf_path(path: &Path) -> ExResult<PathBuf> {
+    if path.is_file() {
+        return Ok(path.to_path_buf());
+    }
+    if !path.exists() {
+        return Err(errors::missing_file(path));
+    }
+    let found = files::gguf_files(path);
+    match found.len() {
+        1 => Ok(found[0].clone()),
+        0 => Err(if path.join("model.safetensors").is_file() {
+            errors::err(
+                kind::UNSUPPORTED_MODULE,
+                format!("{} holds a safetensors LLM; LLMs load from GGUF files only", path.display()),
+                vec![errors::path_detail(path), ("format", Detail::Atom("safetensors"))],
+            )
+        } else {
+            errors::err(kind::MISSING_FILE, format!("no .gguf file in {}", path.display()), vec![errors::path_detail(path)])
+        }),
+        n => Err(errors::err(
+            kind::AMBIGUOUS_MODEL,
+            format!("{} holds {n} .gguf files; name one", path.display()),
+            vec![errors::path_detail(path), ("files", Detail::Text(found.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")))],
+        )),
+    }
+}
+
+impl TextModel {
+    /// Loads a GGUF LLM (a `.gguf` file, or a directory holding one).
+    pub fn load(path: &Path, engine: Engine, device: DeviceRef) -> ExResult<Self> {
+        let file = gguf_path(path)?;
+        let header = gguf::read_header(&file)?;
+        let arch = header.architecture().unwrap_or("").to_string();
+        // The architecture check comes first so an unknown model never reaches the tokenizer.
+        if !candle_llama::ARCHITECTURES.contains(&arch.as_str()) {
+            candle_llama::check_header(&header, candle_llama::ARCHITECTURES, &[])?;
+        }
+        let tokenizer = Arc::new(LmTokenizer::from_gguf(&header)?);
+        let chat_template = header.str("tokenizer.chat_template").map(str::to_string);
+        let lm = match engine {
+            Engine::Burn => burn_llama::load(&file, &device)?,
+            Engine::Candle => candle_llama::load(&file, &device)?,
+        };
+        let name = if path.is_dir() {
+            path.file_name()
+        } else {
+            match file.parent() {
+                Some(parent) if files::gguf_files(parent).len() == 1 && parent.file_name().is_some() => parent.file_name(),
+                _ => file.file_stem(),
+            }
+        }
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+        Ok(TextModel {
+            bos_token_id: tokenizer.bos,
+            eos_token_ids: tokenizer.eog.clone(),
+            lm,
+            tokenizer,
+            chat_template,
+            engine,
+            device,
+            name,
+            arch,
+            path: file,
+        })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.lm.vocab_size()
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.lm.context_length()
+    }
+
+    /// The chat template applied to `messages`, with the generation prompt.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> ExResult<String> {
+        let template = self.chat_template.as_deref().ok_or_else(|| {
+            errors::err(kind::NO_CHAT_TEMPLATE, format!("{} has no chat template (tokenizer.chat_template)", self.name), vec![errors::path_detail(&self.path)])
+        })?;
+        let text = |id: Option<u32>| id.and_then(|i| self.tokenizer.token_text(i)).unwrap_or_default();
+        generate::render_chat(template, messages, &text(self.tokenizer.bos), &text(self.tokenizer.eos))
+    }
+
+    /// The prompt's token ids: raw text gets the model's BOS/EOS policy; a rendered chat is
+    /// tokenised as is (its template writes any special tokens itself).
+    pub fn prompt_ids(&self, prompt: &Prompt) -> ExResult<Vec<u32>> {
+        match prompt {
+            Prompt::Text(t) => self.tokenizer.encode(t, true),
+            Prompt::Chat(messages) => self.tokenizer.encode(&self.render_chat(messages)?, false),
+        }
+    }
+
+    /// Tokenises and checks the prompt, and opens a session; the model runs on the first `next`.
+    pub fn start(&self, prompt: &Prompt, opts: GenOptions) -> ExResult<Generation> {
+        let ids = self.prompt_ids(prompt)?;
+        generate::check_prompt(&ids, self.context_length(), self.tokenizer.vocab_size())?;
+        Generation::new(self.lm.session()?, self.tokenizer.clone(), ids, self.context_length(), opts)
+    }
 }

@@ -1,0 +1,264 @@
+//! Tests against the real models and independent references (sentence-transformers and
+//! transformers outputs in `test/data/pretrained/`). Each skips with a printed line when a model or
+//! a reference file is absent.
+//!
+//! Models: `$EXBURN_MODELS_DIR` (default `~/models`): `embeddings/all-minilm-l6-v2/` and
+//! `llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf`. References:
+//! `$EXBURN_PRETRAINED_REFS` (default the repository's `test/data/pretrained/`).
+
+use std::path::PathBuf;
+
+use serde_json::Value as Json;
+
+use super::errors::{self, kind};
+use super::generate::{ChatMessage, Finish, GenOptions, Prompt};
+use super::tokenizer::LmTokenizer;
+use super::{gguf, EmbeddingModel, Engine, TextModel};
+use crate::device::DeviceRef;
+
+fn models_dir() -> PathBuf {
+    std::env::var_os("EXBURN_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join("models"))
+}
+
+fn refs_dir() -> PathBuf {
+    std::env::var_os("EXBURN_PRETRAINED_REFS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../test/data/pretrained"))
+}
+
+fn minilm_dir() -> Option<PathBuf> {
+    let d = models_dir().join("embeddings/all-minilm-l6-v2");
+    if d.join("model.safetensors").is_file() {
+        Some(d)
+    } else {
+        println!("SKIPPED: MiniLM model not found at {}", d.display());
+        None
+    }
+}
+
+fn smollm_path() -> Option<PathBuf> {
+    let p = models_dir().join("llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.is_file() {
+        Some(p)
+    } else {
+        println!("SKIPPED: SmolLM2 GGUF not found at {}", p.display());
+        None
+    }
+}
+
+fn reference(name: &str) -> Option<Json> {
+    let p = refs_dir().join(name);
+    match std::fs::read_to_string(&p) {
+        Ok(text) => Some(serde_json::from_str(&text).expect("reference JSON")),
+        Err(_) => {
+            println!("SKIPPED: reference {} not found", p.display());
+            None
+        }
+    }
+}
+
+fn ids(v: &Json) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn cosine(a: &[f32], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * y).sum();
+    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|y| y.powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+#[test]
+fn minilm_candle_matches_sentence_transformers() {
+    let (Some(dir), Some(r)) = (minilm_dir(), reference("minilm_reference.json")) else { return };
+    let model = EmbeddingModel::load(&dir, Engine::Candle, DeviceRef::CPU).unwrap();
+    assert_eq!(model.dim(), r["dim"].as_u64().unwrap() as usize);
+    assert_eq!(model.max_seq_len, r["max_seq_length"].as_u64().unwrap() as usize);
+    assert!(model.normalize);
+    let cases = r["cases"].as_array().unwrap();
+    let texts: Vec<String> = cases.iter().map(|c| c["text"].as_str().unwrap().to_string()).collect();
+    let (token_ids, rows) = model.embed(&texts).unwrap();
+    assert_eq!(model.tokenize(&texts).unwrap(), token_ids);
+    let mut worst = 1.0f64;
+    for (i, c) in cases.iter().enumerate() {
+        assert_eq!(token_ids[i], ids(&c["token_ids"]), "token ids of case {i} {:?}", texts[i]);
+        let expected: Vec<f64> = c["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let cos = cosine(&rows[i], &expected);
+        worst = worst.min(cos);
+        assert!(cos >= 0.9999, "case {i} {:?}: cosine {cos}", texts[i]);
+        let norm: f64 = rows[i].iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5);
+    }
+    println!("MiniLM candle: {} cases, token ids identical, worst cosine {worst:.8}", cases.len());
+    // One text alone gives the same vector as inside the batch (padding does not leak).
+    let (_, alone) = model.embed(&texts[..1]).unwrap();
+    assert!(cosine(&alone[0], &rows[0].iter().map(|x| *x as f64).collect::<Vec<_>>()) > 0.99999);
+    assert_eq!(errors::kind_of(&model.embed(&[]).unwrap_err()), Some(kind::EMPTY_INPUT));
+    assert_eq!(errors::kind_of(&model.tokenize(&[]).unwrap_err()), Some(kind::EMPTY_INPUT));
+}
+
+#[test]
+fn smollm_gguf_tokenizer_matches_transformers() {
+    let (Some(path), Some(r)) = (smollm_path(), reference("smollm2_reference.json")) else { return };
+    let header = gguf::read_header(&path).unwrap();
+    let tok = LmTokenizer::from_gguf(&header).unwrap();
+    assert_eq!(tok.bos, Some(1));
+    assert_eq!(tok.eos, Some(2));
+    let cases = r["tokenize"].as_array().unwrap();
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        assert_eq!(tok.encode(text, false).unwrap(), ids(&c["ids_add_special_tokens_false"]), "{text:?}");
+        assert_eq!(tok.encode(text, true).unwrap(), ids(&c["ids_add_special_tokens_true"]), "{text:?}");
+        assert_eq!(tok.decode(&ids(&c["ids_add_special_tokens_false"])).unwrap(), text);
+    }
+    let mut n = cases.len();
+    for g in r["generate"].as_array().unwrap() {
+        if g["kind"] == "raw" {
+            assert_eq!(tok.encode(g["prompt"].as_str().unwrap(), true).unwrap(), ids(&g["prompt_ids"]));
+            n += 1;
+        }
+    }
+    println!("SmolLM2 GGUF tokenizer: {n} texts, token ids identical");
+}
+
+#[test]
+fn smollm_chat_template_renders_reference_prompts() {
+    let (Some(path), Some(r)) = (smollm_path(), reference("smollm2_reference.json")) else { return };
+    let header = gguf::read_header(&path).unwrap();
+    let tok = LmTokenizer::from_gguf(&header).unwrap();
+    let template = header.str("tokenizer.chat_template").unwrap();
+    assert_eq!(template, r["metadata"]["chat_template"].as_str().unwrap());
+    let mut n = 0;
+    for g in r["generate"].as_array().unwrap().iter().filter(|g| g["kind"] == "chat") {
+        let messages: Vec<ChatMessage> = g["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage { role: m["role"].as_str().unwrap().into(), content: m["content"].as_str().unwrap().into() })
+            .collect();
+        let text = super::generate::render_chat(template, &messages, "<|im_start|>", "<|im_end|>").unwrap();
+        assert_eq!(text, g["prompt"].as_str().unwrap());
+        assert_eq!(tok.encode(&text, false).unwrap(), ids(&g["prompt_ids"]));
+        n += 1;
+    }
+    println!("SmolLM2 chat template: {n} prompts render and tokenise as the reference");
+}
+
+#[test]
+fn smollm_candle_greedy_generation_matches_transformers() {
+    let (Some(path), Some(r)) = (smollm_path(), reference("smollm2_reference.json")) else { return };
+    let model = TextModel::load(&path, Engine::Candle, DeviceRef::CPU).unwrap();
+    assert_eq!(model.arch, "llama");
+    assert_eq!(model.vocab_size(), 49152);
+    assert_eq!(model.context_length(), 4096); // 8192 declared, Candle's rotary tables stop at 4096
+    assert_eq!(model.name, "smollm2-135m-instruct");
+    assert!(model.eos_token_ids.contains(&2));
+    let (mut raw_equal, mut raw_total, mut chat_equal, mut chat_total) = (0, 0, 0, 0);
+    for g in r["generate"].as_array().unwrap() {
+        let prompt = if g["kind"] == "raw" {
+            Prompt::Text(g["prompt"].as_str().unwrap().into())
+        } else {
+            Prompt::Chat(
+                g["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| ChatMessage { role: m["role"].as_str().unwrap().into(), content: m["content"].as_str().unwrap().into() })
+                    .collect(),
+            )
+        };
+        let max = g["max_new_tokens"].as_u64().unwrap() as usize;
+        let opts = GenOptions { max_tokens: max, ..Default::default() };
+        let mut whole = model.start(&prompt, opts.clone()).unwrap();
+        assert_eq!(whole.prompt_ids(), ids(&g["prompt_ids"]).as_slice());
+        let (text, got, finish) = whole.run(&|| true).unwrap();
+        // Streaming one token per step gives the same text, piece by piece.
+        let mut streamed = model.start(&prompt, opts).unwrap();
+        let mut pieces = String::new();
+        loop {
+            let s = streamed.next(1, &|| true).unwrap();
+            pieces.push_str(&s.text);
+            if s.done {
+                assert_eq!(s.finish, Some(finish));
+                break;
+            }
+        }
+        assert_eq!(pieces, text);
+
+        let mut expected = ids(&g["generated_ids"]);
+        let stopped = g["stopped_at_eos"].as_bool().unwrap();
+        if stopped {
+            expected.pop(); // the eos id, which generation does not emit
+        }
+        let equal = got == expected && finish == if stopped { Finish::Stop } else { Finish::Length };
+        if equal {
+            let mut ref_text = g["text"].as_str().unwrap().to_string();
+            if stopped {
+                ref_text = ref_text.trim_end_matches("<|im_end|>").to_string();
+            }
+            assert_eq!(text, ref_text);
+        }
+        println!(
+            "{} {:?}: {}{}",
+            g["kind"].as_str().unwrap(),
+            g["prompt"].as_str().unwrap().chars().take(40).collect::<String>(),
+            if equal { "equal" } else { "DIFFERENT" },
+            if equal { String::new() } else { format!(" got {got:?} expected {expected:?} ({text:?})") }
+        );
+        if g["kind"] == "raw" {
+            raw_total += 1;
+            raw_equal += equal as usize;
+        } else {
+            chat_total += 1;
+            chat_equal += equal as usize;
+        }
+    }
+    println!("SmolLM2 candle greedy: raw {raw_equal}/{raw_total} equal, chat {chat_equal}/{chat_total} equal");
+    assert!(raw_equal >= 4, "only {raw_equal} of {raw_total} raw prompts match");
+}
+
+#[test]
+fn smollm_candle_sessions_are_independent_and_first_logits_match() {
+    let (Some(path), Some(r)) = (smollm_path(), reference("smollm2_reference.json")) else { return };
+    let model = TextModel::load(&path, Engine::Candle, DeviceRef::CPU).unwrap();
+    let gens = r["generate"].as_array().unwrap();
+    let (p0, p1) = (ids(&gens[0]["prompt_ids"]), ids(&gens[1]["prompt_ids"]));
+    let mut a = model.lm.session().unwrap();
+    let first = a.forward(&p1, 0).unwrap();
+    // A used session, then a fresh one: the fresh one must not see the other's cache.
+    let _ = a.forward(&p0, 0).unwrap();
+    let _ = a.forward(&[42], p0.len()).unwrap();
+    let mut b = model.lm.session().unwrap();
+    assert_eq!(b.forward(&p1, 0).unwrap(), first);
+    // Feeding a prompt in two chunks gives the logits of feeding it whole.
+    let mut c = model.lm.session().unwrap();
+    let _ = c.forward(&p1[..2], 0).unwrap();
+    let chunked = c.forward(&p1[2..], 2).unwrap();
+    let diff = chunked.iter().zip(&first).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(diff < 1e-3, "chunked prompt differs by {diff}");
+    // First-step logits against transformers' (dequantised f32) top 10.
+    let mut worst = 0f64;
+    for pair in gens[1]["first_step_top10"].as_array().unwrap() {
+        let (id, logit) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap());
+        worst = worst.max((first[id] as f64 - logit).abs());
+    }
+    println!("SmolLM2 candle: first-step top-10 logits within {worst:.4} of transformers'");
+    assert!(worst < 1.0);
+}
+
+#[test]
+fn smollm_text_model_errors() {
+    let Some(path) = smollm_path() else { return };
+    let model = TextModel::load(&path, Engine::Candle, DeviceRef::CPU).unwrap();
+    let e = model.start(&Prompt::Text(String::new()), GenOptions::default()).err().unwrap();
+    assert_eq!(errors::kind_of(&e), Some(kind::EMPTY_PROMPT));
+    let long = "word ".repeat(5000);
+    let e = model.start(&Prompt::Text(long), GenOptions::default()).err().unwrap();
+    assert_eq!(errors::kind_of(&e), Some(kind::PROMPT_TOO_LONG));
+    // The Burn engine is another agent's; whatever it answers, it must be an error or a model.
+    let gpu = DeviceRef { kind: crate::device::DeviceKind::Vulkan, index: 0 };
+    let e = TextModel::load(&path, Engine::Candle, gpu).err().unwrap();
+    assert_eq!(errors::kind_of(&e), Some(kind::UNSUPPORTED_DEVICE));
+}
