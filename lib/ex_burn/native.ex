@@ -67,7 +67,19 @@ defmodule ExBurn.Native do
     model_configure: 2,
     model_free: 1,
     program_new: 4,
-    program_run: 2
+    program_run: 2,
+    pretrained_list: 1,
+    embedder_load: 3,
+    embedder_info: 1,
+    embedder_tokenize: 2,
+    embedder_embed: 2,
+    llm_load: 3,
+    llm_info: 1,
+    llm_tokenize: 3,
+    llm_detokenize: 2,
+    llm_start: 3,
+    llm_prompt_ids: 1,
+    llm_next: 2
   ]
 
   @status_key {__MODULE__, :load_status}

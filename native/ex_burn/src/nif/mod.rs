@@ -12,6 +12,7 @@ mod elementwise;
 mod indexing;
 mod linalg;
 mod model;
+mod pretrained;
 mod reduce;
 mod resource;
 mod shape;

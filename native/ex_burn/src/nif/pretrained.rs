@@ -1,0 +1,310 @@
+//! Pre-trained model NIFs: the models directory, sentence embedders and LLM generation.
+//!
+//! Every error is `{:error, {op, reason, details}}` with `op` the NIF's name and, for failures of
+//! the models layer, `details.kind` an atom naming the failure (see `pretrained::errors::kind`).
+
+use std::panic::{RefUnwindSafe, UnwindSafe};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rustler::types::map::MapIterator;
+use rustler::{Atom, Encoder, Env, ResourceArc, Term};
+
+use super::resource::BinaryOut;
+use super::{guard, term};
+use crate::error::{ExError, ExResult};
+use crate::pretrained::generate::{ChatMessage, GenOptions, Generation, Prompt};
+use crate::pretrained::{files, EmbeddingModel, Engine, TextModel};
+
+pub struct EmbedderRes(EmbeddingModel);
+pub struct LlmRes(Arc<TextModel>);
+pub struct GenerationRes {
+    gen: Mutex<Generation>,
+    prompt: Vec<u32>,
+    /// Keeps the model's tokenizer and weights alive as long as the generation.
+    _model: Arc<TextModel>,
+}
+
+// Models are read-only after loading; a generation is only touched under its lock and every
+// step leaves it consistent (an unwind mid-step at worst loses that step's text).
+impl UnwindSafe for EmbedderRes {}
+impl RefUnwindSafe for EmbedderRes {}
+impl UnwindSafe for LlmRes {}
+impl RefUnwindSafe for LlmRes {}
+impl UnwindSafe for GenerationRes {}
+impl RefUnwindSafe for GenerationRes {}
+
+#[rustler::resource_impl]
+impl rustler::Resource for EmbedderRes {}
+#[rustler::resource_impl]
+impl rustler::Resource for LlmRes {}
+#[rustler::resource_impl]
+impl rustler::Resource for GenerationRes {}
+
+fn atom<'a>(env: Env<'a>, name: &str) -> Term<'a> {
+    Atom::from_str(env, name).expect("atom").encode(env)
+}
+
+fn nil<'a>(env: Env<'a>) -> Term<'a> {
+    rustler::types::atom::nil().encode(env)
+}
+
+/// A map with atom keys.
+fn map<'a>(env: Env<'a>, pairs: &[(&str, Term<'a>)]) -> Term<'a> {
+    let keys: Vec<Term> = pairs.iter().map(|(k, _)| atom(env, k)).collect();
+    let values: Vec<Term> = pairs.iter().map(|(_, v)| *v).collect();
+    Term::map_from_term_arrays(env, &keys, &values).expect("map with distinct keys")
+}
+
+fn opt_text<'a>(env: Env<'a>, s: Option<&str>) -> Term<'a> {
+    s.map_or_else(|| nil(env), |s| s.encode(env))
+}
+
+fn string(t: Term, name: &'static str) -> ExResult<String> {
+    t.decode::<String>().map_err(|_| ExError::Arg { name, expected: "a UTF-8 binary" })
+}
+
+fn strings(t: Term, name: &'static str) -> ExResult<Vec<String>> {
+    t.decode::<Vec<String>>().map_err(|_| ExError::Arg { name, expected: "a list of UTF-8 binaries" })
+}
+
+fn ids(t: Term, name: &'static str) -> ExResult<Vec<u32>> {
+    t.decode::<Vec<u32>>().map_err(|_| ExError::Arg { name, expected: "a list of token ids (non-negative integers)" })
+}
+
+fn engine(t: Term) -> ExResult<Engine> {
+    let bad = ExError::Arg { name: "engine", expected: ":burn or :candle" };
+    t.atom_to_string().ok().and_then(|s| Engine::from_name(&s)).ok_or(bad)
+}
+
+fn embedder(t: Term) -> ExResult<ResourceArc<EmbedderRes>> {
+    t.decode().map_err(|_| ExError::Arg { name: "embedder", expected: "an ExBurn embedder reference" })
+}
+
+fn llm(t: Term) -> ExResult<ResourceArc<LlmRes>> {
+    t.decode().map_err(|_| ExError::Arg { name: "llm", expected: "an ExBurn LLM reference" })
+}
+
+fn generation(t: Term) -> ExResult<ResourceArc<GenerationRes>> {
+    t.decode().map_err(|_| ExError::Arg { name: "generation", expected: "an ExBurn generation reference" })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn pretrained_list<'a>(env: Env<'a>, dir: Term<'a>) -> Term<'a> {
+    guard(env, "pretrained_list", || {
+        let dir = string(dir, "dir")?;
+        let entries = files::list(Path::new(&dir))?;
+        Ok(entries
+            .iter()
+            .map(|e| {
+                map(
+                    env,
+                    &[
+                        ("name", e.name.encode(env)),
+                        ("kind", atom(env, e.kind.name())),
+                        ("path", e.path.display().to_string().encode(env)),
+                        ("format", atom(env, e.format.name())),
+                        ("arch", opt_text(env, e.arch.as_deref())),
+                        ("bytes", e.bytes.encode(env)),
+                        ("description", opt_text(env, e.description.as_deref())),
+                    ],
+                )
+            })
+            .collect::<Vec<_>>())
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn embedder_load<'a>(env: Env<'a>, path: Term<'a>, eng: Term<'a>, device: Term<'a>) -> Term<'a> {
+    guard(env, "embedder_load", || {
+        let path = string(path, "path")?;
+        let model = EmbeddingModel::load(Path::new(&path), engine(eng)?, term::decode_device(device)?)?;
+        Ok(ResourceArc::new(EmbedderRes(model)))
+    })
+}
+
+#[rustler::nif]
+fn embedder_info<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
+    guard(env, "embedder_info", || {
+        let m = embedder(m)?;
+        let m = &m.0;
+        let p = &m.pooling;
+        let pooling: Vec<Term> = [
+            (p.pooling_mode_cls_token, "cls"),
+            (p.pooling_mode_max_tokens, "max"),
+            (p.pooling_mode_mean_tokens, "mean"),
+            (p.pooling_mode_mean_sqrt_len_tokens, "mean_sqrt_len"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, n)| atom(env, n))
+        .collect();
+        Ok(map(
+            env,
+            &[
+                ("name", m.name.encode(env)),
+                ("dim", m.dim().encode(env)),
+                ("max_seq_len", m.max_seq_len.encode(env)),
+                ("normalize", m.normalize.encode(env)),
+                ("pooling", pooling.encode(env)),
+                ("engine", atom(env, m.engine.name())),
+                ("device", term::device(env, m.device)),
+                ("arch", m.arch.encode(env)),
+                ("path", m.path.display().to_string().encode(env)),
+            ],
+        ))
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn embedder_tokenize<'a>(env: Env<'a>, m: Term<'a>, texts: Term<'a>) -> Term<'a> {
+    guard(env, "embedder_tokenize", || embedder(m)?.0.tokenize(&strings(texts, "texts")?))
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn embedder_embed<'a>(env: Env<'a>, m: Term<'a>, texts: Term<'a>) -> Term<'a> {
+    guard(env, "embedder_embed", || {
+        let m = embedder(m)?;
+        let (token_ids, rows) = m.0.embed(&strings(texts, "texts")?)?;
+        let dim = m.0.dim();
+        let mut bytes = Vec::with_capacity(rows.len() * dim * 4);
+        for r in &rows {
+            r.iter().for_each(|x| bytes.extend_from_slice(&x.to_ne_bytes()));
+        }
+        Ok((token_ids, BinaryOut::new(&bytes), dim).encode(env))
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn llm_load<'a>(env: Env<'a>, path: Term<'a>, eng: Term<'a>, device: Term<'a>) -> Term<'a> {
+    guard(env, "llm_load", || {
+        let path = string(path, "path")?;
+        let model = TextModel::load(Path::new(&path), engine(eng)?, term::decode_device(device)?)?;
+        Ok(ResourceArc::new(LlmRes(Arc::new(model))))
+    })
+}
+
+#[rustler::nif]
+fn llm_info<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
+    guard(env, "llm_info", || {
+        let m = llm(m)?;
+        let m = &m.0;
+        Ok(map(
+            env,
+            &[
+                ("name", m.name.encode(env)),
+                ("vocab_size", m.vocab_size().encode(env)),
+                ("context_length", m.context_length().encode(env)),
+                ("engine", atom(env, m.engine.name())),
+                ("device", term::device(env, m.device)),
+                ("arch", m.arch.encode(env)),
+                ("chat_template", opt_text(env, m.chat_template.as_deref())),
+                ("bos_token_id", m.bos_token_id.map_or_else(|| nil(env), |i| i.encode(env))),
+                ("eos_token_ids", m.eos_token_ids.encode(env)),
+                ("path", m.path.display().to_string().encode(env)),
+            ],
+        ))
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn llm_tokenize<'a>(env: Env<'a>, m: Term<'a>, text: Term<'a>, add_special: Term<'a>) -> Term<'a> {
+    guard(env, "llm_tokenize", || {
+        let add = term::boolean(add_special, "add_special")?;
+        llm(m)?.0.tokenizer.encode(&string(text, "text")?, add)
+    })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn llm_detokenize<'a>(env: Env<'a>, m: Term<'a>, token_ids: Term<'a>) -> Term<'a> {
+    guard(env, "llm_detokenize", || llm(m)?.0.tokenizer.decode(&ids(token_ids, "ids")?))
+}
+
+/// `{:text, binary}` or `{:chat, [{role, content}]}` (messages may also be maps with `role` and
+/// `content` keys, atoms or binaries).
+fn prompt(t: Term) -> ExResult<Prompt> {
+    let bad = || ExError::Arg { name: "prompt", expected: "{:text, binary} or {:chat, [{role, content}]}" };
+    let (tag, body): (Term, Term) = t.decode().map_err(|_| bad())?;
+    match tag.atom_to_string().map_err(|_| bad())?.as_str() {
+        "text" => Ok(Prompt::Text(string(body, "prompt")?)),
+        "chat" => {
+            let items: Vec<Term> = body.decode().map_err(|_| bad())?;
+            let bad_msg = || ExError::Arg { name: "messages", expected: "a list of {role, content} binaries" };
+            let msgs = items
+                .into_iter()
+                .map(|m| {
+                    if let Ok((role, content)) = m.decode::<(String, String)>() {
+                        return Ok(ChatMessage { role, content });
+                    }
+                    let it = MapIterator::new(m).ok_or_else(bad_msg)?;
+                    let (mut role, mut content) = (None, None);
+                    for (k, v) in it {
+                        let key = k.atom_to_string().or_else(|_| k.decode::<String>()).unwrap_or_default();
+                        match key.as_str() {
+                            "role" => role = Some(v.atom_to_string().or_else(|_| v.decode::<String>()).map_err(|_| bad_msg())?),
+                            "content" => content = Some(v.decode::<String>().map_err(|_| bad_msg())?),
+                            _ => {}
+                        }
+                    }
+                    Ok(ChatMessage { role: role.ok_or_else(bad_msg)?, content: content.ok_or_else(bad_msg)? })
+                })
+                .collect::<ExResult<Vec<_>>>()?;
+            Ok(Prompt::Chat(msgs))
+        }
+        _ => Err(bad()),
+    }
+}
+
+fn number(t: Term, name: &'static str) -> ExResult<f64> {
+    t.decode::<f64>().or_else(|_| t.decode::<i64>().map(|i| i as f64)).map_err(|_| ExError::Arg { name, expected: "a number" })
+}
+
+/// The generation options map; missing keys and `nil` take the defaults.
+fn gen_options(t: Term) -> ExResult<GenOptions> {
+    let it = MapIterator::new(t).ok_or(ExError::Arg { name: "opts", expected: "a map" })?;
+    let mut o = GenOptions::default();
+    for (k, v) in it {
+        let Ok(key) = k.atom_to_string() else { continue };
+        if term::is_nil(v) {
+            continue;
+        }
+        match key.as_str() {
+            "max_tokens" => o.max_tokens = term::usize_arg(v, "max_tokens")?,
+            "temperature" => o.temperature = number(v, "temperature")?,
+            "top_k" => o.top_k = Some(term::usize_arg(v, "top_k")?),
+            "top_p" => o.top_p = Some(number(v, "top_p")?),
+            "seed" => o.seed = v.decode::<u64>().or_else(|_| v.decode::<i64>().map(|i| i as u64)).map_err(|_| ExError::Arg { name: "seed", expected: "an integer" })?,
+            "stop" => o.stop = if let Ok(s) = v.decode::<String>() { vec![s] } else { strings(v, "stop")? },
+            "stop_token_ids" => o.stop_token_ids = ids(v, "stop_token_ids")?,
+            _ => {}
+        }
+    }
+    Ok(o)
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn llm_start<'a>(env: Env<'a>, m: Term<'a>, p: Term<'a>, opts: Term<'a>) -> Term<'a> {
+    guard(env, "llm_start", || {
+        let m = llm(m)?;
+        let gen = m.0.start(&prompt(p)?, gen_options(opts)?)?;
+        Ok(ResourceArc::new(GenerationRes { prompt: gen.prompt_ids().to_vec(), gen: Mutex::new(gen), _model: m.0.clone() }))
+    })
+}
+
+#[rustler::nif]
+fn llm_prompt_ids<'a>(env: Env<'a>, g: Term<'a>) -> Term<'a> {
+    guard(env, "llm_prompt_ids", || Ok(generation(g)?.prompt.clone()))
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn llm_next<'a>(env: Env<'a>, g: Term<'a>, max_steps: Term<'a>) -> Term<'a> {
+    guard(env, "llm_next", || {
+        let g = generation(g)?;
+        let steps = term::usize_arg(max_steps, "max_steps").ok().filter(|n| *n > 0).ok_or(ExError::Arg { name: "max_steps", expected: "a positive integer" })?;
+        // a dirty NIF keeps running after its caller is killed: stop generating then
+        let alive = || unsafe { rustler::sys::enif_is_current_process_alive(env.as_c_arg()) != 0 };
+        let step = g.gen.lock().unwrap_or_else(|e| e.into_inner()).next(steps, &alive)?;
+        let finish = step.finish.map_or_else(|| nil(env), |f| atom(env, f.name()));
+        Ok((atom(env, if step.done { "done" } else { "cont" }), step.text, step.ids, finish).encode(env))
+    })
+}
