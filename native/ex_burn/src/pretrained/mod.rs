@@ -18,6 +18,8 @@ pub mod gguf;
 pub mod pooling;
 #[cfg(test)]
 mod reference_tests;
+#[cfg(test)]
+mod load_tests;
 pub mod tokenizer;
 pub mod weights;
 
