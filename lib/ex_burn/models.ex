@@ -1,0 +1,23 @@
+defmodule ExBurn.Models do
+  @moduledoc """
+  The models directory: where pre-trained models live and how they are found.
+
+  The layout is the seed bench's:
+
+      <models dir>/
+        embeddings/<name>/   model.safetensors, config.json, tokenizer.json, 1_Pooling/, ...
+        llm/<name>/          one .gguf file
+        registry.json        optional catalog
+
+  The directory is, in order: the `:dir` option, the `EXBURN_MODELS_DIR` environment variable,
+  `config :ex_burn, models_dir: ...`, then `~/models`.
+  """
+
+  @doc "The models directory (see the moduledoc for how it is chosen)."
+  @spec dir(keyword) :: Path.t()
+  def dir(opts \\ []) do
+    (opts[:dir] || System.get_env("EXBURN_MODELS_DIR") || Application.get_env(:ex_burn, :models_dir) ||
+       "~/models")
+    |> Path.expand()
+  end
+end
