@@ -20,4 +20,15 @@ defmodule ExBurn.Models do
        "~/models")
     |> Path.expand()
   end
+
+  @doc """
+  The models found in the models directory: one map per model with `:name`, `:kind`
+  (`:embedding` or `:llm`), `:path`, `:format` (`:safetensors` or `:gguf`), `:arch` (the
+  architecture the files declare, or nil) and `:bytes`. A missing directory has no models.
+  `registry.json` entries override scanned ones of the same name.
+  """
+  @spec list(keyword) :: [map]
+  def list(opts \\ []) do
+    opts |> dir() |> ExBurn.Native.pretrained_list() |> ExBurn.Error.unwrap!()
+  end
 end
