@@ -91,7 +91,7 @@ fn minilm_candle_matches_sentence_transformers() {
         let norm: f64 = rows[i].iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
         assert!((norm - 1.0).abs() < 1e-5);
     }
-    println!("MiniLM candle: {} cases, token ids identical, worst cosine {worst:.8}", cases.len());
+    println!("MiniLM candle: {} cases, token ids identical, worst cosine {worst:.9} (1 - cos = {:.1e})", cases.len(), 1.0 - worst);
     // One text alone gives the same vector as inside the batch (padding does not leak).
     let (_, alone) = model.embed(&texts[..1]).unwrap();
     assert!(cosine(&alone[0], &rows[0].iter().map(|x| *x as f64).collect::<Vec<_>>()) > 0.99999);
@@ -254,6 +254,17 @@ fn smollm_text_model_errors() {
     let model = TextModel::load(&path, Engine::Candle, DeviceRef::CPU).unwrap();
     let e = model.start(&Prompt::Text(String::new()), GenOptions::default()).err().unwrap();
     assert_eq!(errors::kind_of(&e), Some(kind::EMPTY_PROMPT));
+    // A stop string spanning tokens, streamed one token at a time: text up to it, never past.
+    let prompt = Prompt::Text("Here is a list of three fruits:\n1.".into());
+    let opts = GenOptions { max_tokens: 16, stop: vec!["\n3.".into()], ..Default::default() };
+    let (whole, _, finish) = model.start(&prompt, opts.clone()).unwrap().run(&|| true).unwrap();
+    let mut g = model.start(&prompt, opts).unwrap();
+    let mut pieces = vec![];
+    while !g.next(1, &|| true).map(|s| { pieces.push(s.text); s.done }).unwrap() {}
+    assert_eq!(finish, Finish::Stop);
+    assert_eq!(pieces.concat(), whole);
+    assert!(!whole.contains("\n3"), "{whole:?}");
+    println!("SmolLM2 stop string: {whole:?} in {} pieces {pieces:?}", pieces.len());
     let long = "word ".repeat(5000);
     let e = model.start(&Prompt::Text(long), GenOptions::default()).err().unwrap();
     assert_eq!(errors::kind_of(&e), Some(kind::PROMPT_TOO_LONG));
