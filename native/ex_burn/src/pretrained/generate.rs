@@ -340,11 +340,22 @@ impl Generation {
                         self.pending = Some(t);
                         return Err(ExError::Cancelled);
                     }
-                    let l = self.session.forward(&[t], self.pos)?;
-                    self.pos += 1;
-                    l
+                    match self.session.forward(&[t], self.pos) {
+                        Ok(l) => {
+                            self.pos += 1;
+                            l
+                        }
+                        Err(e) => {
+                            // Left as it was: a later call retries this token.
+                            self.pending = Some(t);
+                            return Err(e);
+                        }
+                    }
                 }
-                None => self.logits.take().expect("prompt logits"),
+                None => match self.logits.take() {
+                    Some(l) => l,
+                    None => return Err(ExError::invalid("generation has no logits to sample from")),
+                },
             };
             let token = self.sample(logits)?;
             if self.stop_ids.contains(&token) {
