@@ -241,7 +241,7 @@ impl BurnBert {
             x = layer.out_norm.forward(layer.output.forward(inter) + x, eps);
         }
         let data = x.try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
-        data.to_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))
+        data.try_into_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))
     }
 }
 

@@ -168,7 +168,7 @@ impl Weights {
         // θ_i = base^(-2i / rope_dim); angle = position · θ_i, computed in f64.
         let half = cfg.rope_dim / 2;
         let ctx = cfg.context_length.max(1);
-        let inv: Vec<f64> = (0..half).map(|i| cfg.rope_freq_base.powf(-(2 * i) as f64 / cfg.rope_dim as f64)).collect();
+        let inv: Vec<f64> = (0..half).map(|i| cfg.rope_freq_base.powf(-((2 * i) as f64) / cfg.rope_dim as f64)).collect();
         let angles = |f: fn(f64) -> f64| -> Vec<f32> { (0..ctx).flat_map(|p| inv.iter().map(move |t| f(p as f64 * t) as f32)).collect() };
         let cos = f32_tensor(angles(f64::cos), [ctx, half], &dev);
         let sin = f32_tensor(angles(f64::sin), [ctx, half], &dev);
@@ -246,7 +246,7 @@ impl Weights {
         let last = x.slice([s - 1..s, 0..h]);
         let logits = self.rms_norm(last, &self.out_norm).matmul(self.output_t.clone());
         let data = logits.try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
-        data.to_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))
+        data.try_into_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))
     }
 }
 

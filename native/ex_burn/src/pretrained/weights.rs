@@ -379,7 +379,7 @@ mod tests {
             assert_eq!(st.values(name, &shape).unwrap(), vals, "{name}");
         }
         let t = st.tensor("a", [2, 3], &dev).unwrap();
-        assert_eq!(t.into_data().to_vec::<f32>().unwrap(), vals);
+        assert_eq!(t.into_data().try_into_vec::<f32>().unwrap(), vals);
         assert!(err_text(st.values("a", &[3, 2])).contains("has shape [2, 3], expected [3, 2]"));
         assert!(err_text(st.values("zzz", &[1])).contains("tensor `zzz` is missing"));
     }
