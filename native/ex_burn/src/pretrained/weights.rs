@@ -333,8 +333,12 @@ pub(crate) mod test_support {
     }
 
     /// The reference data another agent generates with sentence-transformers / transformers.
+    /// `EXBURN_REFERENCE_DIR` overrides the directory (default `test/data/pretrained`).
     pub fn reference(name: &str) -> Option<serde_json::Value> {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../test/data/pretrained").join(name);
+        let dir = std::env::var("EXBURN_REFERENCE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../test/data/pretrained"));
+        let root = dir.join(name);
         let text = std::fs::read_to_string(root).ok()?;
         Some(serde_json::from_str(&text).expect("reference JSON"))
     }
