@@ -124,9 +124,8 @@ impl Norm {
 }
 
 struct Layer {
-    query: Dense,
-    key: Dense,
-    value: Dense,
+    /// Query, key and value stacked into one `[hidden, 3 hidden]` projection.
+    qkv: Dense,
     attn_out: Dense,
     attn_norm: Norm,
     intermediate: Dense,
@@ -168,10 +167,16 @@ impl BurnBert {
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| {
                 let n = format!("{p}encoder.layer.{l}");
+                let parts = ["query", "key", "value"]
+                    .map(|m| Dense::load(st, &format!("{n}.attention.self.{m}"), h, h, &dev))
+                    .into_iter()
+                    .collect::<ExResult<Vec<_>>>()?;
+                let qkv = Dense {
+                    wt: Tensor::cat(parts.iter().map(|d| d.wt.clone()).collect(), 1),
+                    b: Tensor::cat(parts.iter().map(|d| d.b.clone()).collect(), 0),
+                };
                 Ok(Layer {
-                    query: Dense::load(st, &format!("{n}.attention.self.query"), h, h, &dev)?,
-                    key: Dense::load(st, &format!("{n}.attention.self.key"), h, h, &dev)?,
-                    value: Dense::load(st, &format!("{n}.attention.self.value"), h, h, &dev)?,
+                    qkv,
                     attn_out: Dense::load(st, &format!("{n}.attention.output.dense"), h, h, &dev)?,
                     attn_norm: Norm::load(st, &format!("{n}.attention.output.LayerNorm"), h, &dev)?,
                     intermediate: Dense::load(st, &format!("{n}.intermediate.dense"), i, h, &dev)?,
@@ -231,9 +236,9 @@ impl BurnBert {
         let bias = f32_tensor(bias, [b, 1, 1, s], &self.device).expand([b, 1, s, s]);
         let heads = |t: Tensor<2>| t.reshape([b, s, nh, dh]).swap_dims(1, 2);
         for layer in &self.layers {
-            let q = heads(layer.query.forward(x.clone()));
-            let k = heads(layer.key.forward(x.clone()));
-            let v = heads(layer.value.forward(x.clone()));
+            let qkv = layer.qkv.forward(x.clone());
+            let part = |i: usize| heads(qkv.clone().slice([0..rows, i * h..(i + 1) * h]));
+            let (q, k, v) = (part(0), part(1), part(2));
             let ctx = attention(q, k, v, None, Some(bias.clone()), AttentionModuleOptions::default());
             let ctx = ctx.swap_dims(1, 2).reshape([rows, h]);
             x = layer.attn_norm.forward(layer.attn_out.forward(ctx) + x, eps);

@@ -128,10 +128,15 @@ pub fn load(gguf: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
 
 impl BurnLlama {
     pub fn load(path: &Path, device: &DeviceRef) -> ExResult<BurnLlama> {
+        Self::load_with(path, device, device.kind == DeviceKind::Cpu)
+    }
+
+    /// `native_gqa: false` repeats K/V heads before attention, as non-CPU devices need; tests
+    /// use it to check that path on the CPU.
+    pub(crate) fn load_with(path: &Path, device: &DeviceRef, native_gqa: bool) -> ExResult<BurnLlama> {
         let mut g = Gguf::open(path)?;
         let cfg = LlamaConfig::read(&g)?;
         let dev = device.burn()?;
-        let native_gqa = device.kind == DeviceKind::Cpu;
         let w = catch(|| Weights::load(&mut g, cfg, dev, native_gqa))?;
         Ok(BurnLlama { w: Arc::new(w) })
     }
@@ -528,6 +533,13 @@ mod tests {
             let diff = b.iter().zip(&c).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
             assert!(diff < 1e-4, "{diff}");
             assert!(err_text(t.forward(&vec![1; 29], 4)).contains("exceeds the model's context length 32"));
+            // K/V heads repeated before attention (the non-CPU path) give the same logits.
+            let repeated = BurnLlama::load_with(&path, &dev, false).unwrap();
+            let mut r = repeated.session().unwrap();
+            r.forward(&[1, 2, 3], 0).unwrap();
+            let d = r.forward(&[4], 3).unwrap();
+            let diff = b.iter().zip(&d).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(diff < 1e-5, "{diff}");
         }
 
         // The same file missing a tensor, and truncated.
@@ -537,3 +549,4 @@ mod tests {
         assert!(err_text(load(&cut, &dev)).contains("truncated"));
     }
 }
+
