@@ -361,15 +361,20 @@ mod tests {
             .collect();
         let batch = pad(&texts);
         embed(&model, &batch);
-        let runs = 5;
-        let t = std::time::Instant::now();
-        for _ in 0..runs {
-            embed(&model, &batch);
-        }
-        let ms = t.elapsed().as_secs_f64() * 1000.0 / runs as f64;
+        let mut ms: Vec<f64> = (0..15)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                embed(&model, &batch);
+                t.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect();
+        ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
         println!(
-            "burn bert: batch of 32 texts (seq {}) in {ms:.1} ms; rayon threads {}; peak RSS {:.0} MiB",
+            "burn bert: batch of 32 texts (seq {}): min {:.1} ms, median {:.1} ms over {} runs; {} cores; peak RSS {:.0} MiB",
             batch.seq,
+            ms[0],
+            ms[ms.len() / 2],
+            ms.len(),
             rayon_threads(),
             peak_rss_mib()
         );
@@ -420,3 +425,4 @@ mod tests {
         assert!(err_text(model.hidden_states(&b)).contains("longer than the model's 512 positions"));
     }
 }
+
