@@ -94,7 +94,7 @@ impl Safetensors {
         let (start, end) = info.data_offsets;
         let base = 8 + self.header_len;
         let bytes = &self.mmap[base + start..base + end];
-        Ok(match info.dtype {
+        let values = match info.dtype {
             Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
             Dtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
             Dtype::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
@@ -104,7 +104,16 @@ impl Safetensors {
                     self.path.display()
                 )))
             }
-        })
+        };
+        // Drop the file pages just read from this process's resident set, so a load's peak is
+        // the converted weights plus one tensor rather than the weights plus the whole file.
+        // SAFETY: no slice of these pages outlives this call (`bytes` is dead); a read-only
+        // file-backed page that is accessed again is simply read back from the file.
+        #[cfg(unix)]
+        unsafe {
+            let _ = self.mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, base + start, end - start);
+        }
+        Ok(values)
     }
 
     /// The tensor `name` as an f32 Burn tensor on `device`, checked against `shape`.
