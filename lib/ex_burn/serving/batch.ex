@@ -28,6 +28,10 @@ defmodule ExBurn.Serving.Batch do
     kind, value -> {:error, caught(kind, value)}
   end
 
+  # Texts for an embedding model are one padded batch in the model itself; rows come back as
+  # lists of floats.
+  defp run_stacked!({:embedding, model}, texts), do: ExBurn.Embedding.embed!(model, texts)
+
   defp run_stacked!(target, inputs) do
     n = length(inputs)
     batch = Tensor.stack(inputs)

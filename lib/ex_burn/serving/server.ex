@@ -2,7 +2,8 @@ defmodule ExBurn.Serving.Server do
   @moduledoc """
   A batching inference server that needs no Nx: requests for one sample each are stacked into a
   batch for an `ExBurn.Model` or a function `fn batch_tensor -> output_tensor end`, and the
-  output rows are sent back to their callers.
+  output rows are sent back to their callers. For an `ExBurn.Embedding` model each request is a
+  text, the batch is one padded model call, and each caller gets its vector (a list of floats).
 
       {:ok, _pid} = ExBurn.Serving.Server.start_link(model, name: MyModel, batch_size: 32, batch_timeout: 5)
       {:ok, row} = ExBurn.Serving.Server.run(MyModel, [0.5, 1.0])
@@ -281,8 +282,11 @@ defmodule ExBurn.Serving.Server do
   end
 
   defp target!(%Model{} = model), do: {:model, model}
+  defp target!(%ExBurn.Embedding{} = model), do: {:embedding, model}
   defp target!(fun) when is_function(fun, 1), do: {:fun, fun}
-  defp target!(other), do: fail!("expected an ExBurn.Model or a one-argument function", %{got: other})
+
+  defp target!(other),
+    do: fail!("expected an ExBurn.Model, an ExBurn.Embedding or a one-argument function", %{got: other})
 
   defp pos!(opts, key, default) do
     case Keyword.get(opts, key, default) do
@@ -304,6 +308,8 @@ defmodule ExBurn.Serving.Server do
   def sample!(%Tensor{} = t), do: t
   def sample!({bin, type, shape}) when is_binary(bin), do: Tensor.from_binary(bin, type, shape: shape)
   def sample!(data) when is_number(data) or is_list(data), do: Tensor.tensor(data)
+  # A text, for an ExBurn.Embedding target: the model tokenises it in the batch.
+  def sample!(text) when is_binary(text), do: text
   def sample!(%{__struct__: Nx.Tensor} = t), do: sample!({apply(Nx, :to_binary, [t]), t.type, t.shape})
   def sample!(other), do: fail!("cannot use this as a sample", %{got: other})
 

@@ -1,0 +1,155 @@
+defmodule ExBurn.Embedding do
+  @moduledoc """
+  Sentence embeddings from pre-trained BERT-family models (sentence-transformers layout:
+  `model.safetensors`, `config.json`, `tokenizer.json`, `1_Pooling/config.json`, `modules.json`).
+
+      {:ok, model} = ExBurn.Embedding.load("all-minilm-l6-v2")
+      {:ok, [v1, v2]} = ExBurn.Embedding.embed(model, ["A cat sits.", "Un chat est assis."])
+
+  Texts are tokenised with the model's `tokenizer.json`, truncated at the model's maximum
+  sequence length (`sentence_bert_config.json`), padded into one batch, pooled as
+  `1_Pooling/config.json` says and normalised when `modules.json` has a `Normalize` module, as
+  sentence-transformers does.
+
+  Batch requests from many processes through `ExBurn.Serving.Server` (no Nx needed):
+
+      {:ok, _} = ExBurn.Serving.Server.start_link(model, name: Embedder, batch_size: 32)
+      {:ok, vector} = ExBurn.Serving.Server.run(Embedder, "some text")
+
+  ## Options of `load/2`
+
+    * `:engine` - `:auto` (default), `:burn` or `:candle` (see `ExBurn.Pretrained`)
+    * `:device` - a device spec (`ExBurn.Device`); default `ExBurn.Device.default/0`
+    * `:dir` - the models directory names are looked up in (`ExBurn.Models.dir/1`)
+  """
+
+  alias ExBurn.{Error, Pretrained}
+
+  defstruct [
+    :ref,
+    :name,
+    :path,
+    :engine,
+    :device,
+    :dim,
+    :max_seq_len,
+    :normalize,
+    :pooling,
+    :arch,
+    auto: false
+  ]
+
+  @type t :: %__MODULE__{}
+
+  @doc "Loads a model by name (in the models directory) or path. See the moduledoc for options."
+  @spec load(String.t(), keyword) :: {:ok, t} | {:error, Error.t()}
+  def load(name_or_path, opts \\ []) do
+    with {:ok, m} <- Pretrained.load(:embedding, name_or_path, opts, &ExBurn.Native.embedder_load/3),
+         {:ok, info} <- Pretrained.wrap(ExBurn.Native.embedder_info(m.ref)) do
+      {:ok,
+       %__MODULE__{
+         ref: m.ref,
+         name: m.name,
+         path: m.path,
+         engine: m.engine,
+         device: m.device,
+         auto: m.auto,
+         dim: info.dim,
+         max_seq_len: info.max_seq_len,
+         normalize: info.normalize,
+         pooling: info.pooling,
+         arch: info.arch
+       }}
+    end
+  end
+
+  @doc "Like `load/2`, but raises `ExBurn.Error`."
+  @spec load!(String.t(), keyword) :: t
+  def load!(name_or_path, opts \\ []), do: bang(load(name_or_path, opts))
+
+  @doc """
+  Embeds `texts` (a list of strings, or one string) and returns one vector per text, in order
+  (one vector for one string).
+
+  `:as` picks the form: `:list` (default, lists of floats), `:tensor` (an `ExBurn.Tensor` of
+  shape `{n, dim}`, f32) or `:nx` (an `Nx.Tensor` on `ExBurn.Backend`; needs Nx).
+  """
+  @spec embed(t, String.t() | [String.t()], keyword) :: {:ok, term} | {:error, Error.t()}
+  def embed(model, texts, opts \\ [])
+
+  def embed(model, text, opts) when is_binary(text) do
+    with {:ok, %{embeddings: bin}} <- run(model, [text]) do
+      {:ok, convert(bin, {model.dim}, Keyword.get(opts, :as, :list))}
+    end
+  end
+
+  def embed(%__MODULE__{} = model, texts, opts) do
+    with {:ok, %{embeddings: bin, rows: n}} <- run(model, texts) do
+      {:ok, convert(bin, {n, model.dim}, Keyword.get(opts, :as, :list))}
+    end
+  end
+
+  @doc "Like `embed/3`, but raises `ExBurn.Error`."
+  def embed!(model, texts, opts \\ []), do: bang(embed(model, texts, opts))
+
+  @doc """
+  Embeds `texts` and returns `%{embeddings: [[float]], token_ids: [[integer]], dim: dim}`: the
+  token ids the model saw (special tokens included, after truncation), for inspection.
+  """
+  @spec encode(t, [String.t()]) :: {:ok, map} | {:error, Error.t()}
+  def encode(%__MODULE__{} = model, texts) do
+    with {:ok, %{embeddings: bin, rows: n, token_ids: ids}} <- run(model, texts) do
+      {:ok, %{embeddings: convert(bin, {n, model.dim}, :list), token_ids: ids, dim: model.dim}}
+    end
+  end
+
+  @doc "The token ids of each text (special tokens included, truncated as `embed/3` does)."
+  @spec tokenize(t, [String.t()]) :: {:ok, [[non_neg_integer]]} | {:error, Error.t()}
+  def tokenize(%__MODULE__{} = model, texts) when is_list(texts) do
+    with {:ok, ids, _} <- call(model, :embedder_tokenize, &ExBurn.Native.embedder_tokenize(&1, texts)),
+         do: {:ok, ids}
+  end
+
+  defp run(model, texts) when is_list(texts) do
+    case call(model, :embedder_embed, &ExBurn.Native.embedder_embed(&1, texts)) do
+      {:ok, {ids, bin, _dim}, _model} -> {:ok, %{embeddings: bin, rows: length(texts), token_ids: ids}}
+      {:error, _} = error -> error
+    end
+  end
+
+  defp run(_model, other),
+    do:
+      Pretrained.error(:embedder_embed, "texts must be a string or a list of strings", %{
+        got: other,
+        kind: :argument
+      })
+
+  defp call(model, op, fun) do
+    Pretrained.call(Map.from_struct(model), op, &ExBurn.Native.embedder_load/3, fun)
+  end
+
+  defp convert(bin, {dim}, :list), do: floats(bin, dim) |> hd()
+  defp convert(bin, {_n, dim}, :list), do: floats(bin, dim)
+  defp convert(bin, shape, :tensor), do: ExBurn.Tensor.from_binary(bin, {:f, 32}, shape: shape)
+
+  defp convert(bin, shape, :nx) do
+    if Code.ensure_loaded?(Nx) do
+      bin |> Nx.from_binary(:f32, backend: ExBurn.Backend) |> Nx.reshape(shape)
+    else
+      raise Error, op: :embed, reason: "as: :nx needs Nx", details: %{as: :nx}
+    end
+  end
+
+  defp convert(_bin, _shape, as),
+    do:
+      raise(Error,
+        op: :embed,
+        reason: "unknown :as",
+        details: %{as: as, allowed: [:list, :tensor, :nx], kind: :invalid_option}
+      )
+
+  defp floats(bin, dim), do: for(<<x::float-32-native <- bin>>, do: x) |> Enum.chunk_every(dim)
+
+  defp bang({:ok, value}), do: value
+  defp bang({:error, e}), do: raise(e)
+end

@@ -1,0 +1,272 @@
+defmodule ExBurn.LLM do
+  @moduledoc """
+  Text generation with pre-trained Llama-family models from GGUF files.
+
+      {:ok, model} = ExBurn.LLM.load("smollm2-135m-instruct")
+      {:ok, result} = ExBurn.LLM.generate(model, "The capital of France is", max_tokens: 16, greedy: true)
+      result.text
+
+      # Chat: the model's own template (GGUF `tokenizer.chat_template`) renders the messages.
+      ExBurn.LLM.stream(model, [%{role: "user", content: "Tell me a joke"}], max_tokens: 64)
+      |> Enum.each(&IO.write/1)
+
+  A prompt is a string (used as is, a plain completion) or a list of chat messages
+  (`%{role: ..., content: ...}` maps or `{role, content}` tuples).
+
+  ## Generation options
+
+    * `:max_tokens` - the most tokens to generate (default 256)
+    * `:greedy` - always take the most likely token (default false; same as `temperature: 0`)
+    * `:temperature` - default 0.8, as llama.cpp; 0 means greedy
+    * `:top_k` - default 40; `nil` turns it off
+    * `:top_p` - default 0.95; `nil` turns it off
+    * `:seed` - the sampling seed; default a random one, so give it for repeatable samples
+    * `:stop` - strings that end generation (not included in the text)
+    * `:stop_token_ids` - token ids that end generation, besides the model's end-of-sequence ids
+
+  Generation also ends at the model's context length (`finish_reason: :length`).
+
+  `load/2` takes the options of `ExBurn.Embedding.load/2` (`:engine`, `:device`, `:dir`).
+  """
+
+  alias ExBurn.{Error, Pretrained}
+
+  defstruct [
+    :ref,
+    :name,
+    :path,
+    :engine,
+    :device,
+    :vocab_size,
+    :context_length,
+    :arch,
+    :chat_template,
+    :eos_token_ids,
+    auto: false
+  ]
+
+  @type t :: %__MODULE__{}
+  @type prompt :: String.t() | [%{role: String.t(), content: String.t()} | {String.t(), String.t()}]
+
+  @defaults [max_tokens: 256, temperature: 0.8, top_k: 40, top_p: 0.95, stop: [], stop_token_ids: []]
+  @options [:greedy, :seed | Keyword.keys(@defaults)]
+
+  @doc "Loads a model by name (in the models directory) or path (a .gguf file or its directory)."
+  @spec load(String.t(), keyword) :: {:ok, t} | {:error, Error.t()}
+  def load(name_or_path, opts \\ []) do
+    with {:ok, m} <- Pretrained.load(:llm, name_or_path, opts, &ExBurn.Native.llm_load/3),
+         {:ok, info} <- Pretrained.wrap(ExBurn.Native.llm_info(m.ref)) do
+      {:ok,
+       %__MODULE__{
+         ref: m.ref,
+         name: m.name,
+         path: m.path,
+         engine: m.engine,
+         device: m.device,
+         auto: m.auto,
+         vocab_size: info.vocab_size,
+         context_length: info.context_length,
+         arch: info.arch,
+         chat_template: info.chat_template,
+         eos_token_ids: info.eos_token_ids
+       }}
+    end
+  end
+
+  @doc "Like `load/2`, but raises `ExBurn.Error`."
+  @spec load!(String.t(), keyword) :: t
+  def load!(name_or_path, opts \\ []), do: bang(load(name_or_path, opts))
+
+  @doc """
+  Generates a completion of `prompt` and returns `{:ok, result}` with `:text`, `:prompt_ids`,
+  `:generated_ids`, `:finish_reason` (`:stop` or `:length`) and `:usage`
+  (`%{prompt_tokens: n, completion_tokens: m}`).
+  """
+  @spec generate(t, prompt, keyword) :: {:ok, map} | {:error, Error.t()}
+  def generate(%__MODULE__{} = model, prompt, opts \\ []) do
+    with {:ok, start} <- start_args(prompt, opts) do
+      call(model, :llm_generate, fn ref ->
+        with {:ok, gen} <- ExBurn.Native.llm_start(ref, start.prompt, start.opts),
+             {:ok, prompt_ids} <- ExBurn.Native.llm_prompt_ids(gen) do
+          drain(gen, prompt_ids, [], [])
+        end
+      end)
+    end
+  end
+
+  @doc "Like `generate/3`, but returns the result or raises `ExBurn.Error`."
+  def generate!(model, prompt, opts \\ []), do: bang(generate(model, prompt, opts))
+
+  @doc """
+  A lazy `Stream` of text pieces; each is valid UTF-8 and together they are exactly
+  `generate/3`'s text (same options, same seed). Generation runs as the stream is consumed, a
+  token at a time, and stops when the consumer stops. Errors raise `ExBurn.Error` from the
+  consuming process.
+  """
+  @spec stream(t, prompt, keyword) :: Enumerable.t()
+  def stream(%__MODULE__{} = model, prompt, opts \\ []) do
+    Stream.resource(
+      fn -> start_stream!(model, prompt, opts) end,
+      fn
+        :done ->
+          {:halt, :done}
+
+        {:pending, gen, status, text} ->
+          {pieces(text), after_step(gen, status)}
+
+        gen ->
+          gen
+          |> ExBurn.Native.llm_next(1)
+          |> step!()
+          |> then(fn {status, text} -> {pieces(text), after_step(gen, status)} end)
+      end,
+      fn _ -> :ok end
+    )
+  end
+
+  @doc "The token ids of `text` (`add_special: true` adds the model's BOS token when it uses one)."
+  @spec tokenize(t, String.t(), keyword) :: {:ok, [non_neg_integer]} | {:error, Error.t()}
+  def tokenize(%__MODULE__{ref: ref}, text, opts \\ []),
+    do: Pretrained.wrap(ExBurn.Native.llm_tokenize(ref, text, Keyword.get(opts, :add_special, false)))
+
+  @doc "The text of token ids."
+  @spec detokenize(t, [non_neg_integer]) :: {:ok, String.t()} | {:error, Error.t()}
+  def detokenize(%__MODULE__{ref: ref}, ids), do: Pretrained.wrap(ExBurn.Native.llm_detokenize(ref, ids))
+
+  defp pieces(""), do: []
+  defp pieces(text), do: [text]
+
+  defp after_step(gen, :cont), do: gen
+  defp after_step(_gen, :done), do: :done
+
+  defp step!({:ok, {status, text, _ids, _finish}}), do: {status, text}
+  defp step!(error), do: bang(Pretrained.wrap(error))
+
+  # The first step runs here, inside `call3`, so an :auto model falls back to Candle (as in
+  # generate/3) when Burn fails before any text has reached the consumer; later failures raise.
+  defp start_stream!(model, prompt, opts) do
+    start = bang(start_args(prompt, opts))
+
+    {:ok, {gen, status, text}, _model} =
+      call3(model, :llm_stream, fn ref ->
+        with {:ok, gen} <- ExBurn.Native.llm_start(ref, start.prompt, start.opts),
+             {:ok, {status, text, _ids, _finish}} <- ExBurn.Native.llm_next(gen, 1),
+             do: {:ok, {gen, status, text}}
+      end)
+      |> ok!()
+
+    {:pending, gen, status, text}
+  end
+
+  defp drain(gen, prompt_ids, texts, ids) do
+    case ExBurn.Native.llm_next(gen, 16) do
+      {:ok, {:cont, text, new, _}} ->
+        drain(gen, prompt_ids, [text | texts], [new | ids])
+
+      {:ok, {:done, text, new, finish}} ->
+        generated = [new | ids] |> Enum.reverse() |> Enum.concat()
+
+        {:ok,
+         %{
+           text: [text | texts] |> Enum.reverse() |> IO.iodata_to_binary(),
+           prompt_ids: prompt_ids,
+           generated_ids: generated,
+           finish_reason: finish,
+           usage: %{prompt_tokens: length(prompt_ids), completion_tokens: length(generated)}
+         }}
+
+      {:error, _} = error ->
+        error
+    end
+  end
+
+  defp call(model, op, fun) do
+    with {:ok, value, _model} <- call3(model, op, fun), do: {:ok, value}
+  end
+
+  defp call3(model, op, fun), do: Pretrained.call(Map.from_struct(model), op, &ExBurn.Native.llm_load/3, fun)
+
+  @doc false
+  # The NIF arguments for a prompt and options; every option is checked here so a typo is an
+  # error rather than silently ignored.
+  def start_args(prompt, opts) do
+    with {:ok, prompt} <- prompt_arg(prompt),
+         {:ok, opts} <- opts_arg(opts) do
+      {:ok, %{prompt: prompt, opts: opts}}
+    end
+  end
+
+  defp prompt_arg(text) when is_binary(text), do: {:ok, {:text, text}}
+
+  defp prompt_arg([_ | _] = messages) do
+    Enum.reduce_while(messages, {:ok, []}, fn message, {:ok, acc} ->
+      case message(message) do
+        {:ok, m} -> {:cont, {:ok, [m | acc]}}
+        :error -> {:halt, invalid_prompt(message)}
+      end
+    end)
+    |> case do
+      {:ok, acc} -> {:ok, {:chat, Enum.reverse(acc)}}
+      error -> error
+    end
+  end
+
+  defp prompt_arg(other), do: invalid_prompt(other)
+
+  defp message(%{role: role, content: content}), do: message({role, content})
+  defp message(%{"role" => role, "content" => content}), do: message({role, content})
+
+  defp message({role, content}) when is_atom(role) and not is_nil(role),
+    do: message({Atom.to_string(role), content})
+
+  defp message({role, content}) when is_binary(role) and is_binary(content), do: {:ok, {role, content}}
+  defp message(_), do: :error
+
+  defp invalid_prompt(got) do
+    Pretrained.error(
+      :llm_start,
+      "a prompt is a string or a non-empty list of %{role: ..., content: ...} messages",
+      %{
+        got: got,
+        kind: :invalid_prompt
+      }
+    )
+  end
+
+  defp opts_arg(opts) do
+    opts = Keyword.new(opts)
+
+    case Keyword.keys(opts) -- @options do
+      [] ->
+        opts = Keyword.merge(@defaults, opts)
+        temperature = if opts[:greedy], do: 0.0, else: opts[:temperature] / 1
+
+        {:ok,
+         %{
+           max_tokens: opts[:max_tokens],
+           temperature: temperature,
+           top_k: opts[:top_k],
+           top_p: opts[:top_p] && opts[:top_p] / 1,
+           seed: Keyword.get_lazy(opts, :seed, fn -> :rand.uniform(4_294_967_295) end),
+           stop: List.wrap(opts[:stop]),
+           stop_token_ids: opts[:stop_token_ids]
+         }}
+
+      unknown ->
+        Pretrained.error(:llm_start, "unknown options", %{
+          unknown: unknown,
+          allowed: @options,
+          kind: :invalid_option
+        })
+    end
+  rescue
+    ArithmeticError ->
+      Pretrained.error(:llm_start, ":temperature and :top_p must be numbers", %{kind: :invalid_option})
+  end
+
+  defp ok!({:ok, _, _} = ok), do: ok
+  defp ok!({:error, e}), do: raise(e)
+
+  defp bang({:ok, value}), do: value
+  defp bang({:error, e}), do: raise(e)
+end

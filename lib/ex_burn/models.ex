@@ -1,0 +1,34 @@
+defmodule ExBurn.Models do
+  @moduledoc """
+  The models directory: where pre-trained models live and how they are found.
+
+  The layout is the seed bench's:
+
+      <models dir>/
+        embeddings/<name>/   model.safetensors, config.json, tokenizer.json, 1_Pooling/, ...
+        llm/<name>/          one .gguf file
+        registry.json        optional catalog
+
+  The directory is, in order: the `:dir` option, the `EXBURN_MODELS_DIR` environment variable,
+  `config :ex_burn, models_dir: ...`, then `~/models`.
+  """
+
+  @doc "The models directory (see the moduledoc for how it is chosen)."
+  @spec dir(keyword) :: Path.t()
+  def dir(opts \\ []) do
+    (opts[:dir] || System.get_env("EXBURN_MODELS_DIR") || Application.get_env(:ex_burn, :models_dir) ||
+       "~/models")
+    |> Path.expand()
+  end
+
+  @doc """
+  The models found in the models directory: one map per model with `:name`, `:kind`
+  (`:embedding` or `:llm`), `:path`, `:format` (`:safetensors` or `:gguf`), `:arch` (the
+  architecture the files declare, or nil) and `:bytes`. A missing directory has no models.
+  `registry.json` entries override scanned ones of the same name.
+  """
+  @spec list(keyword) :: [map]
+  def list(opts \\ []) do
+    opts |> dir() |> ExBurn.Native.pretrained_list() |> ExBurn.Error.unwrap!()
+  end
+end

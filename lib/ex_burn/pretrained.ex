@@ -1,0 +1,191 @@
+defmodule ExBurn.Pretrained do
+  @moduledoc """
+  What `ExBurn.Embedding` and `ExBurn.LLM` share: finding a model by name or path, loading it on
+  an engine, and the `:auto` engine policy.
+
+  ## Engines
+
+    * `:burn` - Burn on the chosen device (any device ExBurn runs on). GGUF weights are
+      dequantised to f32.
+    * `:candle` - Candle on the CPU. GGUF weights stay quantised.
+    * `:auto` (the default) - Burn on the chosen device, then Candle, the order of seed 001.
+      When Burn cannot load the model, or a call on it fails for a reason that is not the
+      caller's input, the model switches to Candle for that call and the ones after it. Every
+      switch logs a warning, emits the telemetry event `[:ex_burn, :pretrained, :fallback]`
+      (measurements `%{count: 1}`, metadata `%{model: name, op: op, from: :burn, to: :candle,
+      reason: message}`) and bumps `fallback_count/0`: never silently.
+  """
+
+  require Logger
+
+  alias ExBurn.Error
+
+  @engines [:auto, :burn, :candle]
+  @counter_key {__MODULE__, :fallbacks}
+
+  # Errors caused by what the caller passed: retrying on another engine would fail the same way.
+  @input_kinds [:argument, :empty_input, :context_length, :invalid_prompt, :not_found, :invalid_option]
+
+  @doc "How many times an `:auto` model has fallen back from Burn to Candle in this VM."
+  @spec fallback_count() :: non_neg_integer
+  def fallback_count, do: :counters.get(counter(), 1)
+
+  @doc false
+  # Loads `name_or_path` (of `kind`, :embedding or :llm) with `load_nif`; returns a map with the
+  # resource and what the struct records about the engine.
+  def load(kind, name_or_path, opts, load_nif) do
+    with {:ok, engine} <- engine(opts),
+         {:ok, device} <- device(opts),
+         {:ok, path, name} <- resolve(kind, name_or_path, opts) do
+      case engine do
+        :auto ->
+          case load_nif.(path, :burn, device) do
+            {:ok, ref} ->
+              {:ok, %{ref: ref, engine: :burn, auto: true, path: path, name: name, device: device}}
+
+            {:error, {op, reason, _}} ->
+              record_fallback(name, op, reason)
+
+              with {:ok, ref} <- wrap(load_nif.(path, :candle, {:cpu, 0})),
+                   do:
+                     {:ok,
+                      %{ref: ref, engine: :candle, auto: true, path: path, name: name, device: {:cpu, 0}}}
+          end
+
+        engine ->
+          with {:ok, ref} <- wrap(load_nif.(path, engine, device)),
+               do: {:ok, %{ref: ref, engine: engine, auto: false, path: path, name: name, device: device}}
+      end
+    end
+  end
+
+  @doc false
+  # Runs `fun.(ref)` (a NIF answer) on the model's engine. An `:auto` model on Burn whose call
+  # fails for a reason other than the input switches to Candle (loaded then, once per model) and
+  # retries; `{:ok, value, model}` hands back the model, switched or not.
+  def call(%{auto: true, engine: :burn} = model, op, load_nif, fun) do
+    case :persistent_term.get(candle_key(model), nil) do
+      nil -> call_on(model, op, load_nif, fun)
+      candle -> call_on(%{model | ref: candle, engine: :candle, device: {:cpu, 0}}, op, load_nif, fun)
+    end
+  end
+
+  def call(model, op, load_nif, fun), do: call_on(model, op, load_nif, fun)
+
+  defp call_on(%{ref: ref} = model, op, load_nif, fun) do
+    case fun.(ref) do
+      {:ok, value} ->
+        {:ok, value, model}
+
+      {:error, {_op, reason, details} = err} ->
+        if model.auto and model.engine == :burn and not input_error?(details) do
+          record_fallback(model.name, op, reason)
+
+          with {:ok, candle} <- candle_ref(model, load_nif),
+               model = %{model | ref: candle, engine: :candle, device: {:cpu, 0}},
+               {:ok, value} <- wrap(fun.(candle)) do
+            {:ok, value, model}
+          end
+        else
+          wrap({:error, err})
+        end
+    end
+  end
+
+  @doc false
+  def wrap({:ok, _} = ok), do: ok
+  def wrap({:error, {op, reason, details}}), do: {:error, %Error{op: op, reason: reason, details: details}}
+
+  @doc false
+  def error(op, reason, details), do: {:error, %Error{op: op, reason: reason, details: details}}
+
+  defp input_error?(%{kind: kind}), do: kind in @input_kinds
+  defp input_error?(_), do: false
+
+  # The Candle twin of an `:auto` model, loaded on its first fallback and kept for the model's
+  # path (models are long-lived; a second load would double the memory).
+  defp candle_ref(model, load_nif) do
+    key = candle_key(model)
+
+    case :persistent_term.get(key, nil) do
+      nil ->
+        with {:ok, ref} <- wrap(load_nif.(model.path, :candle, {:cpu, 0})) do
+          :persistent_term.put(key, ref)
+          {:ok, ref}
+        end
+
+      ref ->
+        {:ok, ref}
+    end
+  end
+
+  defp candle_key(model), do: {__MODULE__, :candle, model.path}
+
+  defp record_fallback(name, op, reason) do
+    Logger.warning("ExBurn: #{name}: #{op} failed on Burn (#{reason}); falling back to Candle")
+    :counters.add(counter(), 1, 1)
+
+    if Code.ensure_loaded?(:telemetry) do
+      apply(:telemetry, :execute, [
+        [:ex_burn, :pretrained, :fallback],
+        %{count: 1},
+        %{model: name, op: op, from: :burn, to: :candle, reason: reason}
+      ])
+    end
+  end
+
+  defp counter do
+    case :persistent_term.get(@counter_key, nil) do
+      nil ->
+        ref = :counters.new(1, [:atomics])
+        # Two processes may race here; both refs count, the stored one wins for reads.
+        :persistent_term.put(@counter_key, ref)
+        :persistent_term.get(@counter_key)
+
+      ref ->
+        ref
+    end
+  end
+
+  defp engine(opts) do
+    case Keyword.get(opts, :engine, :auto) do
+      e when e in @engines -> {:ok, e}
+      e when is_binary(e) and e in ~w(auto burn candle) -> {:ok, String.to_existing_atom(e)}
+      other -> error(:load, "unknown engine", %{engine: other, allowed: @engines, kind: :invalid_option})
+    end
+  end
+
+  defp device(opts) do
+    {:ok, ExBurn.Device.resolve(Keyword.get(opts, :device, ExBurn.Device.default()))}
+  rescue
+    e in Error -> {:error, e}
+  end
+
+  @doc false
+  # An existing file or directory is taken as the model; anything else is a name looked up in
+  # the models directory (`ExBurn.Models`), among the models of `kind`.
+  def resolve(kind, name_or_path, opts) when is_binary(name_or_path) do
+    if File.exists?(name_or_path) do
+      {:ok, Path.expand(name_or_path),
+       name_or_path |> Path.expand() |> Path.rootname(".gguf") |> Path.basename()}
+    else
+      dir = ExBurn.Models.dir(opts)
+
+      case Enum.find(ExBurn.Models.list(dir: dir), &(&1.name == name_or_path and &1.kind == kind)) do
+        %{path: path} ->
+          {:ok, path, name_or_path}
+
+        nil ->
+          error(:load, "no #{kind} model named #{inspect(name_or_path)}", %{
+            name: name_or_path,
+            models_dir: dir,
+            available: for(m <- ExBurn.Models.list(dir: dir), m.kind == kind, do: m.name),
+            kind: :not_found
+          })
+      end
+    end
+  end
+
+  def resolve(_kind, other, _opts),
+    do: error(:load, "a model is named by a string (a name or a path)", %{got: other, kind: :argument})
+end
