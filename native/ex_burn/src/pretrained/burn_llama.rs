@@ -27,6 +27,9 @@ pub struct LlamaConfig {
     pub head_count: usize,
     pub head_count_kv: usize,
     pub rope_freq_base: f64,
+    /// Positions are multiplied by this before rotating (`1 / llama.rope.scaling.factor` for
+    /// linear scaling, else 1).
+    pub rope_position_scale: f64,
     pub rms_eps: f64,
     pub context_length: usize,
     pub rope_dim: usize,
@@ -60,6 +63,23 @@ impl LlamaConfig {
         if rope_dim > head_dim || rope_dim % 2 != 0 {
             return Err(ExError::invalid(format!("rope dimension {rope_dim} does not fit heads of {head_dim}")));
         }
+        for key in ["llama.attention.key_length", "llama.attention.value_length"] {
+            if let Some(n) = g.opt_usize(key)? {
+                if n != head_dim {
+                    return Err(ExError::invalid(format!(
+                        "{key} {n} differs from embedding_length / head_count = {head_dim}, which the Burn engine does not support"
+                    )));
+                }
+            }
+        }
+        let rope_position_scale = match g.metadata().get("llama.rope.scaling.type") {
+            None => 1.0,
+            Some(_) => match g.string("llama.rope.scaling.type")? {
+                "none" => 1.0,
+                "linear" => 1.0 / g.opt_f64("llama.rope.scaling.factor")?.unwrap_or(1.0),
+                other => return Err(ExError::invalid(format!("unsupported rope scaling `{other}` (the Burn engine supports none and linear)"))),
+            },
+        };
         let vocab_size = match g.shape("token_embd.weight") {
             Some(s) if s.len() == 2 && s[1] == embedding_length => s[0],
             Some(s) => {
@@ -82,6 +102,7 @@ impl LlamaConfig {
             head_count,
             head_count_kv,
             rope_freq_base: g.opt_f64("llama.rope.freq_base")?.unwrap_or(10000.0),
+            rope_position_scale,
             rms_eps: g.opt_f64("llama.attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
             context_length: g.usize("llama.context_length")?,
             rope_dim,
@@ -170,11 +191,18 @@ impl Weights {
         let out_norm = g.tensor("output_norm.weight", [h], &dev)?;
         let output_t = if g.contains("output.weight") { g.tensor("output.weight", [cfg.vocab_size, h], &dev)? } else { embed.clone() }.transpose();
 
-        // θ_i = base^(-2i / rope_dim); angle = position · θ_i, computed in f64.
+        // θ_i = base^(-2i / rope_dim), divided by `rope_freqs.weight`'s factors where the file has
+        // them (Llama 3.1-style scaling, as llama.cpp applies them); angle = position · θ_i, in f64.
         let half = cfg.rope_dim / 2;
         let ctx = cfg.context_length.max(1);
-        let inv: Vec<f64> = (0..half).map(|i| cfg.rope_freq_base.powf(-((2 * i) as f64) / cfg.rope_dim as f64)).collect();
-        let angles = |f: fn(f64) -> f64| -> Vec<f32> { (0..ctx).flat_map(|p| inv.iter().map(move |t| f(p as f64 * t) as f32)).collect() };
+        let factors = if g.contains("rope_freqs.weight") { g.values("rope_freqs.weight", &[half])? } else { vec![1.0; half] };
+        let inv: Vec<f64> = (0..half)
+            .map(|i| cfg.rope_freq_base.powf(-((2 * i) as f64) / cfg.rope_dim as f64) / factors[i] as f64)
+            .collect();
+        let scale = cfg.rope_position_scale;
+        let angles = |f: fn(f64) -> f64| -> Vec<f32> {
+            (0..ctx).flat_map(|p| inv.iter().map(move |t| f(p as f64 * scale * t) as f32)).collect()
+        };
         let cos = f32_tensor(angles(f64::cos), [ctx, half], &dev);
         let sin = f32_tensor(angles(f64::sin), [ctx, half], &dev);
         Ok(Weights { cfg, device: dev, native_gqa, embed, blocks, out_norm, output_t, cos, sin })
@@ -265,7 +293,7 @@ impl CausalLm for BurnLlama {
     }
 
     fn session(&self) -> ExResult<Box<dyn LmSession>> {
-        Ok(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), cache: vec![None; self.w.cfg.block_count], len: 0 }))
+        Ok(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), cache: vec![None; self.w.cfg.block_count], len: 0, failed: false }))
     }
 }
 
@@ -275,11 +303,16 @@ pub struct BurnLlamaSession {
     w: Arc<Weights>,
     cache: Vec<Option<(Tensor<4>, Tensor<4>)>>,
     len: usize,
+    /// A step failed part-way, leaving the layers' caches inconsistent.
+    failed: bool,
 }
 
 impl LmSession for BurnLlamaSession {
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>> {
         let cfg = &self.w.cfg;
+        if self.failed {
+            return Err(ExError::invalid("this session failed in an earlier step; start a new session"));
+        }
         if tokens.is_empty() {
             return Err(ExError::invalid("forward needs at least one token"));
         }
@@ -307,7 +340,7 @@ impl LmSession for BurnLlamaSession {
             Err(e) => {
                 // A failed step may have extended some layers' caches: the session is unusable.
                 self.cache.iter_mut().for_each(|c| *c = None);
-                self.len = usize::MAX / 2;
+                self.failed = true;
                 Err(e)
             }
         }
@@ -458,6 +491,10 @@ mod tests {
 
     /// A tiny random Llama in GGUF, for shape and error tests without the real model.
     fn write_tiny(path: &Path, arch: &str, tied: bool) {
+        write_tiny_with(path, arch, tied, vec![], false)
+    }
+
+    fn write_tiny_with(path: &Path, arch: &str, tied: bool, extra: Vec<(String, Value)>, rope_freqs: bool) {
         let cpu = candle_core::Device::Cpu;
         let (h, f, v, layers) = (64usize, 96usize, 40usize, 2usize);
         let mut seed = 1u64;
@@ -477,6 +514,10 @@ mod tests {
         if !tied {
             tensors.push(("output.weight".into(), q(&[v, h], GgmlDType::F32)));
         }
+        if rope_freqs {
+            let twos = candle_core::Tensor::from_vec(vec![2f32; 8], 8, &cpu).unwrap();
+            tensors.push(("rope_freqs.weight".into(), QTensor::quantize(&twos, GgmlDType::F32).unwrap()));
+        }
         for l in 0..layers {
             for (n, d) in [
                 ("attn_norm", vec![h]),
@@ -494,7 +535,7 @@ mod tests {
                 tensors.push((format!("blk.{l}.{n}.weight"), q(&d, ty)));
             }
         }
-        let md: Vec<(String, Value)> = vec![
+        let mut md: Vec<(String, Value)> = vec![
             ("general.architecture".into(), Value::String(arch.into())),
             (format!("{arch}.block_count"), Value::U32(layers as u32)),
             (format!("{arch}.embedding_length"), Value::U32(h as u32)),
@@ -505,6 +546,7 @@ mod tests {
             (format!("{arch}.context_length"), Value::U32(32)),
             (format!("{arch}.rope.dimension_count"), Value::U32(16)),
         ];
+        md.extend(extra);
         let md: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
         let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
         gguf_file::write(&mut std::fs::File::create(path).unwrap(), &md, &ts).unwrap();
@@ -545,7 +587,32 @@ mod tests {
             assert!(diff < 1e-5, "{diff}");
         }
 
-        // The same file missing a tensor, and truncated.
+        // Rope frequency factors of 2 rotate like linear position scaling by a factor of 2.
+        let logits = |extra: Vec<(String, Value)>, freqs: bool| {
+            let path = dir.path().join("rope.gguf");
+            write_tiny_with(&path, "llama", true, extra, freqs);
+            let model = BurnLlama::load(&path, &dev).unwrap();
+            let mut s = model.session().unwrap();
+            s.forward(&[5, 6, 7, 8, 9], 0).unwrap()
+        };
+        let plain = logits(vec![], false);
+        let freqs = logits(vec![], true);
+        let linear = logits(
+            vec![("llama.rope.scaling.type".into(), Value::String("linear".into())), ("llama.rope.scaling.factor".into(), Value::F32(2.0))],
+            false,
+        );
+        let diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(diff(&freqs, &linear) < 1e-5, "{}", diff(&freqs, &linear));
+        assert!(diff(&plain, &linear) > 1e-4);
+        let path = dir.path().join("yarn.gguf");
+        write_tiny_with(&path, "llama", true, vec![("llama.rope.scaling.type".into(), Value::String("yarn".into()))], false);
+        assert!(err_text(load(&path, &dev)).contains("unsupported rope scaling `yarn`"));
+        write_tiny_with(&path, "llama", true, vec![("llama.attention.key_length".into(), Value::U32(32))], false);
+        assert!(err_text(load(&path, &dev)).contains("key_length 32 differs"));
+        write_tiny_with(&path, "llama", true, vec![("llama.block_count".into(), Value::U32(3))], false);
+        assert!(err_text(load(&path, &dev)).contains("tensor `blk.2.attn_q.weight` is missing"));
+
+        // The same file truncated.
         let full = std::fs::read(dir.path().join("tinytrue.gguf")).unwrap();
         let cut = dir.path().join("cut.gguf");
         std::fs::write(&cut, &full[..full.len() - 64]).unwrap();

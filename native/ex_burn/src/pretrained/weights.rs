@@ -480,5 +480,22 @@ mod tests {
         std::fs::write(&not_gguf, b"this is not a gguf file at all").unwrap();
         assert!(err_text(Gguf::open(&not_gguf)).contains("cannot read GGUF file"));
         assert!(err_text(Gguf::open(&dir.path().join("absent.gguf"))).contains("model file not found"));
+
+        // Q8_1 has no dequantiser; an unknown type id fails when the header is read.
+        let q81 = dir.path().join("q81.gguf");
+        write_gguf(&q81, "llama", &[("a", QTensor::quantize(&src, GgmlDType::Q8_1).unwrap())]);
+        let e = err_text(Gguf::open(&q81).unwrap().values("a", &[4, 64]));
+        assert!(e.contains("uses quantisation Q8_1, which cannot be dequantised"), "{e}");
+        let single = dir.path().join("one.gguf");
+        let one = candle_core::Tensor::from_vec(vec![0f32; 64], 64, &cpu).unwrap();
+        write_gguf(&single, "llama", &[("a", QTensor::quantize(&one, GgmlDType::F32).unwrap())]);
+        let mut bytes = std::fs::read(&single).unwrap();
+        // Tensor info: name (u64 length 1, "a"), rank 1, dim 64, then the u32 type id.
+        let info: Vec<u8> = [&1u64.to_le_bytes()[..], b"a", &1u32.to_le_bytes(), &64u64.to_le_bytes(), &0u32.to_le_bytes()].concat();
+        let at = bytes.windows(info.len()).position(|w| w == info.as_slice()).unwrap() + info.len() - 4;
+        bytes[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
+        std::fs::write(&single, &bytes).unwrap();
+        let e = err_text(Gguf::open(&single));
+        assert!(e.contains("cannot read GGUF file") && e.contains("99"), "{e}");
     }
 }
