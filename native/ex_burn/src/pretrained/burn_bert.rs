@@ -55,8 +55,8 @@ impl BertConfig {
                 ExError::invalid(format!("cannot read {}: {e}", path.display()))
             }
         })?;
-        let cfg: BertConfig = serde_json::from_str(&text)
-            .map_err(|e| ExError::invalid(format!("{} is not a BERT config: {e}", path.display())))?;
+        let cfg: BertConfig =
+            serde_json::from_str(&text).map_err(|e| ExError::invalid(format!("{} is not a BERT config: {e}", path.display())))?;
         cfg.check()?;
         Ok(cfg)
     }
@@ -64,9 +64,7 @@ impl BertConfig {
     fn check(&self) -> ExResult<()> {
         if let Some(t) = &self.model_type {
             if t != "bert" {
-                return Err(ExError::invalid(format!(
-                    "unsupported model_type `{t}` for the Burn BERT engine (expected `bert`)"
-                )));
+                return Err(ExError::invalid(format!("unsupported model_type `{t}` for the Burn BERT engine (expected `bert`)")));
             }
         }
         if self.hidden_act != "gelu" {
@@ -99,7 +97,10 @@ struct Dense {
 
 impl Dense {
     fn load(st: &Safetensors, name: &str, out: usize, inp: usize, dev: &Device) -> ExResult<Dense> {
-        Ok(Dense { wt: st.tensor(&format!("{name}.weight"), [out, inp], dev)?.transpose(), b: st.tensor(&format!("{name}.bias"), [out], dev)? })
+        Ok(Dense {
+            wt: st.tensor(&format!("{name}.weight"), [out, inp], dev)?.transpose(),
+            b: st.tensor(&format!("{name}.bias"), [out], dev)?,
+        })
     }
 
     /// `x @ W^T + b` on `[rows, in]`.
@@ -324,17 +325,19 @@ mod tests {
         let model = BurnBert::load(&dir, &crate::testing::device()).unwrap();
         println!("burn bert: peak RSS after load {:.0} MiB", peak_rss_mib());
         let cases = refs["cases"].as_array().expect("cases");
-        let ids: Vec<Vec<u32>> = cases
-            .iter()
-            .map(|c| c["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect())
-            .collect();
+        let ids: Vec<Vec<u32>> =
+            cases.iter().map(|c| c["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()).collect();
         let batch = pad(&ids);
         let got = embed(&model, &batch);
         let mut worst = 1.0f64;
         for (case, emb) in cases.iter().zip(&got) {
             let want: Vec<f64> = case["embedding"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
             let cos = cosine(emb, &want);
-            println!("burn bert: 1 - cosine = {:.1e} for {:?}", 1.0 - cos, case["text"].as_str().unwrap_or("").chars().take(40).collect::<String>());
+            println!(
+                "burn bert: 1 - cosine = {:.1e} for {:?}",
+                1.0 - cos,
+                case["text"].as_str().unwrap_or("").chars().take(40).collect::<String>()
+            );
             worst = worst.min(cos);
             assert!(cos >= 0.9999, "cosine {cos} for {}", case["text"]);
         }
@@ -425,4 +428,3 @@ mod tests {
         assert!(err_text(model.hidden_states(&b)).contains("longer than the model's 512 positions"));
     }
 }
-

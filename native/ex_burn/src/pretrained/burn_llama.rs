@@ -77,7 +77,9 @@ impl LlamaConfig {
             Some(_) => match g.string("llama.rope.scaling.type")? {
                 "none" => 1.0,
                 "linear" => 1.0 / g.opt_f64("llama.rope.scaling.factor")?.unwrap_or(1.0),
-                other => return Err(ExError::invalid(format!("unsupported rope scaling `{other}` (the Burn engine supports none and linear)"))),
+                other => {
+                    return Err(ExError::invalid(format!("unsupported rope scaling `{other}` (the Burn engine supports none and linear)")))
+                }
             },
         };
         let vocab_size = match g.shape("token_embd.weight") {
@@ -189,20 +191,19 @@ impl Weights {
             });
         }
         let out_norm = g.tensor("output_norm.weight", [h], &dev)?;
-        let output_t = if g.contains("output.weight") { g.tensor("output.weight", [cfg.vocab_size, h], &dev)? } else { embed.clone() }.transpose();
+        let output_t =
+            if g.contains("output.weight") { g.tensor("output.weight", [cfg.vocab_size, h], &dev)? } else { embed.clone() }.transpose();
 
         // θ_i = base^(-2i / rope_dim), divided by `rope_freqs.weight`'s factors where the file has
         // them (Llama 3.1-style scaling, as llama.cpp applies them); angle = position · θ_i, in f64.
         let half = cfg.rope_dim / 2;
         let ctx = cfg.context_length.max(1);
         let factors = if g.contains("rope_freqs.weight") { g.values("rope_freqs.weight", &[half])? } else { vec![1.0; half] };
-        let inv: Vec<f64> = (0..half)
-            .map(|i| cfg.rope_freq_base.powf(-((2 * i) as f64) / cfg.rope_dim as f64) / factors[i] as f64)
-            .collect();
+        let inv: Vec<f64> =
+            (0..half).map(|i| cfg.rope_freq_base.powf(-((2 * i) as f64) / cfg.rope_dim as f64) / factors[i] as f64).collect();
         let scale = cfg.rope_position_scale;
-        let angles = |f: fn(f64) -> f64| -> Vec<f32> {
-            (0..ctx).flat_map(|p| inv.iter().map(move |t| f(p as f64 * scale * t) as f32)).collect()
-        };
+        let angles =
+            |f: fn(f64) -> f64| -> Vec<f32> { (0..ctx).flat_map(|p| inv.iter().map(move |t| f(p as f64 * scale * t) as f32)).collect() };
         let cos = f32_tensor(angles(f64::cos), [ctx, half], &dev);
         let sin = f32_tensor(angles(f64::sin), [ctx, half], &dev);
         Ok(Weights { cfg, device: dev, native_gqa, embed, blocks, out_norm, output_t, cos, sin })
@@ -221,7 +222,8 @@ impl Weights {
             return x;
         }
         let half = rd / 2;
-        let (rot, pass) = if rd == dh { (x, None) } else { (x.clone().slice([0..1, 0..nh, 0..s, 0..rd]), Some(x.slice([0..1, 0..nh, 0..s, rd..dh]))) };
+        let (rot, pass) =
+            if rd == dh { (x, None) } else { (x.clone().slice([0..1, 0..nh, 0..s, 0..rd]), Some(x.slice([0..1, 0..nh, 0..s, rd..dh]))) };
         let pairs: Tensor<5> = rot.reshape([1, nh, s, half, 2]);
         let x0 = pairs.clone().slice([0..1, 0..nh, 0..s, 0..half, 0..1]);
         let x1 = pairs.slice([0..1, 0..nh, 0..s, 0..half, 1..2]);
@@ -510,7 +512,8 @@ mod tests {
             let t = candle_core::Tensor::from_vec(rand(dims.iter().product()), dims, &cpu).unwrap();
             QTensor::quantize(&t, ty).unwrap()
         };
-        let mut tensors: Vec<(String, QTensor)> = vec![("token_embd.weight".into(), q(&[v, h], GgmlDType::Q8_0)), ("output_norm.weight".into(), q(&[h], GgmlDType::F32))];
+        let mut tensors: Vec<(String, QTensor)> =
+            vec![("token_embd.weight".into(), q(&[v, h], GgmlDType::Q8_0)), ("output_norm.weight".into(), q(&[h], GgmlDType::F32))];
         if !tied {
             tensors.push(("output.weight".into(), q(&[v, h], GgmlDType::F32)));
         }
@@ -619,4 +622,3 @@ mod tests {
         assert!(err_text(load(&cut, &dev)).contains("truncated"));
     }
 }
-

@@ -34,10 +34,7 @@ pub fn f32_tensor<const D: usize>(values: Vec<f32>, shape: [usize; D], device: &
 
 fn check_shape(file: &Path, name: &str, got: &[usize], want: &[usize]) -> ExResult<()> {
     if got != want {
-        return Err(ExError::invalid(format!(
-            "tensor `{name}` in {} has shape {got:?}, expected {want:?}",
-            file.display()
-        )));
+        return Err(ExError::invalid(format!("tensor `{name}` in {} has shape {got:?}, expected {want:?}", file.display())));
     }
     Ok(())
 }
@@ -87,9 +84,8 @@ impl Safetensors {
 
     /// The tensor `name` as f32 host values, checked against `shape`.
     pub fn values(&self, name: &str, shape: &[usize]) -> ExResult<Vec<f32>> {
-        let info = self.metadata.info(name).ok_or_else(|| {
-            ExError::invalid(format!("tensor `{name}` is missing from {}", self.path.display()))
-        })?;
+        let info =
+            self.metadata.info(name).ok_or_else(|| ExError::invalid(format!("tensor `{name}` is missing from {}", self.path.display())))?;
         check_shape(&self.path, name, &info.shape, shape)?;
         let (start, end) = info.data_offsets;
         let base = 8 + self.header_len;
@@ -138,8 +134,7 @@ pub struct Gguf {
 impl Gguf {
     pub fn open(path: &Path) -> ExResult<Self> {
         let mut file = File::open(path).map_err(|e| io_error(path, e))?;
-        let content = Content::read(&mut file)
-            .map_err(|e| ExError::invalid(format!("cannot read GGUF file {}: {e}", path.display())))?;
+        let content = Content::read(&mut file).map_err(|e| ExError::invalid(format!("cannot read GGUF file {}: {e}", path.display())))?;
         let len = file.metadata().map_err(|e| io_error(path, e))?.len();
         for (name, info) in &content.tensor_infos {
             let end = content.tensor_data_offset + info.offset + Self::byte_len(info.ggml_dtype, info.shape.elem_count()) as u64;
@@ -232,9 +227,11 @@ impl Gguf {
     /// The tensor `name` dequantised to f32 host values, checked against `shape`. Dequantises a
     /// chunk of rows at a time into the output buffer, so the transient memory is one chunk.
     pub fn values(&mut self, name: &str, shape: &[usize]) -> ExResult<Vec<f32>> {
-        let info = self.content.tensor_infos.get(name).ok_or_else(|| {
-            ExError::invalid(format!("tensor `{name}` is missing from {}", self.path.display()))
-        })?;
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| ExError::invalid(format!("tensor `{name}` is missing from {}", self.path.display())))?;
         check_shape(&self.path, name, info.shape.dims(), shape)?;
         let dtype = info.ggml_dtype;
         if !dequantisable(dtype) {
@@ -262,9 +259,7 @@ impl Gguf {
         let start = self.content.tensor_data_offset + info.offset;
         let mut out = Vec::with_capacity(elems);
         let mut raw = vec![0u8; chunk_rows * row_bytes];
-        let read_err = |e: std::io::Error| {
-            ExError::invalid(format!("cannot read tensor `{name}` from {}: {e}", self.path.display()))
-        };
+        let read_err = |e: std::io::Error| ExError::invalid(format!("cannot read tensor `{name}` from {}: {e}", self.path.display()));
         self.file.seek(SeekFrom::Start(start)).map_err(read_err)?;
         let mut row = 0;
         while row < rows {
@@ -301,11 +296,7 @@ pub(crate) mod test_support {
     impl TempDir {
         pub fn new(tag: &str) -> TempDir {
             static N: AtomicUsize = AtomicUsize::new(0);
-            let dir = std::env::temp_dir().join(format!(
-                "ex_burn_{tag}_{}_{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
+            let dir = std::env::temp_dir().join(format!("ex_burn_{tag}_{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
             std::fs::create_dir_all(&dir).unwrap();
             TempDir(dir)
         }
@@ -360,10 +351,8 @@ mod tests {
     use candle_core::quantized::{gguf_file, QTensor};
 
     fn write_safetensors(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
-        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-            .iter()
-            .map(|(n, d, s, b)| (n.to_string(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
-            .collect();
+        let views: Vec<(String, safetensors::tensor::TensorView)> =
+            tensors.iter().map(|(n, d, s, b)| (n.to_string(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap())).collect();
         safetensors::serialize_to_file(views, None, path).unwrap();
     }
 
