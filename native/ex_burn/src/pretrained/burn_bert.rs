@@ -78,7 +78,7 @@ impl BertConfig {
                 return Err(ExError::invalid(format!("unsupported position_embedding_type `{p}` (only `absolute`)")));
             }
         }
-        if self.num_attention_heads == 0 || self.hidden_size % self.num_attention_heads != 0 {
+        if self.num_attention_heads == 0 || !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(ExError::invalid(format!(
                 "hidden_size {} is not a multiple of num_attention_heads {}",
                 self.hidden_size, self.num_attention_heads
@@ -293,7 +293,7 @@ mod tests {
         let seq = cases.iter().map(Vec::len).max().unwrap_or(0);
         let mut batch = TokenBatch { batch: cases.len(), seq, ..Default::default() };
         for ids in cases {
-            batch.ids.extend(ids.iter().copied().chain(std::iter::repeat(0).take(seq - ids.len())));
+            batch.ids.extend(ids.iter().copied().chain(std::iter::repeat_n(0, seq - ids.len())));
             batch.mask.extend((0..seq).map(|i| (i < ids.len()) as u32));
         }
         batch.type_ids = vec![0; batch.ids.len()];

@@ -580,7 +580,7 @@ mod tests {
             let c = t.forward(&[1, 2, 3, 4], 0).unwrap();
             let diff = b.iter().zip(&c).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
             assert!(diff < 1e-4, "{diff}");
-            assert!(err_text(t.forward(&vec![1; 29], 4)).contains("exceeds the model's context length 32"));
+            assert!(err_text(t.forward(&[1; 29], 4)).contains("exceeds the model's context length 32"));
             // K/V heads repeated before attention (the non-CPU path) give the same logits.
             let repeated = BurnLlama::load_with(&path, &dev, false).unwrap();
             let mut r = repeated.session().unwrap();

@@ -246,7 +246,7 @@ impl Gguf {
         if cols == 0 || elems == 0 {
             return Ok(Vec::new());
         }
-        if cols % block != 0 {
+        if !cols.is_multiple_of(block) {
             return Err(ExError::invalid(format!(
                 "tensor `{name}` in {}: rows of {cols} values do not split into {dtype:?} blocks of {block}",
                 self.path.display()
