@@ -615,6 +615,20 @@ mod tests {
         write_tiny_with(&path, "llama", true, vec![("llama.block_count".into(), Value::U32(3))], false);
         assert!(err_text(load(&path, &dev)).contains("tensor `blk.2.attn_q.weight` is missing"));
 
+        // A prompt long enough for the CPU backend's tiled (flash) attention agrees with a shorter
+        // prompt plus one cached step, and with repeated K/V heads.
+        let path = dir.path().join("long.gguf");
+        write_tiny_with(&path, "llama", true, vec![("llama.context_length".into(), Value::U32(1024))], false);
+        let prompt: Vec<u32> = (0..600).map(|i| (i * 7 % 40) as u32).collect();
+        let model = BurnLlama::load(&path, &dev).unwrap();
+        let whole = model.session().unwrap().forward(&prompt, 0).unwrap();
+        let mut s = model.session().unwrap();
+        s.forward(&prompt[..599], 0).unwrap();
+        let stepped = s.forward(&prompt[599..], 599).unwrap();
+        assert!(diff(&whole, &stepped) < 1e-4, "{}", diff(&whole, &stepped));
+        let repeated = BurnLlama::load_with(&path, &dev, false).unwrap().session().unwrap().forward(&prompt, 0).unwrap();
+        assert!(diff(&whole, &repeated) < 1e-4, "{}", diff(&whole, &repeated));
+
         // The same file truncated.
         let full = std::fs::read(dir.path().join("tinytrue.gguf")).unwrap();
         let cut = dir.path().join("cut.gguf");
