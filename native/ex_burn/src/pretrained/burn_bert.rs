@@ -1,12 +1,430 @@
-//! BERT-family encoder on the Burn engine. Placeholder until issue #12's engine work lands.
+//! BERT-family encoder on the Burn engine: Hugging Face `config.json` plus `model.safetensors`,
+//! run as one batched forward pass on the device.
 
 use std::path::Path;
 
-use super::Encoder;
+use burn::tensor::activation::gelu;
+use burn::tensor::module::{attention, layer_norm};
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use serde::Deserialize;
+
+use super::weights::{f32_tensor, Safetensors};
+use super::{Encoder, TokenBatch};
 use crate::device::DeviceRef;
-use crate::error::{ExError, ExResult};
+use crate::error::{catch, ExError, ExResult};
+
+/// The fields of a Hugging Face BERT `config.json` the forward pass needs.
+#[derive(Clone, Debug, Deserialize)]
+pub struct BertConfig {
+    #[serde(default)]
+    pub model_type: Option<String>,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub intermediate_size: usize,
+    #[serde(default = "default_eps")]
+    pub layer_norm_eps: f64,
+    pub max_position_embeddings: usize,
+    #[serde(default = "default_type_vocab")]
+    pub type_vocab_size: usize,
+    pub vocab_size: usize,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    #[serde(default)]
+    pub position_embedding_type: Option<String>,
+}
+
+fn default_eps() -> f64 {
+    1e-12
+}
+fn default_type_vocab() -> usize {
+    2
+}
+fn default_act() -> String {
+    "gelu".into()
+}
+
+impl BertConfig {
+    pub fn read(dir: &Path) -> ExResult<Self> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                ExError::invalid(format!("model file not found: {}", path.display()))
+            } else {
+                ExError::invalid(format!("cannot read {}: {e}", path.display()))
+            }
+        })?;
+        let cfg: BertConfig =
+            serde_json::from_str(&text).map_err(|e| ExError::invalid(format!("{} is not a BERT config: {e}", path.display())))?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    fn check(&self) -> ExResult<()> {
+        if let Some(t) = &self.model_type {
+            if t != "bert" {
+                return Err(ExError::invalid(format!("unsupported model_type `{t}` for the Burn BERT engine (expected `bert`)")));
+            }
+        }
+        if self.hidden_act != "gelu" {
+            return Err(ExError::invalid(format!(
+                "unsupported hidden_act `{}` for the Burn BERT engine (only `gelu`, the exact erf GELU)",
+                self.hidden_act
+            )));
+        }
+        if let Some(p) = &self.position_embedding_type {
+            if p != "absolute" {
+                return Err(ExError::invalid(format!("unsupported position_embedding_type `{p}` (only `absolute`)")));
+            }
+        }
+        if self.num_attention_heads == 0 || !self.hidden_size.is_multiple_of(self.num_attention_heads) {
+            return Err(ExError::invalid(format!(
+                "hidden_size {} is not a multiple of num_attention_heads {}",
+                self.hidden_size, self.num_attention_heads
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A dense layer kept as PyTorch stores it (`[out, in]`); `wt` is the transposed view the
+/// matmul reads, which costs no copy on the CPU backend.
+struct Dense {
+    wt: Tensor<2>,
+    b: Tensor<1>,
+}
+
+impl Dense {
+    fn load(st: &Safetensors, name: &str, out: usize, inp: usize, dev: &Device) -> ExResult<Dense> {
+        Ok(Dense {
+            wt: st.tensor(&format!("{name}.weight"), [out, inp], dev)?.transpose(),
+            b: st.tensor(&format!("{name}.bias"), [out], dev)?,
+        })
+    }
+
+    /// `x @ W^T + b` on `[rows, in]`.
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        x.matmul(self.wt.clone()) + self.b.clone().unsqueeze::<2>()
+    }
+}
+
+struct Norm {
+    gamma: Tensor<1>,
+    beta: Tensor<1>,
+}
+
+impl Norm {
+    fn load(st: &Safetensors, name: &str, size: usize, dev: &Device) -> ExResult<Norm> {
+        Ok(Norm { gamma: st.tensor(&format!("{name}.weight"), [size], dev)?, beta: st.tensor(&format!("{name}.bias"), [size], dev)? })
+    }
+
+    fn forward(&self, x: Tensor<2>, eps: f64) -> Tensor<2> {
+        layer_norm(x, self.gamma.clone(), Some(self.beta.clone()), eps)
+    }
+}
+
+struct Layer {
+    /// Query, key and value stacked into one `[hidden, 3 hidden]` projection.
+    qkv: Dense,
+    attn_out: Dense,
+    attn_norm: Norm,
+    intermediate: Dense,
+    output: Dense,
+    out_norm: Norm,
+}
+
+pub struct BurnBert {
+    cfg: BertConfig,
+    device: Device,
+    word: Tensor<2>,
+    position: Tensor<2>,
+    token_type: Tensor<2>,
+    emb_norm: Norm,
+    layers: Vec<Layer>,
+}
 
 /// Loads `config.json` and `model.safetensors` from the model directory `dir`.
-pub fn load(_dir: &Path, _device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
-    Err(ExError::invalid("the burn BERT engine is not built yet"))
+pub fn load(dir: &Path, device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
+    Ok(Box::new(BurnBert::load(dir, device)?))
+}
+
+impl BurnBert {
+    pub fn load(dir: &Path, device: &DeviceRef) -> ExResult<BurnBert> {
+        let cfg = BertConfig::read(dir)?;
+        let st = Safetensors::open(&dir.join("model.safetensors"))?;
+        let dev = device.burn()?;
+        catch(|| Self::from_weights(cfg, &st, dev))
+    }
+
+    fn from_weights(cfg: BertConfig, st: &Safetensors, dev: Device) -> ExResult<BurnBert> {
+        // Checkpoints saved from `BertForMaskedLM` and friends prefix every name with `bert.`.
+        let p = if st.contains("bert.embeddings.word_embeddings.weight") { "bert." } else { "" };
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let word = st.tensor(&format!("{p}embeddings.word_embeddings.weight"), [cfg.vocab_size, h], &dev)?;
+        let position = st.tensor(&format!("{p}embeddings.position_embeddings.weight"), [cfg.max_position_embeddings, h], &dev)?;
+        let token_type = st.tensor(&format!("{p}embeddings.token_type_embeddings.weight"), [cfg.type_vocab_size, h], &dev)?;
+        let emb_norm = Norm::load(st, &format!("{p}embeddings.LayerNorm"), h, &dev)?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|l| {
+                let n = format!("{p}encoder.layer.{l}");
+                let parts = ["query", "key", "value"]
+                    .map(|m| Dense::load(st, &format!("{n}.attention.self.{m}"), h, h, &dev))
+                    .into_iter()
+                    .collect::<ExResult<Vec<_>>>()?;
+                let qkv = Dense {
+                    wt: Tensor::cat(parts.iter().map(|d| d.wt.clone()).collect(), 1),
+                    b: Tensor::cat(parts.iter().map(|d| d.b.clone()).collect(), 0),
+                };
+                Ok(Layer {
+                    qkv,
+                    attn_out: Dense::load(st, &format!("{n}.attention.output.dense"), h, h, &dev)?,
+                    attn_norm: Norm::load(st, &format!("{n}.attention.output.LayerNorm"), h, &dev)?,
+                    intermediate: Dense::load(st, &format!("{n}.intermediate.dense"), i, h, &dev)?,
+                    output: Dense::load(st, &format!("{n}.output.dense"), h, i, &dev)?,
+                    out_norm: Norm::load(st, &format!("{n}.output.LayerNorm"), h, &dev)?,
+                })
+            })
+            .collect::<ExResult<Vec<_>>>()?;
+        Ok(BurnBert { cfg, device: dev, word, position, token_type, emb_norm, layers })
+    }
+
+    fn check(&self, batch: &TokenBatch) -> ExResult<()> {
+        let n = batch.batch * batch.seq;
+        if batch.ids.len() != n || batch.type_ids.len() != n || batch.mask.len() != n {
+            return Err(ExError::invalid(format!(
+                "token batch of {}x{} needs {n} ids, type ids and mask values; got {}, {} and {}",
+                batch.batch,
+                batch.seq,
+                batch.ids.len(),
+                batch.type_ids.len(),
+                batch.mask.len()
+            )));
+        }
+        if batch.seq > self.cfg.max_position_embeddings {
+            return Err(ExError::invalid(format!(
+                "sequence of {} tokens is longer than the model's {} positions",
+                batch.seq, self.cfg.max_position_embeddings
+            )));
+        }
+        if let Some(id) = batch.ids.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
+            return Err(ExError::invalid(format!("token id {id} is outside the vocabulary of {}", self.cfg.vocab_size)));
+        }
+        if let Some(t) = batch.type_ids.iter().find(|&&t| t as usize >= self.cfg.type_vocab_size) {
+            return Err(ExError::invalid(format!("token type id {t} is outside the {} token types", self.cfg.type_vocab_size)));
+        }
+        Ok(())
+    }
+
+    fn ids(&self, v: &[u32]) -> Tensor<1, Int> {
+        let v: Vec<i32> = v.iter().map(|&x| x as i32).collect();
+        let n = v.len();
+        Tensor::<1, Int>::from_data(TensorData::new(v, [n]), (&self.device, DType::I32))
+    }
+
+    fn forward(&self, batch: &TokenBatch) -> ExResult<Vec<f32>> {
+        let (b, s, h) = (batch.batch, batch.seq, self.cfg.hidden_size);
+        let (nh, eps) = (self.cfg.num_attention_heads, self.cfg.layer_norm_eps);
+        let dh = h / nh;
+        let rows = b * s;
+        let word = self.word.clone().select(0, self.ids(&batch.ids));
+        let types = self.token_type.clone().select(0, self.ids(&batch.type_ids));
+        let pos = self.position.clone().slice([0..s, 0..h]).unsqueeze::<3>().expand([b, s, h]).reshape([rows, h]);
+        let mut x = self.emb_norm.forward(word + types + pos, eps);
+
+        // transformers' extended attention mask: (1 - mask) * finfo(f32).min, added to the scores.
+        let bias: Vec<f32> = batch.mask.iter().map(|&m| if m != 0 { 0.0 } else { f32::MIN }).collect();
+        let bias = f32_tensor(bias, [b, 1, 1, s], &self.device).expand([b, 1, s, s]);
+        let heads = |t: Tensor<2>| t.reshape([b, s, nh, dh]).swap_dims(1, 2);
+        for layer in &self.layers {
+            let qkv = layer.qkv.forward(x.clone());
+            let part = |i: usize| heads(qkv.clone().slice([0..rows, i * h..(i + 1) * h]));
+            let (q, k, v) = (part(0), part(1), part(2));
+            let ctx = attention(q, k, v, None, Some(bias.clone()), AttentionModuleOptions::default());
+            let ctx = ctx.swap_dims(1, 2).reshape([rows, h]);
+            x = layer.attn_norm.forward(layer.attn_out.forward(ctx) + x, eps);
+            let inter = gelu(layer.intermediate.forward(x.clone()));
+            x = layer.out_norm.forward(layer.output.forward(inter) + x, eps);
+        }
+        let data = x.try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
+        data.try_into_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))
+    }
+}
+
+impl Encoder for BurnBert {
+    fn hidden_size(&self) -> usize {
+        self.cfg.hidden_size
+    }
+
+    fn hidden_states(&self, batch: &TokenBatch) -> ExResult<Vec<f32>> {
+        self.check(batch)?;
+        if batch.batch == 0 || batch.seq == 0 {
+            return Ok(Vec::new());
+        }
+        catch(|| self.forward(batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pretrained::pooling::{normalize, PoolingConfig};
+    use crate::pretrained::weights::test_support::{models_dir, peak_rss_mib, reference, TempDir};
+
+    fn err_text<T>(r: ExResult<T>) -> String {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn minilm_dir() -> Option<std::path::PathBuf> {
+        let dir = models_dir().join("embeddings/all-minilm-l6-v2");
+        if dir.join("model.safetensors").exists() {
+            Some(dir)
+        } else {
+            println!("skipping: all-MiniLM-L6-v2 not found at {}", dir.display());
+            None
+        }
+    }
+
+    /// Pads token id lists into one batch (pad id 0, type ids 0).
+    fn pad(cases: &[Vec<u32>]) -> TokenBatch {
+        let seq = cases.iter().map(Vec::len).max().unwrap_or(0);
+        let mut batch = TokenBatch { batch: cases.len(), seq, ..Default::default() };
+        for ids in cases {
+            batch.ids.extend(ids.iter().copied().chain(std::iter::repeat_n(0, seq - ids.len())));
+            batch.mask.extend((0..seq).map(|i| (i < ids.len()) as u32));
+        }
+        batch.type_ids = vec![0; batch.ids.len()];
+        batch
+    }
+
+    fn embed(model: &BurnBert, batch: &TokenBatch) -> Vec<Vec<f32>> {
+        let hidden = model.hidden_states(batch).unwrap();
+        assert_eq!(hidden.len(), batch.batch * batch.seq * model.hidden_size());
+        let mut pooled = PoolingConfig::default().pool(&hidden, batch, model.hidden_size());
+        pooled.iter_mut().for_each(|v| normalize(v));
+        pooled
+    }
+
+    fn cosine(a: &[f32], b: &[f64]) -> f64 {
+        let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * y).sum();
+        let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        let nb: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+        dot / (na * nb)
+    }
+
+    #[test]
+    fn pretrained_burn_bert_matches_sentence_transformers() {
+        let Some(dir) = minilm_dir() else { return };
+        let Some(refs) = reference("minilm_reference.json") else {
+            println!("skipping: test/data/pretrained/minilm_reference.json not found");
+            return;
+        };
+        let model = BurnBert::load(&dir, &crate::testing::device()).unwrap();
+        println!("burn bert: peak RSS after load {:.0} MiB", peak_rss_mib());
+        let cases = refs["cases"].as_array().expect("cases");
+        let ids: Vec<Vec<u32>> =
+            cases.iter().map(|c| c["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()).collect();
+        let batch = pad(&ids);
+        let got = embed(&model, &batch);
+        let mut worst = 1.0f64;
+        for (case, emb) in cases.iter().zip(&got) {
+            let want: Vec<f64> = case["embedding"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+            let cos = cosine(emb, &want);
+            println!(
+                "burn bert: 1 - cosine = {:.1e} for {:?}",
+                1.0 - cos,
+                case["text"].as_str().unwrap_or("").chars().take(40).collect::<String>()
+            );
+            worst = worst.min(cos);
+            assert!(cos >= 0.9999, "cosine {cos} for {}", case["text"]);
+        }
+        println!("burn bert: {} cases, worst cosine {worst:.9}; peak RSS {:.0} MiB", cases.len(), peak_rss_mib());
+
+        // The same inputs one at a time (no padding) agree with the padded batch.
+        for (i, one) in ids.iter().enumerate().take(3) {
+            let single = embed(&model, &pad(std::slice::from_ref(one)));
+            let want: Vec<f64> = got[i].iter().map(|&x| x as f64).collect();
+            assert!(cosine(&single[0], &want) > 0.99999);
+        }
+    }
+
+    #[test]
+    fn pretrained_burn_bert_timing() {
+        let Some(dir) = minilm_dir() else { return };
+        let model = BurnBert::load(&dir, &crate::testing::device()).unwrap();
+        // 32 short texts: [CLS] + 6..13 word pieces + [SEP], ids drawn from the vocabulary.
+        let texts: Vec<Vec<u32>> = (0..32u32)
+            .map(|i| {
+                let n = 6 + (i % 8) as usize;
+                std::iter::once(101).chain((0..n).map(|j| 2000 + (i * 131 + j as u32 * 17) % 20000)).chain(std::iter::once(102)).collect()
+            })
+            .collect();
+        let batch = pad(&texts);
+        embed(&model, &batch);
+        let mut ms: Vec<f64> = (0..15)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                embed(&model, &batch);
+                t.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect();
+        ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        println!(
+            "burn bert: batch of 32 texts (seq {}): min {:.1} ms, median {:.1} ms over {} runs; {} cores; peak RSS {:.0} MiB",
+            batch.seq,
+            ms[0],
+            ms[ms.len() / 2],
+            ms.len(),
+            rayon_threads(),
+            peak_rss_mib()
+        );
+    }
+
+    fn rayon_threads() -> usize {
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    }
+
+    #[test]
+    fn pretrained_burn_bert_bad_inputs() {
+        let dir = TempDir::new("bert");
+        let dev = crate::testing::device();
+        assert!(err_text(load(dir.path(), &dev)).contains("model file not found"));
+        let cfg = r#"{"model_type":"bert","hidden_size":8,"num_hidden_layers":1,"num_attention_heads":2,
+            "intermediate_size":16,"max_position_embeddings":16,"vocab_size":10,"hidden_act":"gelu"}"#;
+        std::fs::write(dir.path().join("config.json"), cfg).unwrap();
+        assert!(err_text(load(dir.path(), &dev)).contains("model file not found"));
+        std::fs::write(dir.path().join("model.safetensors"), b"\x10\x00\x00\x00\x00\x00\x00\x00{}").unwrap();
+        let e = err_text(load(dir.path(), &dev));
+        assert!(e.contains("cannot read safetensors file"), "{e}");
+        // A well-formed file without the model's tensors.
+        let data = [0u8; 16];
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &data).unwrap();
+        safetensors::serialize_to_file(vec![("other", view)], None, &dir.path().join("model.safetensors")).unwrap();
+        let e = err_text(load(dir.path(), &dev));
+        assert!(e.contains("tensor `embeddings.word_embeddings.weight` is missing"), "{e}");
+
+        std::fs::write(dir.path().join("config.json"), cfg.replace("\"gelu\"", "\"relu\"")).unwrap();
+        assert!(err_text(load(dir.path(), &dev)).contains("unsupported hidden_act `relu`"));
+        std::fs::write(dir.path().join("config.json"), cfg.replace("\"bert\"", "\"roberta\"")).unwrap();
+        assert!(err_text(load(dir.path(), &dev)).contains("unsupported model_type `roberta`"));
+        std::fs::write(dir.path().join("config.json"), "{not json").unwrap();
+        assert!(err_text(load(dir.path(), &dev)).contains("is not a BERT config"));
+    }
+
+    #[test]
+    fn pretrained_burn_bert_rejects_bad_batches() {
+        let Some(dir) = minilm_dir() else { return };
+        let model = BurnBert::load(&dir, &crate::testing::device()).unwrap();
+        let mut b = pad(&[vec![101, 7592, 102]]);
+        b.ids[1] = 40000;
+        assert!(err_text(model.hidden_states(&b)).contains("outside the vocabulary"));
+        let mut b = pad(&[vec![101, 7592, 102]]);
+        b.mask.pop();
+        assert!(err_text(model.hidden_states(&b)).contains("needs 3 ids"));
+        let b = pad(&[vec![101; 600]]);
+        assert!(err_text(model.hidden_states(&b)).contains("longer than the model's 512 positions"));
+    }
 }

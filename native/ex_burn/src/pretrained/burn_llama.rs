@@ -1,12 +1,638 @@
-//! Llama-family decoder on the Burn engine. Placeholder until issue #12's engine work lands.
+//! Llama-family decoder on the Burn engine, from a GGUF file whose tensors are dequantised to
+//! f32 at load.
+//!
+//! llama.cpp's converter permutes the rows of Q and K so that GGUF Llama models use the
+//! interleaved-pair rotary embedding (pairs `(2i, 2i+1)` rotate together), as candle's
+//! `quantized_llama` (`rope_i`) and llama.cpp itself do; Hugging Face's half-split rotation
+//! would be wrong here.
 
 use std::path::Path;
+use std::sync::Arc;
 
-use super::CausalLm;
-use crate::device::DeviceRef;
-use crate::error::{ExError, ExResult};
+use burn::tensor::activation::silu;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+
+use super::weights::{f32_tensor, Gguf};
+use super::{CausalLm, LmSession};
+use crate::device::{DeviceKind, DeviceRef};
+use crate::error::{catch, ExError, ExResult};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    pub block_count: usize,
+    pub embedding_length: usize,
+    pub feed_forward_length: usize,
+    pub head_count: usize,
+    pub head_count_kv: usize,
+    pub rope_freq_base: f64,
+    /// Positions are multiplied by this before rotating (`1 / llama.rope.scaling.factor` for
+    /// linear scaling, else 1).
+    pub rope_position_scale: f64,
+    pub rms_eps: f64,
+    pub context_length: usize,
+    pub rope_dim: usize,
+    pub vocab_size: usize,
+}
+
+impl LlamaConfig {
+    pub fn head_dim(&self) -> usize {
+        self.embedding_length / self.head_count
+    }
+
+    fn read(g: &Gguf) -> ExResult<Self> {
+        let arch = g.string("general.architecture")?;
+        if arch != "llama" {
+            return Err(ExError::invalid(format!(
+                "unknown architecture `{arch}` in {}: the Burn engine runs `llama` GGUF models",
+                g.path().display()
+            )));
+        }
+        let embedding_length = g.usize("llama.embedding_length")?;
+        let head_count = g.usize("llama.attention.head_count")?;
+        let head_count_kv = g.opt_usize("llama.attention.head_count_kv")?.unwrap_or(head_count);
+        if head_count == 0 || embedding_length % head_count != 0 || head_count_kv == 0 || head_count % head_count_kv != 0 {
+            return Err(ExError::invalid(format!(
+                "inconsistent attention shape in {}: embedding_length {embedding_length}, head_count {head_count}, head_count_kv {head_count_kv}",
+                g.path().display()
+            )));
+        }
+        let head_dim = embedding_length / head_count;
+        let rope_dim = g.opt_usize("llama.rope.dimension_count")?.unwrap_or(head_dim);
+        if rope_dim > head_dim || rope_dim % 2 != 0 {
+            return Err(ExError::invalid(format!("rope dimension {rope_dim} does not fit heads of {head_dim}")));
+        }
+        for key in ["llama.attention.key_length", "llama.attention.value_length"] {
+            if let Some(n) = g.opt_usize(key)? {
+                if n != head_dim {
+                    return Err(ExError::invalid(format!(
+                        "{key} {n} differs from embedding_length / head_count = {head_dim}, which the Burn engine does not support"
+                    )));
+                }
+            }
+        }
+        let rope_position_scale = match g.metadata().get("llama.rope.scaling.type") {
+            None => 1.0,
+            Some(_) => match g.string("llama.rope.scaling.type")? {
+                "none" => 1.0,
+                "linear" => 1.0 / g.opt_f64("llama.rope.scaling.factor")?.unwrap_or(1.0),
+                other => {
+                    return Err(ExError::invalid(format!("unsupported rope scaling `{other}` (the Burn engine supports none and linear)")))
+                }
+            },
+        };
+        let vocab_size = match g.shape("token_embd.weight") {
+            Some(s) if s.len() == 2 && s[1] == embedding_length => s[0],
+            Some(s) => {
+                return Err(ExError::invalid(format!(
+                    "tensor `token_embd.weight` in {} has shape {s:?}, expected [vocab, {embedding_length}]",
+                    g.path().display()
+                )))
+            }
+            None => return Err(ExError::invalid(format!("tensor `token_embd.weight` is missing from {}", g.path().display()))),
+        };
+        if let Some(v) = g.opt_usize("llama.vocab_size")? {
+            if v != vocab_size {
+                return Err(ExError::invalid(format!("llama.vocab_size {v} disagrees with token_embd.weight's {vocab_size} rows")));
+            }
+        }
+        Ok(LlamaConfig {
+            block_count: g.usize("llama.block_count")?,
+            embedding_length,
+            feed_forward_length: g.usize("llama.feed_forward_length")?,
+            head_count,
+            head_count_kv,
+            rope_freq_base: g.opt_f64("llama.rope.freq_base")?.unwrap_or(10000.0),
+            rope_position_scale,
+            rms_eps: g.opt_f64("llama.attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
+            context_length: g.usize("llama.context_length")?,
+            rope_dim,
+            vocab_size,
+        })
+    }
+}
+
+struct Block {
+    attn_norm: Tensor<1>,
+    /// Q, K and V stacked, transposed for `x @ W`: `[hidden, (heads + 2 kv_heads) * head_dim]`.
+    qkv_t: Tensor<2>,
+    out_t: Tensor<2>,
+    ffn_norm: Tensor<1>,
+    /// Gate and up stacked, transposed: `[hidden, 2 * ffn]`.
+    gate_up_t: Tensor<2>,
+    down_t: Tensor<2>,
+}
+
+pub struct Weights {
+    cfg: LlamaConfig,
+    device: Device,
+    /// Whether the device's attention kernel takes fewer K/V heads than query heads (flex does);
+    /// elsewhere K/V heads are repeated first.
+    native_gqa: bool,
+    embed: Tensor<2>,
+    blocks: Vec<Block>,
+    out_norm: Tensor<1>,
+    /// `[hidden, vocab]` view of the output projection (tied to the embedding when absent).
+    output_t: Tensor<2>,
+    /// `[context, rope_dim / 2]` tables.
+    cos: Tensor<2>,
+    sin: Tensor<2>,
+}
+
+pub struct BurnLlama {
+    w: Arc<Weights>,
+}
 
 /// Loads a Llama-architecture GGUF file.
-pub fn load(_gguf: &Path, _device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
-    Err(ExError::invalid("the burn Llama engine is not built yet"))
+pub fn load(gguf: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
+    Ok(Box::new(BurnLlama::load(gguf, device)?))
+}
+
+impl BurnLlama {
+    pub fn load(path: &Path, device: &DeviceRef) -> ExResult<BurnLlama> {
+        Self::load_with(path, device, device.kind == DeviceKind::Cpu)
+    }
+
+    /// `native_gqa: false` repeats K/V heads before attention, as non-CPU devices need; tests
+    /// use it to check that path on the CPU.
+    pub(crate) fn load_with(path: &Path, device: &DeviceRef, native_gqa: bool) -> ExResult<BurnLlama> {
+        let mut g = Gguf::open(path)?;
+        let cfg = LlamaConfig::read(&g)?;
+        let dev = device.burn()?;
+        let w = catch(|| Weights::load(&mut g, cfg, dev, native_gqa))?;
+        Ok(BurnLlama { w: Arc::new(w) })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.w.cfg
+    }
+}
+
+impl Weights {
+    fn load(g: &mut Gguf, cfg: LlamaConfig, dev: Device, native_gqa: bool) -> ExResult<Weights> {
+        let (h, f, dh) = (cfg.embedding_length, cfg.feed_forward_length, cfg.head_dim());
+        let (q_rows, kv_rows) = (cfg.head_count * dh, cfg.head_count_kv * dh);
+        let embed = g.tensor("token_embd.weight", [cfg.vocab_size, h], &dev)?;
+        let mut blocks = Vec::with_capacity(cfg.block_count);
+        for l in 0..cfg.block_count {
+            let mut t = |name: &str, rows: usize, cols: usize| g.tensor(&format!("blk.{l}.{name}.weight"), [rows, cols], &dev);
+            let qkv = Tensor::cat(vec![t("attn_q", q_rows, h)?, t("attn_k", kv_rows, h)?, t("attn_v", kv_rows, h)?], 0);
+            let out = t("attn_output", h, q_rows)?;
+            let gate_up = Tensor::cat(vec![t("ffn_gate", f, h)?, t("ffn_up", f, h)?], 0);
+            let down = t("ffn_down", h, f)?;
+            blocks.push(Block {
+                attn_norm: g.tensor(&format!("blk.{l}.attn_norm.weight"), [h], &dev)?,
+                qkv_t: qkv.transpose(),
+                out_t: out.transpose(),
+                ffn_norm: g.tensor(&format!("blk.{l}.ffn_norm.weight"), [h], &dev)?,
+                gate_up_t: gate_up.transpose(),
+                down_t: down.transpose(),
+            });
+        }
+        let out_norm = g.tensor("output_norm.weight", [h], &dev)?;
+        let output_t =
+            if g.contains("output.weight") { g.tensor("output.weight", [cfg.vocab_size, h], &dev)? } else { embed.clone() }.transpose();
+
+        // θ_i = base^(-2i / rope_dim), divided by `rope_freqs.weight`'s factors where the file has
+        // them (Llama 3.1-style scaling, as llama.cpp applies them); angle = position · θ_i, in f64.
+        let half = cfg.rope_dim / 2;
+        let ctx = cfg.context_length.max(1);
+        let factors = if g.contains("rope_freqs.weight") { g.values("rope_freqs.weight", &[half])? } else { vec![1.0; half] };
+        let inv: Vec<f64> =
+            (0..half).map(|i| cfg.rope_freq_base.powf(-((2 * i) as f64) / cfg.rope_dim as f64) / factors[i] as f64).collect();
+        let scale = cfg.rope_position_scale;
+        let angles =
+            |f: fn(f64) -> f64| -> Vec<f32> { (0..ctx).flat_map(|p| inv.iter().map(move |t| f(p as f64 * scale * t) as f32)).collect() };
+        let cos = f32_tensor(angles(f64::cos), [ctx, half], &dev);
+        let sin = f32_tensor(angles(f64::sin), [ctx, half], &dev);
+        Ok(Weights { cfg, device: dev, native_gqa, embed, blocks, out_norm, output_t, cos, sin })
+    }
+
+    fn rms_norm(&self, x: Tensor<2>, w: &Tensor<1>) -> Tensor<2> {
+        let scale = x.clone().square().mean_dim(1).add_scalar(self.cfg.rms_eps).sqrt().recip();
+        x * scale * w.clone().unsqueeze::<2>()
+    }
+
+    /// Interleaved-pair rotary embedding on `[1, heads, s, head_dim]` at positions `pos..pos+s`.
+    fn rope(&self, x: Tensor<4>, pos: usize) -> Tensor<4> {
+        let [_, nh, s, dh] = x.dims();
+        let rd = self.cfg.rope_dim;
+        if rd == 0 {
+            return x;
+        }
+        let half = rd / 2;
+        let (rot, pass) =
+            if rd == dh { (x, None) } else { (x.clone().slice([0..1, 0..nh, 0..s, 0..rd]), Some(x.slice([0..1, 0..nh, 0..s, rd..dh]))) };
+        let pairs: Tensor<5> = rot.reshape([1, nh, s, half, 2]);
+        let x0 = pairs.clone().slice([0..1, 0..nh, 0..s, 0..half, 0..1]);
+        let x1 = pairs.slice([0..1, 0..nh, 0..s, 0..half, 1..2]);
+        let cos: Tensor<5> = self.cos.clone().slice([pos..pos + s, 0..half]).reshape([1, 1, s, half, 1]);
+        let sin: Tensor<5> = self.sin.clone().slice([pos..pos + s, 0..half]).reshape([1, 1, s, half, 1]);
+        let r0 = x0.clone() * cos.clone() - x1.clone() * sin.clone();
+        let r1 = x0 * sin + x1 * cos;
+        let rot: Tensor<4> = Tensor::cat(vec![r0, r1], 4).reshape([1, nh, s, rd]);
+        match pass {
+            None => rot,
+            Some(p) => Tensor::cat(vec![rot, p], 3),
+        }
+    }
+
+    fn repeat_kv(&self, t: Tensor<4>) -> Tensor<4> {
+        let rep = self.cfg.head_count / self.cfg.head_count_kv;
+        if self.native_gqa || rep == 1 {
+            return t;
+        }
+        let [b, kvh, n, dh] = t.dims();
+        t.unsqueeze_dim::<5>(2).expand([b, kvh, rep, n, dh]).reshape([b, kvh * rep, n, dh])
+    }
+
+    /// Runs `tokens` at positions `pos..`, extending `cache`; returns the last token's logits.
+    fn forward(&self, tokens: &[u32], pos: usize, cache: &mut [Option<(Tensor<4>, Tensor<4>)>]) -> ExResult<Vec<f32>> {
+        let cfg = &self.cfg;
+        let (s, h, dh) = (tokens.len(), cfg.embedding_length, cfg.head_dim());
+        let (nh, nkv) = (cfg.head_count, cfg.head_count_kv);
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [s]), (&self.device, DType::I32));
+        let mut x = self.embed.clone().select(0, ids);
+        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: s > 1 };
+        for (block, slot) in self.blocks.iter().zip(cache.iter_mut()) {
+            let qkv = self.rms_norm(x.clone(), &block.attn_norm).matmul(block.qkv_t.clone());
+            let split = |from: usize, heads: usize| -> Tensor<4> {
+                qkv.clone().slice([0..s, from..from + heads * dh]).reshape([1, s, heads, dh]).swap_dims(1, 2)
+            };
+            let q = self.rope(split(0, nh), pos);
+            let k = self.rope(split(nh * dh, nkv), pos);
+            let v = split((nh + nkv) * dh, nkv);
+            let (k, v) = match slot.take() {
+                None => (k, v),
+                Some((ck, cv)) => (Tensor::cat(vec![ck, k], 2), Tensor::cat(vec![cv, v], 2)),
+            };
+            *slot = Some((k.clone(), v.clone()));
+            let ctx = attention(q, self.repeat_kv(k), self.repeat_kv(v), None, None, options);
+            let ctx = ctx.swap_dims(1, 2).reshape([s, nh * dh]);
+            x = x + ctx.matmul(block.out_t.clone());
+            let f = cfg.feed_forward_length;
+            let gu = self.rms_norm(x.clone(), &block.ffn_norm).matmul(block.gate_up_t.clone());
+            let gate = gu.clone().slice([0..s, 0..f]);
+            let up = gu.slice([0..s, f..2 * f]);
+            x = x + (silu(gate) * up).matmul(block.down_t.clone());
+        }
+        let last = x.slice([s - 1..s, 0..h]);
+        let logits = self.rms_norm(last, &self.out_norm).matmul(self.output_t.clone());
+        let data = logits.try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
+        data.try_into_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))
+    }
+}
+
+impl CausalLm for BurnLlama {
+    fn vocab_size(&self) -> usize {
+        self.w.cfg.vocab_size
+    }
+
+    fn context_length(&self) -> usize {
+        self.w.cfg.context_length
+    }
+
+    fn session(&self) -> ExResult<Box<dyn LmSession>> {
+        Ok(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), cache: vec![None; self.w.cfg.block_count], len: 0, failed: false }))
+    }
+}
+
+/// One generation: the shared weights and this sequence's KV cache (`[1, kv_heads, len, head_dim]`
+/// per layer).
+pub struct BurnLlamaSession {
+    w: Arc<Weights>,
+    cache: Vec<Option<(Tensor<4>, Tensor<4>)>>,
+    len: usize,
+    /// A step failed part-way, leaving the layers' caches inconsistent.
+    failed: bool,
+}
+
+impl LmSession for BurnLlamaSession {
+    fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>> {
+        let cfg = &self.w.cfg;
+        if self.failed {
+            return Err(ExError::invalid("this session failed in an earlier step; start a new session"));
+        }
+        if tokens.is_empty() {
+            return Err(ExError::invalid("forward needs at least one token"));
+        }
+        if pos != self.len {
+            return Err(ExError::invalid(format!("tokens must be fed in order: the cache holds {} tokens, got position {pos}", self.len)));
+        }
+        if pos + tokens.len() > cfg.context_length {
+            return Err(ExError::invalid(format!(
+                "sequence of {} tokens exceeds the model's context length {}",
+                pos + tokens.len(),
+                cfg.context_length
+            )));
+        }
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            return Err(ExError::invalid(format!("token id {t} is outside the vocabulary of {}", cfg.vocab_size)));
+        }
+        let w = Arc::clone(&self.w);
+        let cache = &mut self.cache;
+        let result = catch(|| w.forward(tokens, pos, cache));
+        match result {
+            Ok(logits) => {
+                self.len += tokens.len();
+                Ok(logits)
+            }
+            Err(e) => {
+                // A failed step may have extended some layers' caches: the session is unusable.
+                self.cache.iter_mut().for_each(|c| *c = None);
+                self.failed = true;
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pretrained::weights::test_support::{models_dir, peak_rss_mib, reference, TempDir};
+    use candle_core::quantized::gguf_file::{self, Value};
+    use candle_core::quantized::{GgmlDType, QTensor};
+
+    fn err_text<T>(r: ExResult<T>) -> String {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn smollm_path() -> Option<std::path::PathBuf> {
+        let p = models_dir().join("llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+        if p.exists() {
+            Some(p)
+        } else {
+            println!("skipping: SmolLM2 GGUF not found at {}", p.display());
+            None
+        }
+    }
+
+    fn argmax(v: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, x) in v.iter().enumerate() {
+            if *x > v[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    fn greedy(model: &BurnLlama, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+        let mut s = model.session().unwrap();
+        let first = s.forward(prompt, 0).unwrap();
+        let mut out = vec![argmax(&first)];
+        let mut pos = prompt.len();
+        while out.len() < n {
+            let logits = s.forward(&[*out.last().unwrap()], pos).unwrap();
+            pos += 1;
+            out.push(argmax(&logits));
+        }
+        (out, first)
+    }
+
+    fn ids(v: &serde_json::Value) -> Vec<u32> {
+        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    }
+
+    #[test]
+    fn pretrained_burn_llama_matches_transformers() {
+        let Some(path) = smollm_path() else { return };
+        let Some(refs) = reference("smollm2_reference.json") else {
+            println!("skipping: test/data/pretrained/smollm2_reference.json not found");
+            return;
+        };
+        let t = std::time::Instant::now();
+        let model = BurnLlama::load(&path, &crate::testing::device()).unwrap();
+        println!("burn llama: loaded in {:.2} s; peak RSS after load {:.0} MiB", t.elapsed().as_secs_f64(), peak_rss_mib());
+        let cases = refs["generate"].as_array().expect("generate cases");
+        let (mut raw, mut raw_exact, mut worst_logit) = (0, 0, 0f64);
+        for (i, case) in cases.iter().enumerate() {
+            let prompt = ids(&case["prompt_ids"]);
+            let want = ids(&case["generated_ids"]);
+            let (got, first) = greedy(&model, &prompt, want.len());
+            let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+            let kind = case["kind"].as_str().unwrap_or("?");
+            println!("burn llama: {kind} prompt {i}: {agree}/{} greedy tokens agree", want.len());
+            if got != want {
+                println!("  got  {got:?}\n  want {want:?}\n  margins {}", case["step_margins"]);
+            }
+            if kind == "raw" {
+                raw += 1;
+                raw_exact += (got == want) as usize;
+            }
+            let mut worst: f64 = 0.0;
+            for pair in case["first_step_top10"].as_array().unwrap() {
+                let (id, want) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap());
+                worst = worst.max((first[id] as f64 - want).abs());
+            }
+            println!("  first-step top-10 logits: max |diff| {worst:.5}");
+            worst_logit = worst_logit.max(worst);
+            assert_eq!(argmax(&first), case["first_step_top10"][0][0].as_u64().unwrap() as u32);
+        }
+        println!("burn llama: {raw_exact}/{raw} raw greedy generations match exactly; worst first-step top-10 logit diff {worst_logit:.5}");
+        assert!(raw_exact * 5 >= raw * 4, "only {raw_exact} of {raw} raw generations match");
+        assert!(worst_logit < 0.05, "first-step logits differ by {worst_logit}");
+    }
+
+    #[test]
+    fn pretrained_burn_llama_prompt_equals_stepwise() {
+        let Some(path) = smollm_path() else { return };
+        let model = BurnLlama::load(&path, &crate::testing::device()).unwrap();
+        println!("burn llama: peak RSS after load {:.0} MiB", peak_rss_mib());
+        let prompt = [1u32, 504, 3458, 282, 4649, 314, 253];
+        let batched = model.session().unwrap().forward(&prompt, 0).unwrap();
+        let mut s = model.session().unwrap();
+        let mut last = Vec::new();
+        for (i, t) in prompt.iter().enumerate() {
+            last = s.forward(&[*t], i).unwrap();
+        }
+        assert_eq!(batched.len(), model.vocab_size());
+        let diff = batched.iter().zip(&last).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        println!("burn llama: batched prompt vs token-by-token max logit difference {diff:e}");
+        assert!(diff < 1e-3, "{diff}");
+        // Feeding out of order is an error, and a fresh session works.
+        assert!(err_text(s.forward(&[1], 3)).contains("fed in order"));
+        assert!(err_text(s.forward(&[99999], prompt.len())).contains("outside the vocabulary"));
+        assert!(err_text(s.forward(&[], prompt.len())).contains("at least one token"));
+    }
+
+    #[test]
+    fn pretrained_burn_llama_timing() {
+        let Some(path) = smollm_path() else { return };
+        let model = BurnLlama::load(&path, &crate::testing::device()).unwrap();
+        let prompt: Vec<u32> = vec![1, 504, 3458, 282, 4649, 314, 253, 1345, 28, 216, 506, 4491];
+        greedy(&model, &prompt, 4);
+        let (mut prefill, mut rate) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            let mut s = model.session().unwrap();
+            let logits = s.forward(&prompt, 0).unwrap();
+            prefill.push(t.elapsed().as_secs_f64() * 1000.0);
+            let mut next = argmax(&logits);
+            let t = std::time::Instant::now();
+            for i in 0..64 {
+                next = argmax(&s.forward(&[next], prompt.len() + i).unwrap());
+            }
+            rate.push(64.0 / t.elapsed().as_secs_f64());
+        }
+        println!(
+            "burn llama: prompt of {} tokens in {:.1} ms (best of 3); 64 greedy tokens at {:.1} tokens/s (best of 3; all {:.1?}); peak RSS {:.0} MiB",
+            prompt.len(),
+            prefill.iter().cloned().fold(f64::INFINITY, f64::min),
+            rate.iter().cloned().fold(0.0, f64::max),
+            rate,
+            peak_rss_mib()
+        );
+    }
+
+    /// A tiny random Llama in GGUF, for shape and error tests without the real model.
+    fn write_tiny(path: &Path, arch: &str, tied: bool) {
+        write_tiny_with(path, arch, tied, vec![], false)
+    }
+
+    fn write_tiny_with(path: &Path, arch: &str, tied: bool, extra: Vec<(String, Value)>, rope_freqs: bool) {
+        let cpu = candle_core::Device::Cpu;
+        let (h, f, v, layers) = (64usize, 96usize, 40usize, 2usize);
+        let mut seed = 1u64;
+        let mut rand = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((seed >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 0.4
+                })
+                .collect()
+        };
+        let mut q = |dims: &[usize], ty: GgmlDType| {
+            let t = candle_core::Tensor::from_vec(rand(dims.iter().product()), dims, &cpu).unwrap();
+            QTensor::quantize(&t, ty).unwrap()
+        };
+        let mut tensors: Vec<(String, QTensor)> =
+            vec![("token_embd.weight".into(), q(&[v, h], GgmlDType::Q8_0)), ("output_norm.weight".into(), q(&[h], GgmlDType::F32))];
+        if !tied {
+            tensors.push(("output.weight".into(), q(&[v, h], GgmlDType::F32)));
+        }
+        if rope_freqs {
+            let twos = candle_core::Tensor::from_vec(vec![2f32; 8], 8, &cpu).unwrap();
+            tensors.push(("rope_freqs.weight".into(), QTensor::quantize(&twos, GgmlDType::F32).unwrap()));
+        }
+        for l in 0..layers {
+            for (n, d) in [
+                ("attn_norm", vec![h]),
+                ("ffn_norm", vec![h]),
+                ("attn_q", vec![h, h]),
+                ("attn_k", vec![32, h]),
+                ("attn_v", vec![32, h]),
+                ("attn_output", vec![h, h]),
+                ("ffn_gate", vec![f, h]),
+                ("ffn_up", vec![f, h]),
+                ("ffn_down", vec![h, f]),
+            ] {
+                let ty = if d.len() == 1 { GgmlDType::F32 } else { GgmlDType::Q4_1 };
+                let ty = if d.len() == 2 && d[1] % 32 != 0 { GgmlDType::F32 } else { ty };
+                tensors.push((format!("blk.{l}.{n}.weight"), q(&d, ty)));
+            }
+        }
+        let mut md: Vec<(String, Value)> = vec![
+            ("general.architecture".into(), Value::String(arch.into())),
+            (format!("{arch}.block_count"), Value::U32(layers as u32)),
+            (format!("{arch}.embedding_length"), Value::U32(h as u32)),
+            (format!("{arch}.feed_forward_length"), Value::U32(f as u32)),
+            (format!("{arch}.attention.head_count"), Value::U32(4)),
+            (format!("{arch}.attention.head_count_kv"), Value::U32(2)),
+            (format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+            (format!("{arch}.context_length"), Value::U32(32)),
+            (format!("{arch}.rope.dimension_count"), Value::U32(16)),
+        ];
+        md.extend(extra);
+        let md: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        gguf_file::write(&mut std::fs::File::create(path).unwrap(), &md, &ts).unwrap();
+    }
+
+    #[test]
+    fn pretrained_burn_llama_tiny_model_and_errors() {
+        let dir = TempDir::new("llama");
+        let dev = crate::testing::device();
+        assert!(err_text(load(&dir.path().join("none.gguf"), &dev)).contains("model file not found"));
+
+        let other = dir.path().join("other.gguf");
+        write_tiny(&other, "gemma", true);
+        let e = err_text(load(&other, &dev));
+        assert!(e.contains("unknown architecture `gemma`"), "{e}");
+
+        for tied in [true, false] {
+            let path = dir.path().join(format!("tiny{tied}.gguf"));
+            write_tiny(&path, "llama", tied);
+            let model = BurnLlama::load(&path, &dev).unwrap();
+            assert_eq!((model.vocab_size(), model.context_length()), (40, 32));
+            let mut s = model.session().unwrap();
+            let a = s.forward(&[1, 2, 3], 0).unwrap();
+            let b = s.forward(&[4], 3).unwrap();
+            assert_eq!((a.len(), b.len()), (40, 40));
+            assert!(a.iter().chain(&b).all(|x| x.is_finite()));
+            let mut t = model.session().unwrap();
+            let c = t.forward(&[1, 2, 3, 4], 0).unwrap();
+            let diff = b.iter().zip(&c).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(diff < 1e-4, "{diff}");
+            assert!(err_text(t.forward(&[1; 29], 4)).contains("exceeds the model's context length 32"));
+            // K/V heads repeated before attention (the non-CPU path) give the same logits.
+            let repeated = BurnLlama::load_with(&path, &dev, false).unwrap();
+            let mut r = repeated.session().unwrap();
+            r.forward(&[1, 2, 3], 0).unwrap();
+            let d = r.forward(&[4], 3).unwrap();
+            let diff = b.iter().zip(&d).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(diff < 1e-5, "{diff}");
+        }
+
+        // Rope frequency factors of 2 rotate like linear position scaling by a factor of 2.
+        let logits = |extra: Vec<(String, Value)>, freqs: bool| {
+            let path = dir.path().join("rope.gguf");
+            write_tiny_with(&path, "llama", true, extra, freqs);
+            let model = BurnLlama::load(&path, &dev).unwrap();
+            let mut s = model.session().unwrap();
+            s.forward(&[5, 6, 7, 8, 9], 0).unwrap()
+        };
+        let plain = logits(vec![], false);
+        let freqs = logits(vec![], true);
+        let linear = logits(
+            vec![("llama.rope.scaling.type".into(), Value::String("linear".into())), ("llama.rope.scaling.factor".into(), Value::F32(2.0))],
+            false,
+        );
+        let diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(diff(&freqs, &linear) < 1e-5, "{}", diff(&freqs, &linear));
+        assert!(diff(&plain, &linear) > 1e-4);
+        let path = dir.path().join("yarn.gguf");
+        write_tiny_with(&path, "llama", true, vec![("llama.rope.scaling.type".into(), Value::String("yarn".into()))], false);
+        assert!(err_text(load(&path, &dev)).contains("unsupported rope scaling `yarn`"));
+        write_tiny_with(&path, "llama", true, vec![("llama.attention.key_length".into(), Value::U32(32))], false);
+        assert!(err_text(load(&path, &dev)).contains("key_length 32 differs"));
+        write_tiny_with(&path, "llama", true, vec![("llama.block_count".into(), Value::U32(3))], false);
+        assert!(err_text(load(&path, &dev)).contains("tensor `blk.2.attn_q.weight` is missing"));
+
+        // A prompt long enough for the CPU backend's tiled (flash) attention agrees with a shorter
+        // prompt plus one cached step, and with repeated K/V heads.
+        let path = dir.path().join("long.gguf");
+        write_tiny_with(&path, "llama", true, vec![("llama.context_length".into(), Value::U32(1024))], false);
+        let prompt: Vec<u32> = (0..600).map(|i| (i * 7 % 40) as u32).collect();
+        let model = BurnLlama::load(&path, &dev).unwrap();
+        let whole = model.session().unwrap().forward(&prompt, 0).unwrap();
+        let mut s = model.session().unwrap();
+        s.forward(&prompt[..599], 0).unwrap();
+        let stepped = s.forward(&prompt[599..], 599).unwrap();
+        assert!(diff(&whole, &stepped) < 1e-4, "{}", diff(&whole, &stepped));
+        let repeated = BurnLlama::load_with(&path, &dev, false).unwrap().session().unwrap().forward(&prompt, 0).unwrap();
+        assert!(diff(&whole, &repeated) < 1e-4, "{}", diff(&whole, &repeated));
+
+        // The same file truncated.
+        let full = std::fs::read(dir.path().join("tinytrue.gguf")).unwrap();
+        let cut = dir.path().join("cut.gguf");
+        std::fs::write(&cut, &full[..full.len() - 64]).unwrap();
+        assert!(err_text(load(&cut, &dev)).contains("truncated"));
+    }
 }

@@ -1,1 +1,490 @@
-//! Placeholder: filled in by the pre-trained models work (issue #12).
+//! Weight readers for the Burn engine: safetensors (memory-mapped) and GGUF (read through
+//! candle's parser, dequantised to f32).
+//!
+//! Both readers hand out one Burn f32 tensor at a time, so a model loads with at most one
+//! tensor's transient copies beside the tensors already on the device. GGUF tensors are
+//! dequantised in row chunks straight into the buffer the Burn tensor takes over.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{bf16, f16, DType, Device, Tensor, TensorData};
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::{ggml_file, GgmlDType};
+use memmap2::Mmap;
+use safetensors::tensor::Metadata;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{ExError, ExResult};
+
+fn io_error(path: &Path, e: std::io::Error) -> ExError {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        ExError::invalid(format!("model file not found: {}", path.display()))
+    } else {
+        ExError::invalid(format!("cannot read model file {}: {e}", path.display()))
+    }
+}
+
+/// Builds an f32 Burn tensor from host values. The `Vec` becomes the tensor's storage on the CPU.
+pub fn f32_tensor<const D: usize>(values: Vec<f32>, shape: [usize; D], device: &Device) -> Tensor<D> {
+    Tensor::<D>::from_data(TensorData::new(values, shape), (device, DType::F32))
+}
+
+fn check_shape(file: &Path, name: &str, got: &[usize], want: &[usize]) -> ExResult<()> {
+    if got != want {
+        return Err(ExError::invalid(format!("tensor `{name}` in {} has shape {got:?}, expected {want:?}", file.display())));
+    }
+    Ok(())
+}
+
+/// A memory-mapped `.safetensors` file whose header has been parsed and validated.
+pub struct Safetensors {
+    path: PathBuf,
+    mmap: Mmap,
+    header_len: usize,
+    metadata: Metadata,
+}
+
+impl Safetensors {
+    pub fn open(path: &Path) -> ExResult<Self> {
+        let file = File::open(path).map_err(|e| io_error(path, e))?;
+        // SAFETY: the map is read-only; a file truncated under us while mapped would fault, which
+        // is the same contract every safetensors/mmap loader (candle, transformers) accepts.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| io_error(path, e))?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| {
+            let what = match e {
+                safetensors::SafeTensorError::MetadataIncompleteBuffer | safetensors::SafeTensorError::InvalidHeaderLength => {
+                    "the file is truncated or its header length is wrong"
+                }
+                safetensors::SafeTensorError::HeaderTooSmall => "the file is too small to hold a header",
+                _ => "its header is corrupt",
+            };
+            ExError::invalid(format!("cannot read safetensors file {}: {what} ({e})", path.display()))
+        })?;
+        Ok(Safetensors { path: path.to_path_buf(), mmap, header_len, metadata })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.metadata.tensors().into_keys().collect()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.metadata.info(name).is_some()
+    }
+
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.metadata.info(name).map(|i| i.shape.clone())
+    }
+
+    /// The tensor `name` as f32 host values, checked against `shape`.
+    pub fn values(&self, name: &str, shape: &[usize]) -> ExResult<Vec<f32>> {
+        let info =
+            self.metadata.info(name).ok_or_else(|| ExError::invalid(format!("tensor `{name}` is missing from {}", self.path.display())))?;
+        check_shape(&self.path, name, &info.shape, shape)?;
+        let (start, end) = info.data_offsets;
+        let base = 8 + self.header_len;
+        let bytes = &self.mmap[base + start..base + end];
+        let values = match info.dtype {
+            Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Dtype::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            other => {
+                return Err(ExError::invalid(format!(
+                    "tensor `{name}` in {} has dtype {other:?}; only F32, F16 and BF16 weights are supported",
+                    self.path.display()
+                )))
+            }
+        };
+        // Drop the file pages just read from this process's resident set, so a load's peak is
+        // the converted weights plus one tensor rather than the weights plus the whole file.
+        // SAFETY: no slice of these pages outlives this call (`bytes` is dead); a read-only
+        // file-backed page that is accessed again is simply read back from the file.
+        #[cfg(unix)]
+        unsafe {
+            let _ = self.mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, base + start, end - start);
+        }
+        Ok(values)
+    }
+
+    /// The tensor `name` as an f32 Burn tensor on `device`, checked against `shape`.
+    pub fn tensor<const D: usize>(&self, name: &str, shape: [usize; D], device: &Device) -> ExResult<Tensor<D>> {
+        Ok(f32_tensor(self.values(name, &shape)?, shape, device))
+    }
+}
+
+/// GGUF quantisation types this reader dequantises. candle parses a few more (Q8_1 has no
+/// dequantiser there) and rejects unknown type ids when reading the header.
+fn dequantisable(t: GgmlDType) -> bool {
+    !matches!(t, GgmlDType::Q8_1)
+}
+
+/// A GGUF file: its metadata and tensor directory, and the open file the tensors are read from.
+pub struct Gguf {
+    path: PathBuf,
+    file: File,
+    content: Content,
+}
+
+impl Gguf {
+    pub fn open(path: &Path) -> ExResult<Self> {
+        let mut file = File::open(path).map_err(|e| io_error(path, e))?;
+        let content = Content::read(&mut file).map_err(|e| ExError::invalid(format!("cannot read GGUF file {}: {e}", path.display())))?;
+        let len = file.metadata().map_err(|e| io_error(path, e))?.len();
+        for (name, info) in &content.tensor_infos {
+            let end = content.tensor_data_offset + info.offset + Self::byte_len(info.ggml_dtype, info.shape.elem_count()) as u64;
+            if end > len {
+                return Err(ExError::invalid(format!(
+                    "GGUF file {} is truncated: tensor `{name}` ends at byte {end}, the file has {len}",
+                    path.display()
+                )));
+            }
+        }
+        Ok(Gguf { path: path.to_path_buf(), file, content })
+    }
+
+    fn byte_len(t: GgmlDType, elems: usize) -> usize {
+        elems / t.block_size() * t.type_size()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, Value> {
+        &self.content.metadata
+    }
+
+    fn missing(&self, key: &str) -> ExError {
+        ExError::invalid(format!("GGUF metadata `{key}` is missing from {}", self.path.display()))
+    }
+
+    fn wrong_type(&self, key: &str, want: &str) -> ExError {
+        ExError::invalid(format!("GGUF metadata `{key}` in {} is not {want}", self.path.display()))
+    }
+
+    pub fn string(&self, key: &str) -> ExResult<&str> {
+        match self.content.metadata.get(key) {
+            None => Err(self.missing(key)),
+            Some(Value::String(s)) => Ok(s),
+            Some(_) => Err(self.wrong_type(key, "a string")),
+        }
+    }
+
+    /// An unsigned integer of any GGUF integer width; `None` when absent.
+    pub fn opt_usize(&self, key: &str) -> ExResult<Option<usize>> {
+        let v = match self.content.metadata.get(key) {
+            None => return Ok(None),
+            Some(Value::U8(v)) => *v as i128,
+            Some(Value::I8(v)) => *v as i128,
+            Some(Value::U16(v)) => *v as i128,
+            Some(Value::I16(v)) => *v as i128,
+            Some(Value::U32(v)) => *v as i128,
+            Some(Value::I32(v)) => *v as i128,
+            Some(Value::U64(v)) => *v as i128,
+            Some(Value::I64(v)) => *v as i128,
+            Some(_) => return Err(self.wrong_type(key, "an integer")),
+        };
+        usize::try_from(v).map(Some).map_err(|_| self.wrong_type(key, "a non-negative integer"))
+    }
+
+    pub fn usize(&self, key: &str) -> ExResult<usize> {
+        self.opt_usize(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    pub fn opt_f64(&self, key: &str) -> ExResult<Option<f64>> {
+        match self.content.metadata.get(key) {
+            None => Ok(None),
+            Some(Value::F32(v)) => Ok(Some(*v as f64)),
+            Some(Value::F64(v)) => Ok(Some(*v)),
+            Some(_) => Err(self.wrong_type(key, "a float")),
+        }
+    }
+
+    pub fn f64(&self, key: &str) -> ExResult<f64> {
+        self.opt_f64(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// The tensor's shape, outermost first (GGUF stores dimensions innermost first; candle
+    /// reverses them, so `[rows, cols]` here is PyTorch's `[out_features, in_features]`).
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.content.tensor_infos.get(name).map(|i| i.shape.dims().to_vec())
+    }
+
+    pub fn ggml_dtype(&self, name: &str) -> Option<GgmlDType> {
+        self.content.tensor_infos.get(name).map(|i| i.ggml_dtype)
+    }
+
+    /// The tensor `name` dequantised to f32 host values, checked against `shape`. Dequantises a
+    /// chunk of rows at a time into the output buffer, so the transient memory is one chunk.
+    pub fn values(&mut self, name: &str, shape: &[usize]) -> ExResult<Vec<f32>> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| ExError::invalid(format!("tensor `{name}` is missing from {}", self.path.display())))?;
+        check_shape(&self.path, name, info.shape.dims(), shape)?;
+        let dtype = info.ggml_dtype;
+        if !dequantisable(dtype) {
+            return Err(ExError::invalid(format!(
+                "tensor `{name}` in {} uses quantisation {dtype:?}, which cannot be dequantised",
+                self.path.display()
+            )));
+        }
+        let elems: usize = shape.iter().product();
+        let cols = *shape.last().unwrap_or(&1);
+        let block = dtype.block_size();
+        if cols == 0 || elems == 0 {
+            return Ok(Vec::new());
+        }
+        if !cols.is_multiple_of(block) {
+            return Err(ExError::invalid(format!(
+                "tensor `{name}` in {}: rows of {cols} values do not split into {dtype:?} blocks of {block}",
+                self.path.display()
+            )));
+        }
+        let rows = elems / cols;
+        let row_bytes = cols / block * dtype.type_size();
+        // About 4 MiB of f32 output per chunk.
+        let chunk_rows = ((1 << 20) / cols).clamp(1, rows);
+        let start = self.content.tensor_data_offset + info.offset;
+        let mut out = Vec::with_capacity(elems);
+        let mut raw = vec![0u8; chunk_rows * row_bytes];
+        let read_err = |e: std::io::Error| ExError::invalid(format!("cannot read tensor `{name}` from {}: {e}", self.path.display()));
+        self.file.seek(SeekFrom::Start(start)).map_err(read_err)?;
+        let mut row = 0;
+        while row < rows {
+            let n = chunk_rows.min(rows - row);
+            let raw = &mut raw[..n * row_bytes];
+            self.file.read_exact(raw).map_err(read_err)?;
+            let candle_err = |e: candle_core::Error| {
+                ExError::invalid(format!("cannot dequantise tensor `{name}` ({dtype:?}) from {}: {e}", self.path.display()))
+            };
+            let q = ggml_file::qtensor_from_ggml(dtype, raw, vec![n, cols], &candle_core::Device::Cpu).map_err(candle_err)?;
+            let t = q.dequantize(&candle_core::Device::Cpu).map_err(candle_err)?;
+            let t = t.flatten_all().map_err(candle_err)?;
+            out.extend(t.to_vec1::<f32>().map_err(candle_err)?);
+            row += n;
+        }
+        Ok(out)
+    }
+
+    /// The tensor `name` as an f32 Burn tensor on `device`, checked against `shape`.
+    pub fn tensor<const D: usize>(&mut self, name: &str, shape: [usize; D], device: &Device) -> ExResult<Tensor<D>> {
+        Ok(f32_tensor(self.values(name, &shape)?, shape, device))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    //! Temporary files for the readers' and models' tests.
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    pub struct TempDir(pub PathBuf);
+
+    impl TempDir {
+        pub fn new(tag: &str) -> TempDir {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let dir = std::env::temp_dir().join(format!("ex_burn_{tag}_{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// The models directory: `EXBURN_MODELS_DIR`, else `~/models`.
+    pub fn models_dir() -> PathBuf {
+        if let Ok(d) = std::env::var("EXBURN_MODELS_DIR") {
+            return PathBuf::from(d);
+        }
+        PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join("models")
+    }
+
+    /// Peak resident set size of this process so far, in MiB (`VmHWM`).
+    pub fn peak_rss_mib() -> f64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map(|kb| kb / 1024.0)
+            .unwrap_or(f64::NAN)
+    }
+
+    /// The reference data another agent generates with sentence-transformers / transformers.
+    /// `EXBURN_REFERENCE_DIR` overrides the directory (default `test/data/pretrained`).
+    pub fn reference(name: &str) -> Option<serde_json::Value> {
+        let dir = std::env::var("EXBURN_REFERENCE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../test/data/pretrained"));
+        let root = dir.join(name);
+        let text = std::fs::read_to_string(root).ok()?;
+        Some(serde_json::from_str(&text).expect("reference JSON"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::TempDir;
+    use super::*;
+    use candle_core::quantized::{gguf_file, QTensor};
+
+    fn write_safetensors(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
+        let views: Vec<(String, safetensors::tensor::TensorView)> =
+            tensors.iter().map(|(n, d, s, b)| (n.to_string(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap())).collect();
+        safetensors::serialize_to_file(views, None, path).unwrap();
+    }
+
+    fn err_text<T>(r: ExResult<T>) -> String {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn pretrained_safetensors_reads_f32_f16_bf16() {
+        let dir = TempDir::new("st");
+        let path = dir.path().join("w.safetensors");
+        let vals = [1.5f32, -2.0, 0.25, 3.0, 4.0, -0.5];
+        let f32b: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let f16b: Vec<u8> = vals.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect();
+        let bf16b: Vec<u8> = vals.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
+        write_safetensors(
+            &path,
+            &[("a", Dtype::F32, vec![2, 3], f32b), ("b", Dtype::F16, vec![2, 3], f16b), ("c", Dtype::BF16, vec![6], bf16b)],
+        );
+        let st = Safetensors::open(&path).unwrap();
+        let dev = crate::testing::device().burn().unwrap();
+        for (name, shape) in [("a", vec![2, 3]), ("b", vec![2, 3]), ("c", vec![6])] {
+            assert_eq!(st.values(name, &shape).unwrap(), vals, "{name}");
+        }
+        let t = st.tensor("a", [2, 3], &dev).unwrap();
+        assert_eq!(t.into_data().try_into_vec::<f32>().unwrap(), vals);
+        assert!(err_text(st.values("a", &[3, 2])).contains("has shape [2, 3], expected [3, 2]"));
+        assert!(err_text(st.values("zzz", &[1])).contains("tensor `zzz` is missing"));
+    }
+
+    #[test]
+    fn pretrained_safetensors_bad_files() {
+        let dir = TempDir::new("stbad");
+        let missing = dir.path().join("nope.safetensors");
+        assert!(err_text(Safetensors::open(&missing)).contains("model file not found"));
+
+        let path = dir.path().join("w.safetensors");
+        let bytes: Vec<u8> = (0..64).flat_map(|v| (v as f32).to_le_bytes()).collect();
+        write_safetensors(&path, &[("a", Dtype::F32, vec![64], bytes)]);
+        let full = std::fs::read(&path).unwrap();
+
+        let truncated = dir.path().join("trunc.safetensors");
+        std::fs::write(&truncated, &full[..full.len() - 10]).unwrap();
+        let e = err_text(Safetensors::open(&truncated));
+        assert!(e.contains("truncated"), "{e}");
+
+        let tiny = dir.path().join("tiny.safetensors");
+        std::fs::write(&tiny, [1u8, 2, 3]).unwrap();
+        assert!(err_text(Safetensors::open(&tiny)).contains("too small"));
+
+        let corrupt = dir.path().join("corrupt.safetensors");
+        let mut c = full.clone();
+        c[8] = b'!'; // the JSON header's opening brace
+        std::fs::write(&corrupt, &c).unwrap();
+        let e = err_text(Safetensors::open(&corrupt));
+        assert!(e.contains("header is corrupt"), "{e}");
+
+        let huge = dir.path().join("huge.safetensors");
+        let mut h = full.clone();
+        h[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        std::fs::write(&huge, &h).unwrap();
+        assert!(err_text(Safetensors::open(&huge)).contains("cannot read safetensors file"));
+    }
+
+    fn write_gguf(path: &Path, arch: &str, tensors: &[(&str, QTensor)]) {
+        let mut f = File::create(path).unwrap();
+        let arch = Value::String(arch.to_string());
+        let count = Value::U32(7);
+        let eps = Value::F32(1e-5);
+        let md: Vec<(&str, &Value)> = vec![("general.architecture", &arch), ("x.count", &count), ("x.eps", &eps)];
+        let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
+        gguf_file::write(&mut f, &md, &ts).unwrap();
+    }
+
+    #[test]
+    fn pretrained_gguf_reads_and_dequantises() {
+        let dir = TempDir::new("gguf");
+        let path = dir.path().join("m.gguf");
+        let cpu = candle_core::Device::Cpu;
+        let vals: Vec<f32> = (0..4 * 64).map(|i| ((i as f32) * 0.37).sin()).collect();
+        let src = candle_core::Tensor::from_vec(vals.clone(), (4, 64), &cpu).unwrap();
+        let f32t = QTensor::quantize(&src, GgmlDType::F32).unwrap();
+        let q8 = QTensor::quantize(&src, GgmlDType::Q8_0).unwrap();
+        let q41 = QTensor::quantize(&src, GgmlDType::Q4_1).unwrap();
+        let q41_ref = q41.dequantize(&cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        write_gguf(&path, "llama", &[("a", f32t), ("b", q8), ("c", q41)]);
+
+        let mut g = Gguf::open(&path).unwrap();
+        assert_eq!(g.string("general.architecture").unwrap(), "llama");
+        assert_eq!(g.usize("x.count").unwrap(), 7);
+        assert!((g.f64("x.eps").unwrap() - 1e-5).abs() < 1e-9);
+        assert_eq!(g.opt_usize("x.absent").unwrap(), None);
+        assert!(err_text(g.usize("x.absent")).contains("`x.absent` is missing"));
+        assert!(err_text(g.usize("x.eps")).contains("is not an integer"));
+        assert_eq!(g.shape("a"), Some(vec![4, 64]));
+        assert_eq!(g.values("a", &[4, 64]).unwrap(), vals);
+        let b = g.values("b", &[4, 64]).unwrap();
+        assert!(b.iter().zip(&vals).all(|(x, y)| (x - y).abs() < 0.02));
+        assert_eq!(g.values("c", &[4, 64]).unwrap(), q41_ref);
+        assert!(err_text(g.values("a", &[64, 4])).contains("expected [64, 4]"));
+        assert!(err_text(g.values("zz", &[1])).contains("tensor `zz` is missing"));
+
+        let full = std::fs::read(&path).unwrap();
+        let truncated = dir.path().join("t.gguf");
+        std::fs::write(&truncated, &full[..full.len() - 100]).unwrap();
+        assert!(err_text(Gguf::open(&truncated)).contains("truncated"));
+        let header_cut = dir.path().join("h.gguf");
+        std::fs::write(&header_cut, &full[..40]).unwrap();
+        assert!(err_text(Gguf::open(&header_cut)).contains("cannot read GGUF file"));
+        let not_gguf = dir.path().join("n.gguf");
+        std::fs::write(&not_gguf, b"this is not a gguf file at all").unwrap();
+        assert!(err_text(Gguf::open(&not_gguf)).contains("cannot read GGUF file"));
+        assert!(err_text(Gguf::open(&dir.path().join("absent.gguf"))).contains("model file not found"));
+
+        // Q8_1 has no dequantiser; an unknown type id fails when the header is read.
+        let q81 = dir.path().join("q81.gguf");
+        write_gguf(&q81, "llama", &[("a", QTensor::quantize(&src, GgmlDType::Q8_1).unwrap())]);
+        let e = err_text(Gguf::open(&q81).unwrap().values("a", &[4, 64]));
+        assert!(e.contains("uses quantisation Q8_1, which cannot be dequantised"), "{e}");
+        let single = dir.path().join("one.gguf");
+        let one = candle_core::Tensor::from_vec(vec![0f32; 64], 64, &cpu).unwrap();
+        write_gguf(&single, "llama", &[("a", QTensor::quantize(&one, GgmlDType::F32).unwrap())]);
+        let mut bytes = std::fs::read(&single).unwrap();
+        // Tensor info: name (u64 length 1, "a"), rank 1, dim 64, then the u32 type id.
+        let info: Vec<u8> = [&1u64.to_le_bytes()[..], b"a", &1u32.to_le_bytes(), &64u64.to_le_bytes(), &0u32.to_le_bytes()].concat();
+        let at = bytes.windows(info.len()).position(|w| w == info.as_slice()).unwrap() + info.len() - 4;
+        bytes[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
+        std::fs::write(&single, &bytes).unwrap();
+        let e = err_text(Gguf::open(&single));
+        assert!(e.contains("cannot read GGUF file") && e.contains("99"), "{e}");
+    }
+}
