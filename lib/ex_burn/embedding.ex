@@ -25,6 +25,9 @@ defmodule ExBurn.Embedding do
 
   alias ExBurn.{Error, Pretrained}
 
+  # Nx is optional: `as: :nx` checks for it at run time.
+  @compile {:no_warn_undefined, Nx}
+
   defstruct [
     :ref,
     :name,

@@ -23,8 +23,34 @@ defmodule ExBurn.Pretrained do
   @engines [:auto, :burn, :candle]
   @counter_key {__MODULE__, :fallbacks}
 
-  # Errors caused by what the caller passed: retrying on another engine would fail the same way.
-  @input_kinds [:argument, :empty_input, :context_length, :invalid_prompt, :not_found, :invalid_option]
+  # Failures that another engine would meet the same way: what the caller passed, and files that
+  # are missing or broken. Any other failure of Burn (an unsupported quantisation, architecture,
+  # module or device, or an engine error) is what `:auto` falls back to Candle for.
+  @no_fallback_kinds [
+    # the caller's input
+    :argument,
+    :invalid_option,
+    :invalid_prompt,
+    :empty_input,
+    :empty_prompt,
+    :prompt_too_long,
+    :no_chat_template,
+    :chat_template_error,
+    :token_out_of_range,
+    # the files
+    :not_found,
+    :model_not_found,
+    :ambiguous_model,
+    :missing_file,
+    :io_error,
+    :corrupt_safetensors,
+    :truncated_file,
+    :not_gguf,
+    :corrupt_gguf,
+    :bad_config,
+    :bad_registry,
+    :bad_tokenizer
+  ]
 
   @doc "How many times an `:auto` model has fallen back from Burn to Candle in this VM."
   @spec fallback_count() :: non_neg_integer
@@ -37,27 +63,30 @@ defmodule ExBurn.Pretrained do
     with {:ok, engine} <- engine(opts),
          {:ok, device} <- device(opts),
          {:ok, path, name} <- resolve(kind, name_or_path, opts) do
-      case engine do
-        :auto ->
-          case load_nif.(path, :burn, device) do
-            {:ok, ref} ->
-              {:ok, %{ref: ref, engine: :burn, auto: true, path: path, name: name, device: device}}
+      model = %{path: path, name: name, device: device, auto: engine == :auto}
 
-            {:error, {op, reason, _}} ->
-              record_fallback(name, op, reason)
+      case {engine, load_nif.(path, burn_or(engine), device)} do
+        {_, {:ok, ref}} ->
+          {:ok, Map.merge(model, %{ref: ref, engine: burn_or(engine)})}
 
-              with {:ok, ref} <- wrap(load_nif.(path, :candle, {:cpu, 0})),
-                   do:
-                     {:ok,
-                      %{ref: ref, engine: :candle, auto: true, path: path, name: name, device: {:cpu, 0}}}
+        {:auto, {:error, {op, reason, details} = err}} ->
+          if no_fallback?(details) do
+            wrap({:error, err})
+          else
+            record_fallback(name, op, reason)
+
+            with {:ok, ref} <- wrap(load_nif.(path, :candle, {:cpu, 0})),
+                 do: {:ok, Map.merge(model, %{ref: ref, engine: :candle, device: {:cpu, 0}})}
           end
 
-        engine ->
-          with {:ok, ref} <- wrap(load_nif.(path, engine, device)),
-               do: {:ok, %{ref: ref, engine: engine, auto: false, path: path, name: name, device: device}}
+        {_, error} ->
+          wrap(error)
       end
     end
   end
+
+  defp burn_or(:auto), do: :burn
+  defp burn_or(engine), do: engine
 
   @doc false
   # Runs `fun.(ref)` (a NIF answer) on the model's engine. An `:auto` model on Burn whose call
@@ -78,7 +107,7 @@ defmodule ExBurn.Pretrained do
         {:ok, value, model}
 
       {:error, {_op, reason, details} = err} ->
-        if model.auto and model.engine == :burn and not input_error?(details) do
+        if model.auto and model.engine == :burn and not no_fallback?(details) do
           record_fallback(model.name, op, reason)
 
           with {:ok, candle} <- candle_ref(model, load_nif),
@@ -99,8 +128,9 @@ defmodule ExBurn.Pretrained do
   @doc false
   def error(op, reason, details), do: {:error, %Error{op: op, reason: reason, details: details}}
 
-  defp input_error?(%{kind: kind}), do: kind in @input_kinds
-  defp input_error?(_), do: false
+  defp no_fallback?(%{kind: kind}), do: kind in @no_fallback_kinds
+  defp no_fallback?(%{argument: _}), do: true
+  defp no_fallback?(_), do: false
 
   # The Candle twin of an `:auto` model, loaded on its first fallback and kept for the model's
   # path (models are long-lived; a second load would double the memory).
