@@ -73,13 +73,16 @@ defmodule ExBurn.Native do
     embedder_info: 1,
     embedder_tokenize: 2,
     embedder_embed: 2,
+    embedder_embed_ids: 2,
     llm_load: 3,
     llm_info: 1,
     llm_tokenize: 3,
     llm_detokenize: 2,
     llm_start: 3,
     llm_prompt_ids: 1,
-    llm_next: 2
+    llm_next: 2,
+    json_decode: 1,
+    json_encode: 2
   ]
 
   @status_key {__MODULE__, :load_status}

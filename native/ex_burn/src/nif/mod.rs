@@ -10,6 +10,7 @@ mod conv;
 mod create;
 mod elementwise;
 mod indexing;
+mod json;
 mod linalg;
 mod model;
 mod pretrained;

@@ -161,17 +161,30 @@ fn embedder_tokenize<'a>(env: Env<'a>, m: Term<'a>, texts: Term<'a>) -> Term<'a>
     guard(env, "embedder_tokenize", || embedder(m)?.0.tokenize(&strings(texts, "texts")?))
 }
 
+/// The rows as one native-endian f32 binary, row after row.
+fn rows_binary(rows: &[Vec<f32>]) -> BinaryOut {
+    let bytes: Vec<u8> = rows.iter().flatten().flat_map(|x| x.to_ne_bytes()).collect();
+    BinaryOut::new(&bytes)
+}
+
 #[rustler::nif(schedule = "DirtyCpu")]
 fn embedder_embed<'a>(env: Env<'a>, m: Term<'a>, texts: Term<'a>) -> Term<'a> {
     guard(env, "embedder_embed", || {
         let m = embedder(m)?;
         let (token_ids, rows) = m.0.embed(&strings(texts, "texts")?)?;
-        let dim = m.0.dim();
-        let mut bytes = Vec::with_capacity(rows.len() * dim * 4);
-        for r in &rows {
-            r.iter().for_each(|x| bytes.extend_from_slice(&x.to_ne_bytes()));
-        }
-        Ok((token_ids, BinaryOut::new(&bytes), dim).encode(env))
+        Ok((token_ids, rows_binary(&rows), m.0.dim()).encode(env))
+    })
+}
+
+/// Embeds rows of token ids (as `embedder_tokenize` returns them): the path of callers that
+/// tokenise on their own side (`Nx.Serving`'s client preprocessing).
+#[rustler::nif(schedule = "DirtyCpu")]
+fn embedder_embed_ids<'a>(env: Env<'a>, m: Term<'a>, rows: Term<'a>) -> Term<'a> {
+    guard(env, "embedder_embed_ids", || {
+        let m = embedder(m)?;
+        let items: Vec<Term> = rows.decode().map_err(|_| ExError::Arg { name: "ids", expected: "a list of lists of token ids" })?;
+        let ids = items.into_iter().map(|r| ids(r, "ids")).collect::<ExResult<Vec<_>>>()?;
+        Ok((rows_binary(&m.0.embed_ids(&ids)?), m.0.dim()).encode(env))
     })
 }
 

@@ -217,22 +217,38 @@ impl EmbeddingModel {
         if texts.is_empty() {
             return Err(empty_input("embed"));
         }
-        let (mut ids, mut rows) = (Vec::with_capacity(texts.len()), Vec::with_capacity(texts.len()));
-        for chunk in texts.chunks(EMBED_CHUNK) {
-            let (batch, chunk_ids) = self.tokenizer.batch(chunk)?;
+        let ids = self.tokenizer.tokenize(texts)?;
+        let rows = self.embed_ids(&ids)?;
+        Ok((ids, rows))
+    }
+
+    /// The embedding of each row of token ids (as `tokenize` returns them). Rows are grouped by
+    /// length into chunks of `EMBED_CHUNK`, so a long text pads only its neighbours in length,
+    /// and the embeddings come back in the rows' order.
+    pub fn embed_ids(&self, ids: &[Vec<u32>]) -> ExResult<Vec<Vec<f32>>> {
+        if ids.is_empty() {
+            return Err(empty_input("embed"));
+        }
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_by_key(|&i| ids[i].len());
+        let size = self.encoder.hidden_size();
+        let mut rows = vec![Vec::new(); ids.len()];
+        for chunk in order.chunks(EMBED_CHUNK) {
+            let chunk_rows: Vec<&[u32]> = chunk.iter().map(|&i| ids[i].as_slice()).collect();
+            let batch = self.tokenizer.batch_ids(&chunk_rows)?;
             let hidden = self.encoder.hidden_states(&batch)?;
-            let size = self.encoder.hidden_size();
             if hidden.len() != batch.batch * batch.seq * size {
                 return Err(errors::engine(self.engine.name(), format!("encoder returned {} values for a [{}, {}, {size}] batch", hidden.len(), batch.batch, batch.seq)));
             }
-            let mut pooled = self.pooling.pool(&hidden, &batch, size);
-            if self.normalize {
-                pooled.iter_mut().for_each(|v| pooling::normalize(v));
+            let pooled = self.pooling.pool(&hidden, &batch, size);
+            for (&i, mut v) in chunk.iter().zip(pooled) {
+                if self.normalize {
+                    pooling::normalize(&mut v);
+                }
+                rows[i] = v;
             }
-            ids.extend(chunk_ids);
-            rows.extend(pooled);
         }
-        Ok((ids, rows))
+        Ok(rows)
     }
 }
 

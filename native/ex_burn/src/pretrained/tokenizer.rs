@@ -80,6 +80,43 @@ impl EncoderTokenizer {
     pub fn tokenize(&self, texts: &[String]) -> ExResult<Vec<Vec<u32>>> {
         Ok(self.batch(texts)?.1)
     }
+
+    /// One padded batch of already tokenised rows (special tokens included), as `batch` builds
+    /// it from texts: single-segment type ids, mask 1 on the tokens, the tokenizer's padding.
+    /// Rows longer than `max_len` or ids outside the vocabulary are errors, not truncated or
+    /// clamped: the caller gave ids this model never produces.
+    pub fn batch_ids(&self, rows: &[&[u32]]) -> ExResult<TokenBatch> {
+        let vocab = self.tok.get_vocab_size(true) as u32;
+        let pad = self.tok.get_padding().map_or(0, |p| p.pad_id);
+        let seq = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        if seq > self.max_len {
+            return Err(errors::err(
+                kind::PROMPT_TOO_LONG,
+                format!("a row has {seq} token ids; the model takes at most {}", self.max_len),
+                vec![("tokens", Detail::Int(seq as i128)), ("max_seq_len", Detail::Int(self.max_len as i128))],
+            ));
+        }
+        if let Some(&id) = rows.iter().flat_map(|r| r.iter()).find(|&&id| id >= vocab) {
+            return Err(errors::err(
+                kind::TOKEN_OUT_OF_RANGE,
+                format!("token id {id} is outside the vocabulary (size {vocab})"),
+                vec![("token_id", Detail::Int(id as i128)), ("vocab_size", Detail::Int(vocab as i128))],
+            ));
+        }
+        if rows.iter().any(|r| r.is_empty()) {
+            return Err(errors::err(kind::EMPTY_INPUT, "a row of token ids is empty", vec![]));
+        }
+        let mut batch = TokenBatch { batch: rows.len(), seq, ..Default::default() };
+        for r in rows {
+            let padding = seq - r.len();
+            batch.ids.extend_from_slice(r);
+            batch.ids.extend(std::iter::repeat_n(pad, padding));
+            batch.type_ids.extend(std::iter::repeat_n(0, seq));
+            batch.mask.extend(std::iter::repeat_n(1, r.len()));
+            batch.mask.extend(std::iter::repeat_n(0, padding));
+        }
+        Ok(batch)
+    }
 }
 
 /// GPT-2's byte-to-character table: printable bytes map to themselves, the others to code points
