@@ -124,6 +124,25 @@ defmodule ExBurn.LLM do
     )
   end
 
+  @doc """
+  Like `stream/3`, but a stream of events: `{:text, piece}` for each piece of text and, last,
+  `{:done, %{finish_reason: :stop | :length, usage: %{prompt_tokens: n, completion_tokens: m}}}`
+  (what a server needs to report besides the text). Generation runs as the stream is consumed,
+  as in `stream/3`.
+  """
+  @spec stream_events(t, prompt, keyword) :: Enumerable.t()
+  def stream_events(%__MODULE__{} = model, prompt, opts \\ []) do
+    Stream.resource(
+      fn -> start_events!(model, prompt, opts) end,
+      fn
+        :done -> {:halt, :done}
+        {:pending, gen, step, usage} -> events(gen, step, usage)
+        {gen, usage} -> events(gen, event_step!(ExBurn.Native.llm_next(gen, 1)), usage)
+      end,
+      fn _ -> :ok end
+    )
+  end
+
   @doc "The token ids of `text` (`add_special: true` adds the model's BOS token when it uses one)."
   @spec tokenize(t, String.t(), keyword) :: {:ok, [non_neg_integer]} | {:error, Error.t()}
   def tokenize(%__MODULE__{ref: ref}, text, opts \\ []),
@@ -157,6 +176,34 @@ defmodule ExBurn.LLM do
 
     {:pending, gen, status, text}
   end
+
+  defp start_events!(model, prompt, opts) do
+    start = bang(start_args(prompt, opts))
+
+    {:ok, {gen, step, prompt_ids}, _model} =
+      call3(model, :llm_stream, fn ref ->
+        with {:ok, gen} <- ExBurn.Native.llm_start(ref, start.prompt, start.opts),
+             {:ok, prompt_ids} <- ExBurn.Native.llm_prompt_ids(gen),
+             {:ok, step} <- ExBurn.Native.llm_next(gen, 1),
+             do: {:ok, {gen, step, prompt_ids}}
+      end)
+      |> ok!()
+
+    {:pending, gen, step, %{prompt_tokens: length(prompt_ids), completion_tokens: 0}}
+  end
+
+  defp events(gen, {status, text, ids, finish}, usage) do
+    usage = %{usage | completion_tokens: usage.completion_tokens + length(ids)}
+    texts = for piece <- pieces(text), do: {:text, piece}
+
+    case status do
+      :cont -> {texts, {gen, usage}}
+      :done -> {texts ++ [{:done, %{finish_reason: finish, usage: usage}}], :done}
+    end
+  end
+
+  defp event_step!({:ok, step}), do: step
+  defp event_step!(error), do: bang(Pretrained.wrap(error))
 
   defp drain(gen, prompt_ids, texts, ids) do
     case ExBurn.Native.llm_next(gen, 16) do

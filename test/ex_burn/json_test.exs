@@ -33,8 +33,11 @@ defmodule ExBurn.JSONTest do
   end
 
   test "malformed documents are errors naming the position" do
-    assert {:error, %ExBurn.Error{op: :json_decode, details: %{line: 1, column: col}}} = JSON.decode(~s({"a": }))
+    assert {:error, %ExBurn.Error{op: :json_decode, details: %{line: 1, column: col}}} =
+             JSON.decode(~s({"a": }))
+
     assert col > 0
+
     for bad <- ["", "[1,", "{'a': 1}", "nan", "[1] x", <<0xFF>>] do
       assert {:error, %ExBurn.Error{op: :json_decode}} = JSON.decode(bad)
     end

@@ -48,15 +48,8 @@ fn default_act() -> String {
 impl BertConfig {
     pub fn read(dir: &Path) -> ExResult<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                ExError::invalid(format!("model file not found: {}", path.display()))
-            } else {
-                ExError::invalid(format!("cannot read {}: {e}", path.display()))
-            }
-        })?;
-        let cfg: BertConfig =
-            serde_json::from_str(&text).map_err(|e| ExError::invalid(format!("{} is not a BERT config: {e}", path.display())))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| super::errors::io(&path, e))?;
+        let cfg: BertConfig = serde_json::from_str(&text).map_err(|e| super::errors::bad_config(&path, format!("not a BERT config: {e}")))?;
         cfg.check()?;
         Ok(cfg)
     }
@@ -64,25 +57,25 @@ impl BertConfig {
     fn check(&self) -> ExResult<()> {
         if let Some(t) = &self.model_type {
             if t != "bert" {
-                return Err(ExError::invalid(format!("unsupported model_type `{t}` for the Burn BERT engine (expected `bert`)")));
+                return Err(super::errors::unsupported("burn", format!("unsupported model_type `{t}` for the BERT engine (expected `bert`)")));
             }
         }
         if self.hidden_act != "gelu" {
-            return Err(ExError::invalid(format!(
-                "unsupported hidden_act `{}` for the Burn BERT engine (only `gelu`, the exact erf GELU)",
-                self.hidden_act
-            )));
+            return Err(super::errors::unsupported(
+                "burn",
+                format!("unsupported hidden_act `{}` for the BERT engine (only `gelu`, the exact erf GELU)", self.hidden_act),
+            ));
         }
         if let Some(p) = &self.position_embedding_type {
             if p != "absolute" {
-                return Err(ExError::invalid(format!("unsupported position_embedding_type `{p}` (only `absolute`)")));
+                return Err(super::errors::unsupported("burn", format!("unsupported position_embedding_type `{p}` (only `absolute`)")));
             }
         }
         if self.num_attention_heads == 0 || !self.hidden_size.is_multiple_of(self.num_attention_heads) {
-            return Err(ExError::invalid(format!(
-                "hidden_size {} is not a multiple of num_attention_heads {}",
-                self.hidden_size, self.num_attention_heads
-            )));
+            return Err(super::errors::bad_config(
+                Path::new("config.json"),
+                format!("hidden_size {} is not a multiple of num_attention_heads {}", self.hidden_size, self.num_attention_heads),
+            ));
         }
         Ok(())
     }
@@ -208,7 +201,11 @@ impl BurnBert {
             )));
         }
         if let Some(id) = batch.ids.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
-            return Err(ExError::invalid(format!("token id {id} is outside the vocabulary of {}", self.cfg.vocab_size)));
+            return Err(super::errors::err(
+                super::errors::kind::TOKEN_OUT_OF_RANGE,
+                format!("token id {id} is outside the vocabulary of {}", self.cfg.vocab_size),
+                vec![],
+            ));
         }
         if let Some(t) = batch.type_ids.iter().find(|&&t| t as usize >= self.cfg.type_vocab_size) {
             return Err(ExError::invalid(format!("token type id {t} is outside the {} token types", self.cfg.type_vocab_size)));

@@ -44,10 +44,7 @@ impl LlamaConfig {
     fn read(g: &Gguf) -> ExResult<Self> {
         let arch = g.string("general.architecture")?;
         if arch != "llama" {
-            return Err(ExError::invalid(format!(
-                "unknown architecture `{arch}` in {}: the Burn engine runs `llama` GGUF models",
-                g.path().display()
-            )));
+            return Err(super::errors::unsupported("burn", format!("unknown architecture `{arch}` in {}: the Burn engine runs `llama` GGUF models", g.path().display())));
         }
         let embedding_length = g.usize("llama.embedding_length")?;
         let head_count = g.usize("llama.attention.head_count")?;
@@ -66,9 +63,10 @@ impl LlamaConfig {
         for key in ["llama.attention.key_length", "llama.attention.value_length"] {
             if let Some(n) = g.opt_usize(key)? {
                 if n != head_dim {
-                    return Err(ExError::invalid(format!(
-                        "{key} {n} differs from embedding_length / head_count = {head_dim}, which the Burn engine does not support"
-                    )));
+                    return Err(super::errors::unsupported(
+                        "burn",
+                        format!("{key} {n} differs from embedding_length / head_count = {head_dim}, which the Burn engine does not support"),
+                    ));
                 }
             }
         }
@@ -78,7 +76,7 @@ impl LlamaConfig {
                 "none" => 1.0,
                 "linear" => 1.0 / g.opt_f64("llama.rope.scaling.factor")?.unwrap_or(1.0),
                 other => {
-                    return Err(ExError::invalid(format!("unsupported rope scaling `{other}` (the Burn engine supports none and linear)")))
+                    return Err(super::errors::unsupported("burn", format!("unsupported rope scaling `{other}` (the Burn engine supports none and linear)")))
                 }
             },
         };
@@ -90,7 +88,13 @@ impl LlamaConfig {
                     g.path().display()
                 )))
             }
-            None => return Err(ExError::invalid(format!("tensor `token_embd.weight` is missing from {}", g.path().display()))),
+            None => {
+                return Err(super::errors::err(
+                    super::errors::kind::MISSING_TENSOR,
+                    format!("tensor `token_embd.weight` is missing from {}", g.path().display()),
+                    vec![super::errors::path_detail(g.path())],
+                ))
+            }
         };
         if let Some(v) = g.opt_usize("llama.vocab_size")? {
             if v != vocab_size {
@@ -329,7 +333,11 @@ impl LmSession for BurnLlamaSession {
             )));
         }
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            return Err(ExError::invalid(format!("token id {t} is outside the vocabulary of {}", cfg.vocab_size)));
+            return Err(super::errors::err(
+                super::errors::kind::TOKEN_OUT_OF_RANGE,
+                format!("token id {t} is outside the vocabulary of {}", cfg.vocab_size),
+                vec![],
+            ));
         }
         let w = Arc::clone(&self.w);
         let cache = &mut self.cache;

@@ -33,6 +33,11 @@ pub mod kind {
     pub const CHAT_TEMPLATE: &str = "chat_template_error";
     pub const TOKEN_OUT_OF_RANGE: &str = "token_out_of_range";
     pub const ENGINE: &str = "engine_error";
+    /// A model feature one engine lacks (another engine may have it: `:auto` falls back).
+    pub const UNSUPPORTED_FEATURE: &str = "unsupported_feature";
+    pub const MISSING_TENSOR: &str = "missing_tensor";
+    pub const TENSOR_MISMATCH: &str = "tensor_mismatch";
+    pub const UNSUPPORTED_DTYPE: &str = "unsupported_dtype";
 }
 
 /// An error of `kind` with a message and further details.
@@ -80,4 +85,9 @@ pub fn kind_of(e: &ExError) -> Option<&'static str> {
         ("kind", Detail::Atom(a)) => Some(a),
         _ => None,
     })
+}
+
+/// A feature of the model that `engine` does not implement.
+pub fn unsupported(engine: &'static str, what: impl std::fmt::Display) -> ExError {
+    err(kind::UNSUPPORTED_FEATURE, format!("{engine}: {what}"), vec![("engine", Detail::Atom(engine))])
 }

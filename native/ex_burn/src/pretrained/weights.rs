@@ -17,14 +17,15 @@ use memmap2::Mmap;
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensors};
 
-use crate::error::{ExError, ExResult};
+use super::errors::{self, err, kind, path_detail};
+use crate::error::{Detail, ExError, ExResult};
 
 fn io_error(path: &Path, e: std::io::Error) -> ExError {
-    if e.kind() == std::io::ErrorKind::NotFound {
-        ExError::invalid(format!("model file not found: {}", path.display()))
-    } else {
-        ExError::invalid(format!("cannot read model file {}: {e}", path.display()))
-    }
+    errors::io(path, e)
+}
+
+fn missing_tensor(path: &Path, name: &str) -> ExError {
+    err(kind::MISSING_TENSOR, format!("tensor `{name}` is missing from {}", path.display()), vec![path_detail(path), ("tensor", Detail::Text(name.to_string()))])
 }
 
 /// Builds an f32 Burn tensor from host values. The `Vec` becomes the tensor's storage on the CPU.
@@ -34,7 +35,11 @@ pub fn f32_tensor<const D: usize>(values: Vec<f32>, shape: [usize; D], device: &
 
 fn check_shape(file: &Path, name: &str, got: &[usize], want: &[usize]) -> ExResult<()> {
     if got != want {
-        return Err(ExError::invalid(format!("tensor `{name}` in {} has shape {got:?}, expected {want:?}", file.display())));
+        return Err(err(
+            kind::TENSOR_MISMATCH,
+            format!("tensor `{name}` in {} has shape {got:?}, expected {want:?}", file.display()),
+            vec![path_detail(file), ("tensor", Detail::Text(name.to_string())), ("shape", Detail::Dims(got.to_vec())), ("expected_shape", Detail::Dims(want.to_vec()))],
+        ));
     }
     Ok(())
 }
@@ -54,14 +59,14 @@ impl Safetensors {
         // is the same contract every safetensors/mmap loader (candle, transformers) accepts.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| io_error(path, e))?;
         let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| {
-            let what = match e {
+            let (k, what) = match e {
                 safetensors::SafeTensorError::MetadataIncompleteBuffer | safetensors::SafeTensorError::InvalidHeaderLength => {
-                    "the file is truncated or its header length is wrong"
+                    (kind::TRUNCATED_FILE, "the file is truncated or its header length is wrong")
                 }
-                safetensors::SafeTensorError::HeaderTooSmall => "the file is too small to hold a header",
-                _ => "its header is corrupt",
+                safetensors::SafeTensorError::HeaderTooSmall => (kind::TRUNCATED_FILE, "the file is too small to hold a header"),
+                _ => (kind::CORRUPT_SAFETENSORS, "its header is corrupt"),
             };
-            ExError::invalid(format!("cannot read safetensors file {}: {what} ({e})", path.display()))
+            err(k, format!("cannot read safetensors file {}: {what} ({e})", path.display()), vec![path_detail(path)])
         })?;
         Ok(Safetensors { path: path.to_path_buf(), mmap, header_len, metadata })
     }
@@ -85,7 +90,7 @@ impl Safetensors {
     /// The tensor `name` as f32 host values, checked against `shape`.
     pub fn values(&self, name: &str, shape: &[usize]) -> ExResult<Vec<f32>> {
         let info =
-            self.metadata.info(name).ok_or_else(|| ExError::invalid(format!("tensor `{name}` is missing from {}", self.path.display())))?;
+            self.metadata.info(name).ok_or_else(|| missing_tensor(&self.path, name))?;
         check_shape(&self.path, name, &info.shape, shape)?;
         let (start, end) = info.data_offsets;
         let base = 8 + self.header_len;
@@ -95,10 +100,10 @@ impl Safetensors {
             Dtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
             Dtype::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
             other => {
-                return Err(ExError::invalid(format!(
+                return Err(err(kind::UNSUPPORTED_DTYPE, format!(
                     "tensor `{name}` in {} has dtype {other:?}; only F32, F16 and BF16 weights are supported",
                     self.path.display()
-                )))
+                ), vec![path_detail(&self.path)]))
             }
         };
         // Drop the file pages just read from this process's resident set, so a load's peak is
@@ -134,15 +139,17 @@ pub struct Gguf {
 impl Gguf {
     pub fn open(path: &Path) -> ExResult<Self> {
         let mut file = File::open(path).map_err(|e| io_error(path, e))?;
-        let content = Content::read(&mut file).map_err(|e| ExError::invalid(format!("cannot read GGUF file {}: {e}", path.display())))?;
+        let content = Content::read(&mut file)
+            .map_err(|e| err(kind::CORRUPT_GGUF, format!("cannot read GGUF file {}: {e}", path.display()), vec![path_detail(path)]))?;
         let len = file.metadata().map_err(|e| io_error(path, e))?.len();
         for (name, info) in &content.tensor_infos {
             let end = content.tensor_data_offset + info.offset + Self::byte_len(info.ggml_dtype, info.shape.elem_count()) as u64;
             if end > len {
-                return Err(ExError::invalid(format!(
-                    "GGUF file {} is truncated: tensor `{name}` ends at byte {end}, the file has {len}",
-                    path.display()
-                )));
+                return Err(err(
+                    kind::TRUNCATED_FILE,
+                    format!("GGUF file {} is truncated: tensor `{name}` ends at byte {end}, the file has {len}", path.display()),
+                    vec![path_detail(path), ("expected_bytes", Detail::Int(end as i128)), ("actual_bytes", Detail::Int(len as i128))],
+                ));
             }
         }
         Ok(Gguf { path: path.to_path_buf(), file, content })
@@ -161,11 +168,11 @@ impl Gguf {
     }
 
     fn missing(&self, key: &str) -> ExError {
-        ExError::invalid(format!("GGUF metadata `{key}` is missing from {}", self.path.display()))
+        err(kind::CORRUPT_GGUF, format!("GGUF metadata `{key}` is missing from {}", self.path.display()), vec![path_detail(&self.path)])
     }
 
     fn wrong_type(&self, key: &str, want: &str) -> ExError {
-        ExError::invalid(format!("GGUF metadata `{key}` in {} is not {want}", self.path.display()))
+        err(kind::CORRUPT_GGUF, format!("GGUF metadata `{key}` in {} is not {want}", self.path.display()), vec![path_detail(&self.path)])
     }
 
     pub fn string(&self, key: &str) -> ExResult<&str> {
@@ -231,14 +238,15 @@ impl Gguf {
             .content
             .tensor_infos
             .get(name)
-            .ok_or_else(|| ExError::invalid(format!("tensor `{name}` is missing from {}", self.path.display())))?;
+            .ok_or_else(|| missing_tensor(&self.path, name))?;
         check_shape(&self.path, name, info.shape.dims(), shape)?;
         let dtype = info.ggml_dtype;
         if !dequantisable(dtype) {
-            return Err(ExError::invalid(format!(
-                "tensor `{name}` in {} uses quantisation {dtype:?}, which cannot be dequantised",
-                self.path.display()
-            )));
+            return Err(err(
+                kind::UNSUPPORTED_QUANTIZATION,
+                format!("tensor `{name}` in {} uses quantisation {dtype:?}, which cannot be dequantised", self.path.display()),
+                vec![path_detail(&self.path), ("quantization", Detail::Text(format!("{dtype:?}")))],
+            ));
         }
         let elems: usize = shape.iter().product();
         let cols = *shape.last().unwrap_or(&1);
@@ -247,10 +255,11 @@ impl Gguf {
             return Ok(Vec::new());
         }
         if !cols.is_multiple_of(block) {
-            return Err(ExError::invalid(format!(
-                "tensor `{name}` in {}: rows of {cols} values do not split into {dtype:?} blocks of {block}",
-                self.path.display()
-            )));
+            return Err(err(
+                kind::CORRUPT_GGUF,
+                format!("tensor `{name}` in {}: rows of {cols} values do not split into {dtype:?} blocks of {block}", self.path.display()),
+                vec![path_detail(&self.path)],
+            ));
         }
         let rows = elems / cols;
         let row_bytes = cols / block * dtype.type_size();
@@ -259,7 +268,7 @@ impl Gguf {
         let start = self.content.tensor_data_offset + info.offset;
         let mut out = Vec::with_capacity(elems);
         let mut raw = vec![0u8; chunk_rows * row_bytes];
-        let read_err = |e: std::io::Error| ExError::invalid(format!("cannot read tensor `{name}` from {}: {e}", self.path.display()));
+        let read_err = |e: std::io::Error| errors::io(&self.path, e);
         self.file.seek(SeekFrom::Start(start)).map_err(read_err)?;
         let mut row = 0;
         while row < rows {
@@ -267,7 +276,7 @@ impl Gguf {
             let raw = &mut raw[..n * row_bytes];
             self.file.read_exact(raw).map_err(read_err)?;
             let candle_err = |e: candle_core::Error| {
-                ExError::invalid(format!("cannot dequantise tensor `{name}` ({dtype:?}) from {}: {e}", self.path.display()))
+                errors::engine("burn", format!("cannot dequantise tensor `{name}` ({dtype:?}) from {}: {e}", self.path.display()))
             };
             let q = ggml_file::qtensor_from_ggml(dtype, raw, vec![n, cols], &candle_core::Device::Cpu).map_err(candle_err)?;
             let t = q.dequantize(&candle_core::Device::Cpu).map_err(candle_err)?;

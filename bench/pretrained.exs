@@ -1,0 +1,430 @@
+# Pre-trained model benchmark (issue #12): ExBurn's engines (Burn flex, Candle) against the Python
+# reference in the same invocation, on the CPU with two threads each.
+#
+#   mix run bench/pretrained.exs                   # embed, llm and rss sections, both engines
+#   mix run bench/pretrained.exs embed llm         # only these sections
+#   EXBURN_BENCH_ENGINES=candle mix run bench/pretrained.exs
+#
+# Sections:
+#   embed  all-MiniLM-L6-v2: throughput of one call embedding the 32 sentences of
+#          bench/data/pretrained_sentences.txt (13-20 tokens each), and batch-1 latency (one
+#          sentence a call, cycling through the 32). Peer: sentence-transformers `encode`.
+#   llm    SmolLM2-135M-Instruct Q4_1 GGUF: 64 new greedy tokens from bench/data/pretrained_prompt.txt
+#          (raw completion). tok/s = 64 / (the whole generate call, prompt included); "first" is a
+#          separate start + first token (prefill) and decode tok/s = 63 / (total - first).
+#          Peers: llama.cpp (llama-cpp-python, same GGUF) when importable, and transformers
+#          (GGUF dequantised to f32).
+#   rss    peak RSS of one load, each in a fresh OS process (`mix run bench/pretrained.exs
+#          rss_child KIND ENGINE`, and `python3 bench/pretrained_peer.py rss KIND`): VmHWM after
+#          the load minus VmRSS before it (VmHWM reset through /proc/self/clear_refs), over the
+#          weight file's size.
+#
+# Threads: Burn flex and Candle run on rayon's global pool, which has one thread per core unless
+# RAYON_NUM_THREADS says otherwise; this script sets RAYON_NUM_THREADS=EXBURN_BENCH_THREADS
+# (default 2) before any model runs, and the peer gets torch.set_num_threads / n_threads of the
+# same number. The ExBurn cases run first, then the peer: never both at once.
+#
+# Options (environment): EXBURN_BENCH_EMBED_RUNS (20), EXBURN_BENCH_LATENCY_RUNS (64),
+# EXBURN_BENCH_LLM_RUNS (3), EXBURN_BENCH_THREADS (2), EXBURN_BENCH_ENGINES ("burn,candle"),
+# EXBURN_BENCH_OUT (the results file; default bench/results/pretrained_<date>.txt; "-" for none).
+# No case asserts a time: this prints figures, ratios and the load average beside them.
+
+defmodule PretrainedBench do
+  @models Path.expand(System.get_env("EXBURN_MODELS_DIR") || "~/models")
+  def minilm, do: Path.join(@models, "embeddings/all-minilm-l6-v2")
+  def smol, do: Path.join(@models, "llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+  def env_int(name, default), do: String.to_integer(System.get_env(name) || "#{default}")
+
+  def loadavg, do: File.read!("/proc/loadavg") |> String.split() |> Enum.take(3) |> Enum.join(" ")
+
+  def pct(xs, 50) do
+    s = Enum.sort(xs)
+    n = length(s)
+    if rem(n, 2) == 1, do: Enum.at(s, div(n, 2)), else: (Enum.at(s, div(n, 2) - 1) + Enum.at(s, div(n, 2))) / 2
+  end
+
+  def pct(xs, q), do: Enum.at(Enum.sort(xs), min(length(xs) - 1, round(q / 100 * (length(xs) - 1))))
+
+  def ms(fun) do
+    t0 = System.monotonic_time(:microsecond)
+    result = fun.()
+    {(System.monotonic_time(:microsecond) - t0) / 1000, result}
+  end
+
+  def status_kib(key) do
+    File.read!("/proc/self/status")
+    |> String.split("\n")
+    |> Enum.find_value(0, fn line ->
+      case String.split(line) do
+        [k, v | _] -> if k == key <> ":", do: String.to_integer(v)
+        _ -> nil
+      end
+    end)
+  end
+
+  def sentences do
+    Path.join(__DIR__, "data/pretrained_sentences.txt") |> File.read!() |> String.split("\n", trim: true)
+  end
+
+  def prompt, do: File.read!(Path.join(__DIR__, "data/pretrained_prompt.txt"))
+
+  # `R\tcase\tk=v...` lines, the peer's format, so both sides parse alike.
+  def line(name, kv), do: Enum.join(["R", name | Enum.map(kv, fn {k, v} -> "#{k}=#{fmtv(v)}" end)], "\t")
+  defp fmtv(v) when is_float(v), do: :erlang.float_to_binary(v, decimals: 4)
+  defp fmtv(v), do: to_string(v)
+
+  def parse(out) do
+    lines = String.split(out, "\n", trim: true)
+
+    rows =
+      for "R\t" <> rest <- lines, into: %{} do
+        [name | kvs] = String.split(rest, "\t")
+
+        {name,
+         Map.new(kvs, fn kv ->
+           [k, v] = String.split(kv, "=", parts: 2)
+
+           v =
+             case Float.parse(v) do
+               {f, ""} -> f
+               _ -> v
+             end
+
+           {k, v}
+         end)}
+      end
+
+    skips = for "SKIP\t" <> rest <- lines, do: rest
+    {rows, skips}
+  end
+
+  def embed_bench(engine, runs, lat_runs) do
+    texts = sentences()
+    {load_ms, model} = ms(fn -> ExBurn.Embedding.load!(minilm(), engine: engine, device: {:cpu, 0}) end)
+    for _ <- 1..3, do: ExBurn.Embedding.embed!(model, texts)
+    times = for _ <- 1..runs, do: elem(ms(fn -> ExBurn.Embedding.embed!(model, texts) end), 0)
+    med = pct(times, 50)
+    vecs = ExBurn.Embedding.embed!(model, texts)
+    for s <- Enum.take(texts, 4), do: ExBurn.Embedding.embed!(model, [s])
+
+    lat =
+      for i <- 0..(lat_runs - 1) do
+        s = Enum.at(texts, rem(i, length(texts)))
+        elem(ms(fn -> ExBurn.Embedding.embed!(model, [s]) end), 0)
+      end
+
+    {[
+       {"embed_batch32", [median_ms: med, p90_ms: pct(times, 90), per_s: 32 / med * 1000, runs: runs, load_ms: load_ms]},
+       {"embed_batch1", [median_ms: pct(lat, 50), p90_ms: pct(lat, 90), runs: lat_runs]}
+     ], vecs}
+  end
+
+  def llm_bench(engine, runs) do
+    p = prompt()
+    {load_ms, model} = ms(fn -> ExBurn.LLM.load!(smol(), engine: engine, device: {:cpu, 0}) end)
+    opts = [max_tokens: 64, greedy: true]
+    gen = fn -> ExBurn.LLM.generate!(model, p, opts) end
+
+    first = fn ->
+      {:ok, start} = ExBurn.LLM.start_args(p, Keyword.put(opts, :max_tokens, 1))
+      {:ok, g} = ExBurn.Native.llm_start(model.ref, start.prompt, start.opts)
+      {:ok, _} = ExBurn.Native.llm_next(g, 1)
+    end
+
+    gen.()
+
+    {firsts, totals, results} =
+      Enum.reduce(1..runs, {[], [], []}, fn _, {f, t, r} ->
+        {fm, _} = ms(first)
+        {tm, res} = ms(gen)
+        {[fm | f], [tm | t], [res | r]}
+      end)
+
+    res = hd(results)
+    n = length(res.generated_ids)
+    total = pct(totals, 50)
+    fst = pct(firsts, 50)
+
+    [
+      {"llm",
+       [
+         prompt_tokens: length(res.prompt_ids),
+         new_tokens: n,
+         total_ms: total,
+         first_ms: fst,
+         tok_s: n / total * 1000,
+         decode_tok_s: (n - 1) / max(total - fst, 1.0e-9) * 1000,
+         runs: runs,
+         load_ms: load_ms,
+         ids: Enum.join(res.generated_ids, ",")
+       ]}
+    ]
+  end
+
+  def rss_child(kind, engine) do
+    engine = String.to_existing_atom(engine)
+    {:ok, _} = ExBurn.Native.compiled_kinds()
+    :erlang.garbage_collect()
+    base = status_kib("VmRSS")
+    base = if File.write("/proc/self/clear_refs", "5") == :ok, do: base, else: status_kib("VmHWM")
+
+    {load_ms, {model, file}} =
+      ms(fn ->
+        case kind do
+          "embed" ->
+            {ExBurn.Embedding.load!(minilm(), engine: engine, device: {:cpu, 0}), Path.join(minilm(), "model.safetensors")}
+
+          "llm" ->
+            {ExBurn.LLM.load!(smol(), engine: engine, device: {:cpu, 0}), smol()}
+        end
+      end)
+
+    peak = status_kib("VmHWM")
+    after_load = status_kib("VmRSS")
+    true = model.ref != nil
+    IO.puts(line("rss_#{kind}", base_kib: base, peak_kib: peak, after_kib: after_load, file_bytes: File.stat!(file).size, load_ms: load_ms))
+  end
+
+  def cosine(a, b) do
+    dot = Enum.zip_with(a, b, &(&1 * &2)) |> Enum.sum()
+    na = :math.sqrt(Enum.sum(Enum.map(a, &(&1 * &1))))
+    nb = :math.sqrt(Enum.sum(Enum.map(b, &(&1 * &1))))
+    dot / (na * nb)
+  end
+
+  def common_prefix(a, b), do: Enum.zip(a, b) |> Enum.take_while(fn {x, y} -> x == y end) |> length()
+end
+
+alias PretrainedBench, as: B
+
+case System.argv() do
+  ["rss_child", kind, engine] ->
+    B.rss_child(kind, engine)
+    System.halt(0)
+
+  _ ->
+    :ok
+end
+
+threads = B.env_int("EXBURN_BENCH_THREADS", 2)
+System.put_env("RAYON_NUM_THREADS", "#{threads}")
+embed_runs = B.env_int("EXBURN_BENCH_EMBED_RUNS", 20)
+lat_runs = B.env_int("EXBURN_BENCH_LATENCY_RUNS", 64)
+llm_runs = B.env_int("EXBURN_BENCH_LLM_RUNS", 3)
+engines = (System.get_env("EXBURN_BENCH_ENGINES") || "burn,candle") |> String.split(",", trim: true) |> Enum.map(&String.to_atom/1)
+sections = case System.argv() do
+  [] -> ~w(embed llm rss)
+  s -> s
+end
+
+started = DateTime.utc_now() |> DateTime.truncate(:second)
+{:ok, lines} = Agent.start_link(fn -> [] end)
+
+say = fn text ->
+  IO.puts(text)
+  Agent.update(lines, &[text | &1])
+end
+
+say.("pretrained benchmark #{started}; #{:erlang.system_info(:system_architecture)}; " <>
+  "#{System.schedulers_online()} schedulers, nproc #{:erlang.system_info(:logical_processors_available)}; " <>
+  "threads: RAYON_NUM_THREADS=#{threads}, peer #{threads}; git #{System.cmd("git", ["rev-parse", "--short", "HEAD"]) |> elem(0) |> String.trim()}")
+say.("cpu: " <> (File.read!("/proc/cpuinfo") |> String.split("\n") |> Enum.find("", &String.starts_with?(&1, "model name")) |> String.split(":") |> List.last() |> String.trim()))
+start_load = B.loadavg()
+say.("load average at start: #{start_load}")
+
+ours = %{}
+
+{ours, vecs} =
+  Enum.reduce(engines, {ours, %{}}, fn engine, {acc, vecs} ->
+    acc =
+      if "embed" in sections do
+        {rows, v} = B.embed_bench(engine, embed_runs, lat_runs)
+        say.("  #{engine} embed done (load average #{B.loadavg()})")
+        vecs = Map.put(vecs, engine, v)
+        Process.put(:vecs, vecs)
+        Enum.reduce(rows, acc, fn {name, kv}, a -> Map.put(a, {engine, name}, Map.new(kv, fn {k, v} -> {to_string(k), v} end)) end)
+      else
+        acc
+      end
+
+    acc =
+      if "llm" in sections do
+        rows = B.llm_bench(engine, llm_runs)
+        say.("  #{engine} llm done (load average #{B.loadavg()})")
+        Enum.reduce(rows, acc, fn {name, kv}, a -> Map.put(a, {engine, name}, Map.new(kv, fn {k, v} -> {to_string(k), v} end)) end)
+      else
+        acc
+      end
+
+    {acc, Process.get(:vecs, vecs)}
+  end)
+
+mid_load = B.loadavg()
+
+peer_sections = Enum.filter(["embed", "llm", "llamacpp"], fn s -> if s == "llamacpp", do: "llm" in sections, else: s in sections end)
+peer_env = [{"EXBURN_BENCH_THREADS", "#{threads}"}, {"EXBURN_BENCH_EMBED_RUNS", "#{embed_runs}"},
+  {"EXBURN_BENCH_LATENCY_RUNS", "#{lat_runs}"}, {"EXBURN_BENCH_LLM_RUNS", "#{llm_runs}"}]
+
+{peer, skips} =
+  if peer_sections == [] do
+    {%{}, []}
+  else
+    {out, status} = System.cmd("python3", [Path.join(__DIR__, "pretrained_peer.py") | peer_sections], env: peer_env, stderr_to_stdout: true)
+    {rows, skips} = B.parse(out)
+    {rows, if(status == 0, do: skips, else: skips ++ ["peer exited #{status}: " <> String.slice(out, -600, 600)])}
+  end
+
+say.("  peer done (load average #{B.loadavg()})")
+
+rss =
+  if "rss" in sections do
+    mix = System.find_executable("mix")
+
+    ex =
+      for kind <- ["embed", "llm"], engine <- engines, into: %{} do
+        {out, _} = System.cmd(mix, ["run", Path.relative_to_cwd(__ENV__.file), "rss_child", kind, "#{engine}"], env: [{"RAYON_NUM_THREADS", "#{threads}"}], stderr_to_stdout: true)
+        {rows, _} = B.parse(out)
+        {{engine, kind}, Map.get(rows, "rss_#{kind}", %{"error" => String.slice(out, -300, 300)})}
+      end
+
+    py =
+      for kind <- ["embed", "llm", "llamacpp"], into: %{} do
+        {out, _} = System.cmd("python3", [Path.join(__DIR__, "pretrained_peer.py"), "rss", kind], env: peer_env, stderr_to_stdout: true)
+        {rows, sk} = B.parse(out)
+        {{:peer, kind}, Map.get(rows, "rss_#{kind}", %{"error" => Enum.join(sk, "; ") <> String.slice(out, -200, 200)})}
+      end
+
+    Map.merge(ex, py)
+  else
+    %{}
+  end
+
+end_load = B.loadavg()
+
+f1 = fn
+  nil -> "-"
+  v when is_float(v) -> :erlang.float_to_binary(v, decimals: 1)
+  v -> to_string(v)
+end
+
+f2 = fn
+  nil -> "-"
+  v when is_float(v) -> :erlang.float_to_binary(v, decimals: 2)
+  v -> to_string(v)
+end
+
+verdict = fn ratio, op, goal ->
+  ok = if op == :ge, do: ratio >= goal, else: ratio <= goal
+  "#{f2.(ratio)} (goal #{if op == :ge, do: ">=", else: "<="} #{goal}: #{if ok, do: "met", else: "MISSED"})"
+end
+
+say.("load average: start #{start_load}; after ExBurn #{mid_load}; at end #{end_load}")
+say.("")
+
+if "embed" in sections do
+  st32 = peer["embed_batch32"]
+  st1 = peer["embed_batch1"]
+
+  if tok = peer["embed_tokens"] do
+    say.("embedding inputs: 32 sentences, #{f1.(tok["min"])}-#{f1.(tok["max"])} tokens (mean #{f1.(tok["mean"])})")
+  end
+
+  say.("embedding, batch 32 (one call, 32 sentences): median / p90 ms, embeddings/s")
+  say.("  sentence-transformers: #{f1.(st32 && st32["median_ms"])} / #{f1.(st32 && st32["p90_ms"])} ms, #{f1.(st32 && st32["per_s"])}/s")
+
+  for e <- engines, r = ours[{e, "embed_batch32"}] do
+    ratio = if st32, do: " throughput ratio vs sentence-transformers " <> verdict.(r["per_s"] / st32["per_s"], :ge, 1.5), else: ""
+    seed = "seed > 100/s: #{if r["per_s"] > 100, do: "met", else: "MISSED"}"
+    say.("  #{e}: #{f1.(r["median_ms"])} / #{f1.(r["p90_ms"])} ms, #{f1.(r["per_s"])}/s;#{ratio}; #{seed}")
+  end
+
+  say.("embedding, batch 1 (one sentence a call): median / p90 ms")
+  say.("  sentence-transformers: #{f2.(st1 && st1["median_ms"])} / #{f2.(st1 && st1["p90_ms"])} ms")
+
+  for e <- engines, r = ours[{e, "embed_batch1"}] do
+    ratio = if st1, do: " latency ratio vs sentence-transformers " <> verdict.(r["median_ms"] / st1["median_ms"], :le, 0.7), else: ""
+    seed = "seed < 50 ms: #{if r["median_ms"] < 50, do: "met", else: "MISSED"}"
+    say.("  #{e}: #{f2.(r["median_ms"])} / #{f2.(r["p90_ms"])} ms;#{ratio}; #{seed}")
+  end
+
+  case vecs do
+    %{burn: b, candle: c} ->
+      cos = Enum.zip_with(b, c, &B.cosine/2)
+      say.("  agreement: cosine(burn, candle) over the 32 embeddings: min #{:erlang.float_to_binary(Enum.min(cos), decimals: 6)}")
+
+    _ ->
+      :ok
+  end
+
+  say.("")
+end
+
+if "llm" in sections do
+  llama = peer["llm_llamacpp"]
+  tf = peer["llm_transformers"]
+  say.("LLM, SmolLM2-135M-Instruct Q4_1, 64 new greedy tokens: total ms, first (prefill+1) ms, tok/s, decode tok/s")
+
+  ref_ids = fn r -> r["ids"] |> to_string() |> String.split(",", trim: true) |> Enum.map(&String.to_integer/1) end
+
+  for {name, r} <- [{"llama.cpp", llama}, {"transformers", tf}], r do
+    say.("  #{name}: #{f1.(r["total_ms"])} ms, first #{f1.(r["first_ms"])} ms, #{f1.(r["tok_s"])} tok/s, decode #{f1.(r["decode_tok_s"])} tok/s (prompt #{f1.(r["prompt_tokens"])} tokens, #{f1.(r["new_tokens"])} new)")
+  end
+
+  if info = peer["llamacpp_info"], do: say.("  llama.cpp #{info["version"]}: #{info["system"]}")
+
+  for e <- engines, r = ours[{e, "llm"}] do
+    {peer_name, peer_r, goal} = if llama, do: {"llama.cpp", llama, 1.0}, else: {"transformers", tf, 2.0}
+    ratio = if peer_r, do: "; tok/s ratio vs #{peer_name} " <> verdict.(r["tok_s"] / peer_r["tok_s"], :ge, goal), else: ""
+    extra = if llama && tf, do: "; vs transformers #{f2.(r["tok_s"] / tf["tok_s"])}", else: ""
+    seed = "seed > 10 tok/s: #{if r["tok_s"] > 10, do: "met", else: "MISSED"}"
+    say.("  #{e}: #{f1.(r["total_ms"])} ms, first #{f1.(r["first_ms"])} ms, #{f1.(r["tok_s"])} tok/s, decode #{f1.(r["decode_tok_s"])} tok/s (prompt #{r["prompt_tokens"]} tokens, #{r["new_tokens"]} new)#{ratio}#{extra}; #{seed}")
+    ids = ref_ids.(r)
+
+    agree =
+      for {pn, pr} <- [{"llama.cpp", llama}, {"transformers", tf}], pr do
+        "#{pn} #{B.common_prefix(ids, ref_ids.(pr))}/#{length(ids)}"
+      end
+
+    say.("    greedy tokens equal to the peer's for the first: #{Enum.join(agree, ", ")}")
+  end
+
+  say.("")
+end
+
+if "rss" in sections do
+  say.("peak RSS of one load (fresh process): (VmHWM after - VmRSS before) / weight file; goal <= 1.5")
+
+  for {{who, kind}, r} <- Enum.sort_by(rss, fn {{w, k}, _} -> {k, to_string(w)} end) do
+    label = if who == :peer, do: %{"embed" => "sentence-transformers", "llm" => "transformers", "llamacpp" => "llama.cpp"}[kind], else: "#{who}"
+    kind_label = if kind == "llamacpp", do: "llm", else: kind
+
+    if r["peak_kib"] do
+      delta = (r["peak_kib"] - r["base_kib"]) * 1024
+      ratio = delta / r["file_bytes"]
+      steady = (r["after_kib"] - r["base_kib"]) * 1024
+      v = if who == :peer, do: f2.(ratio), else: verdict.(ratio, :le, 1.5)
+      say.("  #{kind_label} #{label}: peak +#{f1.(delta / 1048576)} MiB (after load +#{f1.(steady / 1048576)} MiB), file #{f1.(r["file_bytes"] / 1048576)} MiB, ratio #{v}, load #{f1.(r["load_ms"])} ms")
+    else
+      say.("  #{kind_label} #{label}: not measured: #{inspect(r)}")
+    end
+  end
+
+  say.("")
+end
+
+for s <- skips, do: say.("peer skipped: #{s}")
+say.("load average at end: #{end_load}")
+
+out =
+  case System.get_env("EXBURN_BENCH_OUT") do
+    "-" -> nil
+    nil -> Path.join(__DIR__, "results/pretrained_#{Date.utc_today()}.txt")
+    path -> path
+  end
+
+if out do
+  File.mkdir_p!(Path.dirname(out))
+  File.write!(out, Agent.get(lines, &Enum.reverse/1) |> Enum.join("\n") |> Kernel.<>("\n"))
+  IO.puts("wrote #{out}")
+end

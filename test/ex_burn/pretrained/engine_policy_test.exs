@@ -1,0 +1,149 @@
+defmodule ExBurn.Pretrained.EnginePolicyTest do
+  # The :auto policy (seed 001: Burn first, then Candle), driven by fake engines so every branch
+  # is reached without a model whose Burn load happens to fail.
+  use ExUnit.Case, async: false
+  import ExUnit.CaptureLog
+
+  alias ExBurn.Pretrained
+  @compile {:no_warn_undefined, :telemetry}
+
+  @moduletag :tmp_dir
+
+  defp fake_load(burn_result) do
+    parent = self()
+
+    fn path, engine, device ->
+      send(parent, {:loaded, engine, device})
+      if engine == :burn, do: burn_result, else: {:ok, {:candle_ref, path}}
+    end
+  end
+
+  defp lacks_feature,
+    do: {:error, {:llm_load, "burn: unsupported rope scaling `yarn`", %{kind: :unsupported_feature}}}
+
+  test "Burn is tried first and kept when it loads", %{tmp_dir: dir} do
+    assert {:ok, %{engine: :burn, auto: true, ref: :burn_ref}} =
+             Pretrained.load(:llm, dir, [], fake_load({:ok, :burn_ref}))
+
+    assert_received {:loaded, :burn, _}
+    refute_received {:loaded, :candle, _}
+  end
+
+  test "a feature Burn lacks falls back to Candle: logged and counted", %{tmp_dir: dir} do
+    before = Pretrained.fallback_count()
+
+    log =
+      capture_log(fn ->
+        assert {:ok, %{engine: :candle, auto: true, device: {:cpu, 0}, ref: {:candle_ref, ^dir}}} =
+                 Pretrained.load(:llm, dir, [], fake_load(lacks_feature()))
+      end)
+
+    assert log =~ "llm_load failed on Burn (burn: unsupported rope scaling `yarn`); falling back to Candle"
+    assert Pretrained.fallback_count() == before + 1
+    assert_received {:loaded, :burn, _}
+    assert_received {:loaded, :candle, {:cpu, 0}}
+  end
+
+  test "broken files and bad input never fall back", %{tmp_dir: dir} do
+    before = Pretrained.fallback_count()
+
+    for kind <- [:truncated_file, :corrupt_gguf, :missing_file, :bad_config, :argument] do
+      err = {:error, {:llm_load, "broken", %{kind: kind}}}
+
+      assert {:error, %ExBurn.Error{op: :llm_load, details: %{kind: ^kind}}} =
+               Pretrained.load(:llm, dir, [], fake_load(err))
+
+      refute_received {:loaded, :candle, _}
+    end
+
+    assert Pretrained.fallback_count() == before
+  end
+
+  test "an explicit engine never falls back", %{tmp_dir: dir} do
+    assert {:error, %ExBurn.Error{details: %{kind: :unsupported_feature}}} =
+             Pretrained.load(:llm, dir, [engine: :burn], fake_load(lacks_feature()))
+
+    refute_received {:loaded, :candle, _}
+  end
+
+  test "a call that fails on Burn is retried on Candle, which later calls keep using", %{tmp_dir: dir} do
+    model = %{
+      ref: :burn_ref,
+      engine: :burn,
+      auto: true,
+      path: Path.join(dir, "m"),
+      name: "m",
+      device: {:cpu, 0}
+    }
+
+    before = Pretrained.fallback_count()
+
+    run = fn
+      :burn_ref -> {:error, {:llm_next, "burn: kernel failed", %{kind: :engine_error}}}
+      {:candle_ref, _} -> {:ok, :from_candle}
+    end
+
+    capture_log(fn ->
+      assert {:ok, :from_candle, %{engine: :candle, ref: {:candle_ref, _}}} =
+               Pretrained.call(model, :llm_generate, fake_load(nil), run)
+    end)
+
+    assert Pretrained.fallback_count() == before + 1
+    # the same (Burn) model goes straight to its Candle twin: no second failure, no second load
+    assert {:ok, :from_candle, %{engine: :candle}} =
+             Pretrained.call(model, :llm_generate, fake_load(nil), run)
+
+    assert Pretrained.fallback_count() == before + 1
+    assert_received {:loaded, :candle, _}
+    refute_received {:loaded, :candle, _}
+  end
+
+  test "a call failing on the caller's input is not retried", %{tmp_dir: dir} do
+    model = %{
+      ref: :burn_ref,
+      engine: :burn,
+      auto: true,
+      path: Path.join(dir, "m"),
+      name: "m",
+      device: {:cpu, 0}
+    }
+
+    for details <- [%{kind: :empty_prompt}, %{kind: :prompt_too_long}, %{argument: "ids", expected: "a list"}] do
+      run = fn :burn_ref -> {:error, {:llm_start, "bad input", details}} end
+
+      assert {:error, %ExBurn.Error{op: :llm_start, details: ^details}} =
+               Pretrained.call(model, :x, fake_load(nil), run)
+    end
+
+    refute_received {:loaded, _, _}
+  end
+
+  test "unknown engines and non-string names are errors", %{tmp_dir: dir} do
+    assert {:error, %ExBurn.Error{details: %{kind: :invalid_option}}} =
+             Pretrained.load(:llm, dir, [engine: :tpu], fake_load(nil))
+
+    assert {:error, %ExBurn.Error{details: %{kind: :argument}}} =
+             Pretrained.load(:llm, 42, [], fake_load(nil))
+  end
+
+  @tag :telemetry
+  test "a fallback emits [:ex_burn, :pretrained, :fallback]", %{tmp_dir: dir} do
+    ref = make_ref()
+    parent = self()
+    id = "fallback-#{inspect(ref)}"
+
+    :telemetry.attach(
+      id,
+      [:ex_burn, :pretrained, :fallback],
+      fn event, measurements, metadata, _ -> send(parent, {ref, event, measurements, metadata}) end,
+      nil
+    )
+
+    capture_log(fn -> Pretrained.load(:llm, dir, [], fake_load(lacks_feature())) end)
+
+    assert_received {^ref, [:ex_burn, :pretrained, :fallback], %{count: 1},
+                     %{op: :llm_load, from: :burn, to: :candle, model: _, reason: "burn: unsupported" <> _}}
+
+    :telemetry.detach(id)
+  end
+end
