@@ -1,6 +1,6 @@
+Code.require_file("support/pretrained_case.exs", __DIR__)
 Code.require_file("support/doc_examples.exs", __DIR__)
 Code.require_file("support/nx_compare.exs", __DIR__)
-Code.require_file("support/pretrained_case.exs", __DIR__)
 # Tests tagged :nx / :axon / :telemetry need those optional dependencies (from Hex, or local
 # checkouts); they are excluded when the module is not loaded.
 exclude =

@@ -18,7 +18,8 @@ if Code.ensure_loaded?(Nx) do
     ## Options
 
       * `:device` - `:cpu` or `{kind, index}` (default `ExBurn.default_device/0`), per tensor.
-        Operands on different devices are moved to the first operand's device.
+        Operands on different devices are copied to the first operand's device (the native
+        layer's rule, the same as for `ExBurn.Tensor`; see guides/devices.md).
 
     ## Native and fallback
 
@@ -59,15 +60,15 @@ if Code.ensure_loaded?(Nx) do
     @doc false
     def native_type?(type), do: type in @native_types
 
-    # The ExBurn.Tensor behind an Nx tensor, on `device`. Tensors of other backends are
-    # transferred in; Nx may reinterpret the shape of our data (vectorize), so it is reshaped to
-    # the Nx shape when they differ.
+    # The ExBurn.Tensor behind an Nx tensor. Tensors of other backends are transferred in, onto
+    # `device`; held tensors stay where they are, since the native op copies operands from other
+    # devices to its first operand's device (one rule, in ops::colocate). Nx may reinterpret the
+    # shape of our data (vectorize), so it is reshaped to the Nx shape when they differ.
     @doc false
-    def et(%T{data: %__MODULE__{ref: ref, shape: shape, device: dev}} = t, device)
+    def et(%T{data: %__MODULE__{ref: ref, shape: shape, device: dev}} = t, _device)
         when is_reference(ref) do
       et = %ET{ref: ref, shape: shape, type: t.type, device: dev}
-      et = if shape == t.shape, do: et, else: ET.reshape(et, t.shape)
-      if device == nil or device == dev, do: et, else: ET.to_device(et, device)
+      if shape == t.shape, do: et, else: ET.reshape(et, t.shape)
     end
 
     def et(%T{} = t, device) do

@@ -78,7 +78,7 @@ defmodule ExBurn.Device do
   one that does not raises `ExBurn.Error` and leaves the default as it was.
   """
   def configure!(opts) do
-    opts = Keyword.validate!(opts, device: :auto)
+    opts = options!(opts)
     device = resolve(opts[:device])
 
     unless available?(device) do
@@ -95,8 +95,9 @@ defmodule ExBurn.Device do
   @doc "Forgets the cached default, so the next `default/0` reads the configuration again."
   def reset_default, do: :persistent_term.erase(@default_key)
 
-  @doc "True when `device` is one of `ExBurn.devices/0`."
+  @doc "True when `device` (any spec `resolve/1` takes) is one of `ExBurn.devices/0`."
   def available?({kind, index}), do: Enum.any?(ExBurn.devices(), &(&1.kind == kind and &1.index == index))
+  def available?(spec), do: spec |> resolve() |> available?()
 
   @doc "Turns a device spec into `{kind, index}`; `:auto` is resolved with `auto/0`."
   def resolve(:auto), do: elem(auto(), 0)
@@ -123,6 +124,20 @@ defmodule ExBurn.Device do
       details: %{device: spec}
   end
 
-  @doc ~S|`{:vulkan, 0}` as `"vulkan:0"`.|
-  def format({kind, index}), do: "#{kind}:#{index}"
+  @doc ~S|`{:vulkan, 0}` as `"vulkan:0"` (any device spec `resolve/1` takes).|
+  def format({kind, index}) when kind in @kinds and is_integer(index), do: "#{kind}:#{index}"
+  def format(spec), do: spec |> resolve() |> format()
+
+  defp options!(opts) do
+    Keyword.validate!(opts, device: :auto)
+  rescue
+    e in [ArgumentError, FunctionClauseError] ->
+      reraise ExBurn.Error,
+              [
+                op: :configure,
+                reason: "expected a keyword list with :device",
+                details: %{got: opts, message: Exception.message(e)}
+              ],
+              __STACKTRACE__
+  end
 end

@@ -80,6 +80,9 @@ defmodule ExBurn.Embedding do
   @spec embed(t, String.t() | [String.t()], keyword) :: {:ok, term} | {:error, Error.t()}
   def embed(model, texts, opts \\ [])
 
+  def embed(model, _texts, _opts) when not is_struct(model, __MODULE__),
+    do: Pretrained.not_a_model(:embed, __MODULE__, model)
+
   def embed(model, text, opts) when is_binary(text) do
     with {:ok, %{embeddings: bin}} <- run(model, [text]) do
       {:ok, convert(bin, {model.dim}, Keyword.get(opts, :as, :list))}
@@ -100,6 +103,9 @@ defmodule ExBurn.Embedding do
   token ids the model saw (special tokens included, after truncation), for inspection.
   """
   @spec encode(t, [String.t()]) :: {:ok, map} | {:error, Error.t()}
+  def encode(model, _texts) when not is_struct(model, __MODULE__),
+    do: Pretrained.not_a_model(:encode, __MODULE__, model)
+
   def encode(%__MODULE__{} = model, texts) do
     with {:ok, %{embeddings: bin, rows: n, token_ids: ids}} <- run(model, texts) do
       {:ok, %{embeddings: convert(bin, {n, model.dim}, :list), token_ids: ids, dim: model.dim}}
@@ -108,10 +114,25 @@ defmodule ExBurn.Embedding do
 
   @doc "The token ids of each text (special tokens included, truncated as `embed/3` does)."
   @spec tokenize(t, [String.t()]) :: {:ok, [[non_neg_integer]]} | {:error, Error.t()}
-  def tokenize(%__MODULE__{} = model, texts) when is_list(texts) do
+  def tokenize(model, _texts) when not is_struct(model, __MODULE__),
+    do: Pretrained.not_a_model(:tokenize, __MODULE__, model)
+
+  def tokenize(_model, texts) when not is_list(texts),
+    do:
+      Pretrained.error(:embedder_tokenize, "texts must be a list of strings", %{got: texts, kind: :argument})
+
+  def tokenize(%__MODULE__{} = model, texts) do
     with {:ok, ids, _} <- call(model, :embedder_tokenize, &ExBurn.Native.embedder_tokenize(&1, texts)),
          do: {:ok, ids}
   end
+
+  @doc """
+  An `Nx.Serving` that embeds texts for many callers in shared batches (needs Nx):
+  `Nx.Serving.run(serving, "text")` gives `%{embedding: tensor}`, a list of texts a list of
+  them, as Bumblebee's `text_embedding`. Options `:batch_size` (32), `:batch_timeout` (10 ms),
+  `:sequence_length`, `:partitions`; see `ExBurn.Pretrained.NxServing`.
+  """
+  def serving(model, opts \\ []), do: ExBurn.Pretrained.NxServing.embedding(model, opts)
 
   defp run(model, texts) when is_list(texts) do
     case call(model, :embedder_embed, &ExBurn.Native.embedder_embed(&1, texts)) do

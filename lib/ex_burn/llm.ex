@@ -83,7 +83,12 @@ defmodule ExBurn.LLM do
   (`%{prompt_tokens: n, completion_tokens: m}`).
   """
   @spec generate(t, prompt, keyword) :: {:ok, map} | {:error, Error.t()}
-  def generate(%__MODULE__{} = model, prompt, opts \\ []) do
+  def generate(model, prompt, opts \\ [])
+
+  def generate(model, _prompt, _opts) when not is_struct(model, __MODULE__),
+    do: Pretrained.not_a_model(:generate, __MODULE__, model)
+
+  def generate(%__MODULE__{} = model, prompt, opts) do
     with {:ok, start} <- start_args(prompt, opts) do
       call(model, :llm_generate, fn ref ->
         with {:ok, gen} <- ExBurn.Native.llm_start(ref, start.prompt, start.opts),
@@ -104,7 +109,12 @@ defmodule ExBurn.LLM do
   consuming process.
   """
   @spec stream(t, prompt, keyword) :: Enumerable.t()
-  def stream(%__MODULE__{} = model, prompt, opts \\ []) do
+  def stream(model, prompt, opts \\ [])
+
+  def stream(model, _prompt, _opts) when not is_struct(model, __MODULE__),
+    do: bang(Pretrained.not_a_model(:stream, __MODULE__, model))
+
+  def stream(%__MODULE__{} = model, prompt, opts) do
     Stream.resource(
       fn -> start_stream!(model, prompt, opts) end,
       fn
@@ -131,7 +141,12 @@ defmodule ExBurn.LLM do
   as in `stream/3`.
   """
   @spec stream_events(t, prompt, keyword) :: Enumerable.t()
-  def stream_events(%__MODULE__{} = model, prompt, opts \\ []) do
+  def stream_events(model, prompt, opts \\ [])
+
+  def stream_events(model, _prompt, _opts) when not is_struct(model, __MODULE__),
+    do: bang(Pretrained.not_a_model(:stream_events, __MODULE__, model))
+
+  def stream_events(%__MODULE__{} = model, prompt, opts) do
     Stream.resource(
       fn -> start_events!(model, prompt, opts) end,
       fn
@@ -143,13 +158,29 @@ defmodule ExBurn.LLM do
     )
   end
 
+  @doc """
+  An `Nx.Serving` for generation (needs Nx): `Nx.Serving.run(serving, prompt)` gives
+  `%{results: [%{text: ..., token_summary: ...}]}` as Bumblebee's `generation`, and with
+  `stream: true` a stream of text pieces. Takes the generation options of `generate/3`; see
+  `ExBurn.Pretrained.NxServing`.
+  """
+  def serving(model, opts \\ []), do: ExBurn.Pretrained.NxServing.llm(model, opts)
+
   @doc "The token ids of `text` (`add_special: true` adds the model's BOS token when it uses one)."
   @spec tokenize(t, String.t(), keyword) :: {:ok, [non_neg_integer]} | {:error, Error.t()}
-  def tokenize(%__MODULE__{ref: ref}, text, opts \\ []),
+  def tokenize(model, text, opts \\ [])
+
+  def tokenize(model, _text, _opts) when not is_struct(model, __MODULE__),
+    do: Pretrained.not_a_model(:tokenize, __MODULE__, model)
+
+  def tokenize(%__MODULE__{ref: ref}, text, opts),
     do: Pretrained.wrap(ExBurn.Native.llm_tokenize(ref, text, Keyword.get(opts, :add_special, false)))
 
   @doc "The text of token ids."
   @spec detokenize(t, [non_neg_integer]) :: {:ok, String.t()} | {:error, Error.t()}
+  def detokenize(model, _ids) when not is_struct(model, __MODULE__),
+    do: Pretrained.not_a_model(:detokenize, __MODULE__, model)
+
   def detokenize(%__MODULE__{ref: ref}, ids), do: Pretrained.wrap(ExBurn.Native.llm_detokenize(ref, ids))
 
   defp pieces(""), do: []

@@ -15,7 +15,12 @@ defmodule ExBurn.Models do
 
   @doc "The models directory (see the moduledoc for how it is chosen)."
   @spec dir(keyword) :: Path.t()
-  def dir(opts \\ []) do
+  def dir(opts \\ [])
+
+  def dir(opts) when not is_list(opts),
+    do: raise(ExBurn.Error, op: :models_dir, reason: "options must be a keyword list", details: %{got: opts})
+
+  def dir(opts) do
     (opts[:dir] || System.get_env("EXBURN_MODELS_DIR") || Application.get_env(:ex_burn, :models_dir) ||
        "~/models")
     |> Path.expand()

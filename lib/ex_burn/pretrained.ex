@@ -60,7 +60,8 @@ defmodule ExBurn.Pretrained do
   # Loads `name_or_path` (of `kind`, :embedding or :llm) with `load_nif`; returns a map with the
   # resource and what the struct records about the engine.
   def load(kind, name_or_path, opts, load_nif) do
-    with {:ok, engine} <- engine(opts),
+    with :ok <- keyword(opts),
+         {:ok, engine} <- engine(opts),
          {:ok, device} <- device(opts),
          {:ok, path, name} <- resolve(kind, name_or_path, opts) do
       model = %{path: path, name: name, device: device, auto: engine == :auto}
@@ -127,6 +128,18 @@ defmodule ExBurn.Pretrained do
 
   @doc false
   def error(op, reason, details), do: {:error, %Error{op: op, reason: reason, details: details}}
+
+  @doc false
+  # The answer to a call whose model argument is not a loaded `struct` model.
+  def not_a_model(op, struct, got) do
+    error(op, "expected #{inspect(struct)} (from #{inspect(struct)}.load/2)", %{got: got, kind: :argument})
+  end
+
+  defp keyword(opts) do
+    if Keyword.keyword?(opts),
+      do: :ok,
+      else: error(:load, "options must be a keyword list", %{got: opts, kind: :invalid_option})
+  end
 
   defp no_fallback?(%{kind: kind}), do: kind in @no_fallback_kinds
   defp no_fallback?(%{argument: _}), do: true

@@ -32,8 +32,6 @@ pub enum ExError {
     BinarySize { expected: usize, actual: usize, shape: Vec<usize>, ty: NxType },
     #[error("cannot broadcast shapes")]
     Broadcast { lhs: Vec<usize>, rhs: Vec<usize> },
-    #[error("tensors are on different devices")]
-    DeviceMismatch { lhs: String, rhs: String },
     #[error("tensor is too large to allocate")]
     TooLarge { shape: Vec<usize>, bytes: u128, limit: u128 },
     #[error("{reason}")]
@@ -88,7 +86,6 @@ impl ExError {
                 ("type", Type(*ty)),
             ],
             ExError::Broadcast { lhs, rhs } => vec![("lhs", Dims(lhs.clone())), ("rhs", Dims(rhs.clone()))],
-            ExError::DeviceMismatch { lhs, rhs } => vec![("lhs", Text(lhs.clone())), ("rhs", Text(rhs.clone()))],
             ExError::TooLarge { shape, bytes, limit } => vec![
                 ("shape", Dims(shape.clone())),
                 ("bytes", Int(*bytes as i128)),

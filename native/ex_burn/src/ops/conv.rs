@@ -13,7 +13,7 @@ use crate::dispatch;
 use crate::dtype::NxType;
 use crate::error::{ExError, ExResult};
 use crate::ops::window::{pad_constant, pad_interior_prim, Fill};
-use crate::ops::{check_alloc, check_axes, dims_detail, empty, same_device};
+use crate::ops::{check_alloc, check_axes, dims_detail, empty, colocate};
 use crate::tensor::{numel, Handle};
 
 pub struct ConvSpec {
@@ -48,7 +48,8 @@ fn options<const N: usize>(spec: &ConvSpec, padding: &[(usize, usize)], groups: 
 /// Nx.conv: result of the float type `out`. f16/bf16 are computed in f32 and rounded once;
 /// integer operands are converted to `out` first.
 pub fn conv(x: &Handle, k: &Handle, spec: &ConvSpec, out: NxType) -> ExResult<Handle> {
-    let device = same_device(&[x, k])?;
+    let (device, [x, k]) = colocate([x, k])?;
+    let (x, k) = (x.as_ref(), k.as_ref());
     device.check_type(out)?;
     let rank = x.rank();
     let n = rank.saturating_sub(2);

@@ -9,7 +9,7 @@ use crate::dispatch::{self, by_kind, by_kind2, Prim, BOOL};
 use crate::dtype::{NxType, PRED};
 use crate::error::{ExError, ExResult};
 use crate::ops::vocab::{BinaryOp, UnaryOp};
-use crate::ops::{broadcast_prim, broadcast_shape, cast_to, check_alloc, empty, same_device};
+use crate::ops::{broadcast_prim, broadcast_shape, cast_to, check_alloc, empty, colocate};
 use crate::tensor::{numel, Handle};
 
 type UnaryFn = fn(Prim) -> Prim;
@@ -562,7 +562,8 @@ pub fn binary(op: BinaryOp, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Hand
     if matches!(op, BinaryOp::LeftShift | BinaryOp::RightShift) {
         check_shift(op, b)?;
     }
-    let device = same_device(&[a, b])?;
+    let (device, [a, b]) = colocate([a, b])?;
+    let (a, b) = (a.as_ref(), b.as_ref());
     device.check_type(ty)?;
     check_f64_math(op.name(), op.f64_exact(), ty, device)?;
     let shape = broadcast_shape(&a.shape, &b.shape)?;
@@ -599,7 +600,8 @@ fn check_shift(op: BinaryOp, amount: &Handle) -> ExResult<()> {
 }
 
 pub fn select(p: &Handle, t: &Handle, f: &Handle, ty: NxType) -> ExResult<Handle> {
-    let device = same_device(&[p, t, f])?;
+    let (device, [p, t, f]) = colocate([p, t, f])?;
+    let (p, t, f) = (p.as_ref(), t.as_ref(), f.as_ref());
     device.check_type(ty)?;
     let shape = broadcast_shape(&broadcast_shape(&p.shape, &t.shape)?, &f.shape)?;
     check_alloc(&shape, ty)?;

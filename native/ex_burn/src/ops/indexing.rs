@@ -8,7 +8,7 @@ use burn::tensor::IndexingUpdateOp;
 use crate::dispatch::{self, by_kind, Prim, BOOL};
 use crate::dtype::NxType;
 use crate::error::{Detail, ExError, ExResult};
-use crate::ops::{cast_to, check_alloc, check_axes, dims_detail, empty, same_device};
+use crate::ops::{cast_to, check_alloc, check_axes, dims_detail, empty, colocate};
 use crate::ops::vocab::{CumulativeOp, IndexedOp};
 use crate::tensor::{numel, Handle};
 
@@ -117,7 +117,8 @@ pub fn cumulative(op: CumulativeOp, h: &Handle, axis: usize, reverse: bool) -> E
 /// Nx.put_slice with in-bounds starts: `update` (cast to the tensor's type) overwrites the
 /// window at `starts`.
 pub fn put_slice(h: &Handle, starts: Vec<usize>, update: &Handle) -> ExResult<Handle> {
-    same_device(&[h, update])?;
+    let (_, [h, update]) = colocate([h, update])?;
+    let (h, update) = (h.as_ref(), update.as_ref());
     let r = h.rank();
     let fits = starts.len() == r
         && update.rank() == r
@@ -157,7 +158,8 @@ fn checked_indices(idx: &Handle, bound: usize) -> ExResult<Prim> {
 
 /// Nx.take: `shape[..axis] ++ indices.shape ++ shape[axis+1..]`.
 pub fn take(h: &Handle, idx: &Handle, axis: usize) -> ExResult<Handle> {
-    let device = same_device(&[h, idx])?;
+    let (device, [h, idx]) = colocate([h, idx])?;
+    let (h, idx) = (h.as_ref(), idx.as_ref());
     check_axis(axis, h)?;
     let mut shape = h.shape[..axis].to_vec();
     shape.extend(&idx.shape);
@@ -173,7 +175,8 @@ pub fn take(h: &Handle, idx: &Handle, axis: usize) -> ExResult<Handle> {
 
 /// Nx.take_along_axis: `indices` has the tensor's rank; the result has its shape.
 pub fn take_along_axis(h: &Handle, idx: &Handle, axis: usize) -> ExResult<Handle> {
-    let device = same_device(&[h, idx])?;
+    let (device, [h, idx]) = colocate([h, idx])?;
+    let (h, idx) = (h.as_ref(), idx.as_ref());
     check_axis(axis, h)?;
     let compatible = idx.rank() == h.rank() && (0..h.rank()).all(|i| i == axis || idx.shape[i] == h.shape[i]);
     if !compatible {
@@ -201,7 +204,8 @@ fn gather(dim: usize, t: Prim, idx: Prim) -> Prim {
 /// Adds (`add`) or writes (`put`) the rows of `updates` into `h` at positions `idx` (a vector)
 /// along axis 0. The result has `out`'s type.
 pub fn index_update(op: IndexedOp, h: &Handle, idx: &Handle, updates: &Handle, out: NxType) -> ExResult<Handle> {
-    let device = same_device(&[h, idx, updates])?;
+    let (device, [h, idx, updates]) = colocate([h, idx, updates])?;
+    let (h, idx, updates) = (h.as_ref(), idx.as_ref(), updates.as_ref());
     device.check_type(out)?;
     if h.rank() == 0 || idx.rank() != 1 || updates.rank() != h.rank() || updates.shape[0] != idx.shape[0] || updates.shape[1..] != h.shape[1..] {
         return Err(ExError::invalid_with(

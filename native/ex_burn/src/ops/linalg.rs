@@ -6,7 +6,7 @@ use burn::backend::Dispatch;
 use crate::dispatch::{self, by_kind2};
 use crate::dtype::NxType;
 use crate::error::{ExError, ExResult};
-use crate::ops::{cast_to, check_alloc, check_axes, dims_detail, empty, same_device};
+use crate::ops::{cast_to, check_alloc, check_axes, dims_detail, empty, colocate};
 use crate::tensor::{numel, Handle};
 
 pub struct DotSpec {
@@ -20,7 +20,8 @@ fn free_axes(rank: usize, spec: &DotSpec) -> Vec<usize> {
 
 /// Nx.dot/6: the result is batch dims ++ free dims of `a` ++ free dims of `b`.
 pub fn dot(a: &Handle, sa: &DotSpec, b: &Handle, sb: &DotSpec, out: NxType) -> ExResult<Handle> {
-    let device = same_device(&[a, b])?;
+    let (device, [a, b]) = colocate([a, b])?;
+    let (a, b) = (a.as_ref(), b.as_ref());
     device.check_type(out)?;
     let mismatch = || {
         ExError::invalid_with(

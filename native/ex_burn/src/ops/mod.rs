@@ -11,6 +11,7 @@ pub mod shape;
 pub mod vocab;
 pub mod window;
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use crate::device::DeviceRef;
@@ -72,16 +73,29 @@ pub fn broadcast_prim(h: &Handle, shape: &[usize]) -> Prim {
     dispatch::expand(t, shape)
 }
 
-/// The device all operands live on; operands on different devices are an error, not an
-/// implicit transfer.
-pub fn same_device(hs: &[&Handle]) -> ExResult<DeviceRef> {
-    let first = hs[0].device;
-    for h in &hs[1..] {
-        if h.device != first {
-            return Err(ExError::DeviceMismatch { lhs: first.to_string(), rhs: h.device.to_string() });
+/// The device rule, owned here for every path (ExBurn.Tensor, ExBurn.Backend, programs): an op
+/// runs on its first operand's device, and operands held on another device are copied there
+/// first (through the host; `to_device`'s type check applies). Returns that device and the
+/// operands, borrowed where they already live there.
+pub fn colocate<'a, const N: usize>(hs: [&'a Handle; N]) -> ExResult<(DeviceRef, [Cow<'a, Handle>; N])> {
+    let device = hs[0].device;
+    let mut out = hs.map(Cow::Borrowed);
+    for h in out.iter_mut().skip(1) {
+        if h.device != device {
+            *h = Cow::Owned(create::to_device(h.as_ref().clone(), device)?);
         }
     }
-    Ok(first)
+    Ok((device, out))
+}
+
+/// `colocate` for a run of operands (concatenate, stack).
+pub fn colocate_all(hs: &[Handle]) -> ExResult<(DeviceRef, Vec<Cow<'_, Handle>>)> {
+    let device = hs.first().ok_or_else(|| ExError::invalid("needs at least one tensor"))?.device;
+    let out = hs
+        .iter()
+        .map(|h| if h.device == device { Ok(Cow::Borrowed(h)) } else { create::to_device(h.clone(), device).map(Cow::Owned) })
+        .collect::<ExResult<_>>()?;
+    Ok((device, out))
 }
 
 /// A tensor with no elements. Burn kernels are not written for zero-size inputs, so ops whose
@@ -117,6 +131,30 @@ pub fn dims_detail(name: &'static str, d: &[usize]) -> (&'static str, Detail) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{device, f32s, floats};
+    use vocab::BinaryOp;
+
+    /// Under EXBURN_TEST_DEVICE=vulkan (CI's lavapipe stage, GPU runs) the operands really sit on
+    /// two devices; on the CPU the same calls check that colocated operands are not copied.
+    #[test]
+    fn ops_run_on_the_first_operands_device_and_copy_the_others_there() {
+        let on_test = f32s(&[1.0, 2.0], &[2]);
+        let cpu = Handle::from_bytes([10.0f32, 20.0].iter().flat_map(|v| v.to_ne_bytes()).collect(), vec![2], NxType::F(32), DeviceRef::CPU).unwrap();
+
+        let (d, [a, b]) = colocate([&on_test, &cpu]).unwrap();
+        assert_eq!(d, device());
+        assert_eq!((a.device, b.device), (device(), device()));
+        assert!(matches!(a, Cow::Borrowed(_)));
+        assert_eq!(matches!(b, Cow::Borrowed(_)), device() == DeviceRef::CPU);
+
+        let sum = elementwise::binary(BinaryOp::Add, &on_test, &cpu, NxType::F(32)).unwrap();
+        assert_eq!((sum.device, floats(&sum)), (device(), vec![11.0, 22.0]));
+        let sum = elementwise::binary(BinaryOp::Add, &cpu, &on_test, NxType::F(32)).unwrap();
+        assert_eq!((sum.device, floats(&sum)), (DeviceRef::CPU, vec![11.0, 22.0]));
+
+        let joined = shape::concatenate(&[cpu.clone(), on_test.clone()], 0, NxType::F(32)).unwrap();
+        assert_eq!((joined.device, floats(&joined)), (DeviceRef::CPU, vec![10.0, 20.0, 1.0, 2.0]));
+    }
 
     #[test]
     fn broadcast_shapes_align_on_the_right() {

@@ -5,7 +5,9 @@ use burn::backend::Slice;
 use crate::dispatch;
 use crate::dtype::NxType;
 use crate::error::{Detail, ExError, ExResult};
-use crate::ops::{cast_to, check_alloc, check_axes, dims_detail, empty, same_device};
+use std::borrow::Cow;
+
+use crate::ops::{cast_to, check_alloc, check_axes, dims_detail, empty, colocate_all};
 use crate::tensor::{numel, Handle};
 
 pub fn reshape(h: &Handle, shape: Vec<usize>) -> ExResult<Handle> {
@@ -106,8 +108,9 @@ fn join(tensors: &[Handle], axis: usize, out: NxType, stack: bool) -> ExResult<H
     if tensors.is_empty() {
         return Err(ExError::invalid("needs at least one tensor"));
     }
-    let refs: Vec<&Handle> = tensors.iter().collect();
-    let device = same_device(&refs)?;
+    let (device, colocated) = colocate_all(tensors)?;
+    let tensors: Vec<Handle> = colocated.into_iter().map(Cow::into_owned).collect();
+    let tensors = tensors.as_slice();
     device.check_type(out)?;
     let first = &tensors[0].shape;
     let rank = first.len();

@@ -15,7 +15,7 @@ use crate::dispatch::{self, by_kind, by_kind2, Prim, BOOL};
 use crate::dtype::NxType;
 use crate::error::{ExError, ExResult};
 use crate::ops::vocab::WindowOp;
-use crate::ops::{cast_to, check_alloc, dims_detail, empty, same_device};
+use crate::ops::{cast_to, check_alloc, dims_detail, empty, colocate};
 use crate::tensor::{numel, Handle};
 
 /// What fills new positions: a constant, or a one-element tensor (Nx's pad value is a tensor).
@@ -113,7 +113,8 @@ pub(crate) fn pad_interior_prim(prim: Prim, shape: &[usize], interior: &[usize],
 /// Nx.pad's interior part (the edges are padded by the caller): `value` (a one-element tensor)
 /// between neighbours, result in the tensor's type.
 pub fn pad_interior(h: &Handle, value: &Handle, interior: Vec<usize>) -> ExResult<Handle> {
-    let device = same_device(&[h, value])?;
+    let (device, [h, value]) = colocate([h, value])?;
+    let (h, value) = (h.as_ref(), value.as_ref());
     if interior.len() != h.rank() || value.numel() != 1 {
         return Err(ExError::invalid_with(
             "interior padding needs one size per axis and a one-element pad value",
@@ -311,7 +312,8 @@ pub fn window_scatter(
     select_type: NxType,
     out: NxType,
 ) -> ExResult<Handle> {
-    let device = same_device(&[h, source, init])?;
+    let (device, [h, source, init]) = colocate([h, source, init])?;
+    let (h, source, init) = (h.as_ref(), source.as_ref(), init.as_ref());
     device.check_type(out)?;
     device.check_type(select_type)?;
     let r = h.rank();

@@ -388,11 +388,11 @@ mod tests {
     fn pretrained_burn_bert_bad_inputs() {
         let dir = TempDir::new("bert");
         let dev = crate::testing::device();
-        assert!(err_text(load(dir.path(), &dev)).contains("model file not found"));
+        assert!(err_text(load(dir.path(), &dev)).contains("file not found"));
         let cfg = r#"{"model_type":"bert","hidden_size":8,"num_hidden_layers":1,"num_attention_heads":2,
             "intermediate_size":16,"max_position_embeddings":16,"vocab_size":10,"hidden_act":"gelu"}"#;
         std::fs::write(dir.path().join("config.json"), cfg).unwrap();
-        assert!(err_text(load(dir.path(), &dev)).contains("model file not found"));
+        assert!(err_text(load(dir.path(), &dev)).contains("file not found"));
         std::fs::write(dir.path().join("model.safetensors"), b"\x10\x00\x00\x00\x00\x00\x00\x00{}").unwrap();
         let e = err_text(load(dir.path(), &dev));
         assert!(e.contains("cannot read safetensors file"), "{e}");
@@ -408,7 +408,7 @@ mod tests {
         std::fs::write(dir.path().join("config.json"), cfg.replace("\"bert\"", "\"roberta\"")).unwrap();
         assert!(err_text(load(dir.path(), &dev)).contains("unsupported model_type `roberta`"));
         std::fs::write(dir.path().join("config.json"), "{not json").unwrap();
-        assert!(err_text(load(dir.path(), &dev)).contains("is not a BERT config"));
+        assert!(err_text(load(dir.path(), &dev)).contains("not a BERT config"));
     }
 
     #[test]

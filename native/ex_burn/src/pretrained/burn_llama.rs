@@ -567,7 +567,7 @@ mod tests {
     fn pretrained_burn_llama_tiny_model_and_errors() {
         let dir = TempDir::new("llama");
         let dev = crate::testing::device();
-        assert!(err_text(load(&dir.path().join("none.gguf"), &dev)).contains("model file not found"));
+        assert!(err_text(load(&dir.path().join("none.gguf"), &dev)).contains("file not found"));
 
         let other = dir.path().join("other.gguf");
         write_tiny(&other, "gemma", true);

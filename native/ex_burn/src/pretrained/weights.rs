@@ -399,7 +399,7 @@ mod tests {
     fn pretrained_safetensors_bad_files() {
         let dir = TempDir::new("stbad");
         let missing = dir.path().join("nope.safetensors");
-        assert!(err_text(Safetensors::open(&missing)).contains("model file not found"));
+        assert!(err_text(Safetensors::open(&missing)).contains("file not found"));
 
         let path = dir.path().join("w.safetensors");
         let bytes: Vec<u8> = (0..64).flat_map(|v| (v as f32).to_le_bytes()).collect();
@@ -477,7 +477,7 @@ mod tests {
         let not_gguf = dir.path().join("n.gguf");
         std::fs::write(&not_gguf, b"this is not a gguf file at all").unwrap();
         assert!(err_text(Gguf::open(&not_gguf)).contains("cannot read GGUF file"));
-        assert!(err_text(Gguf::open(&dir.path().join("absent.gguf"))).contains("model file not found"));
+        assert!(err_text(Gguf::open(&dir.path().join("absent.gguf"))).contains("file not found"));
 
         // Q8_1 has no dequantiser; an unknown type id fails when the header is read.
         let q81 = dir.path().join("q81.gguf");
