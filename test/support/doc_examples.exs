@@ -7,16 +7,23 @@ defmodule ExBurn.DocExamples do
 
       use ExBurn.DocExamples, file: "guides/devices.md"
       use ExBurn.DocExamples, file: "guides/training.md", shared: true, min_blocks: 8, min_assertions: 15
+
+  A block right after a comment `<!-- requires: embedding:NAME llm:NAME -->` needs those
+  pre-trained models (`ExBurn.Models.list/0`): its test is skipped, with the reason, when one is
+  not installed (with `shared: true`, the whole file's test is).
   """
 
   defmacro __using__(opts) do
     file = Path.expand(Keyword.fetch!(opts, :file), Path.expand("../..", __DIR__))
 
-    blocks =
-      Regex.scan(~r/```elixir\n(.*?)```/s, File.read!(file), capture: :all_but_first)
-      |> Enum.map(&hd/1)
+    {blocks, skips} =
+      Regex.scan(~r/(?:<!-- requires: ([^>]*?) -->\s*\n)?```elixir\n(.*?)```/s, File.read!(file),
+        capture: :all_but_first
+      )
+      |> Enum.map(fn [requires, block] -> {block, ExBurn.DocExamples.missing_models(requires)} end)
+      |> Enum.unzip()
 
-    quote bind_quoted: [file: file, blocks: blocks, opts: opts] do
+    quote bind_quoted: [file: file, blocks: blocks, skips: skips, opts: opts] do
       @external_resource file
 
       test "#{Path.basename(file)} has Elixir examples" do
@@ -25,13 +32,17 @@ defmodule ExBurn.DocExamples do
 
       if Keyword.get(opts, :shared, false) do
         @blocks blocks
+        if skip = Enum.find(skips, & &1), do: @tag(skip: skip)
+
         test "#{Path.basename(file)} examples, in order" do
           count = ExBurn.DocExamples.run_blocks(@blocks, unquote(file))
           assert count >= unquote(Keyword.get(opts, :min_assertions, 1))
         end
       else
-        for {block, index} <- Enum.with_index(blocks, 1) do
+        for {{block, skip}, index} <- Enum.with_index(Enum.zip(blocks, skips), 1) do
           @block block
+          if skip, do: @tag(skip: skip)
+
           test "#{Path.basename(file)} example #{index}" do
             assert ExBurn.DocExamples.run_block(@block, unquote(file)) >= 1
           end
@@ -41,6 +52,19 @@ defmodule ExBurn.DocExamples do
   end
 
   import ExUnit.Assertions
+
+  # test/support/pretrained_case.exs is loaded after this file
+  @compile {:no_warn_undefined, ExBurn.PretrainedCase}
+
+  @doc "A skip reason for a `requires:` list (`kind:name` words) naming a missing model, else nil."
+  def missing_models(requires) do
+    requires
+    |> String.split()
+    |> Enum.find_value(fn word ->
+      [kind, name] = String.split(word, ":", parts: 2)
+      ExBurn.PretrainedCase.skip_unless_installed(String.to_existing_atom(kind), name)
+    end)
+  end
 
   @doc "Evaluates a block, checking its `# =>` lines; returns how many it checked."
   def run_block(block, file) do
