@@ -33,7 +33,7 @@ defmodule ExBurn.MixProject do
   end
 
   def application do
-    [extra_applications: [:logger]]
+    [extra_applications: [:logger, :inets]]
   end
 
   # Nx and Axon are optional. They come from Hex only when Hex is installed and EXBURN_NO_HEX is

@@ -188,28 +188,44 @@ defmodule ExBurn.LLM.Server do
   """
   @spec stream_events(GenServer.server(), ExBurn.LLM.prompt(), keyword) :: Enumerable.t()
   def stream_events(server, prompt, opts \\ []) do
+    [nil]
+    |> Stream.flat_map(fn nil ->
+      case request(server, prompt, opts) do
+        {:ok, ref} -> events(server, ref, opts)
+        {:error, e} -> raise e
+      end
+    end)
+    |> Stream.map(fn
+      {:error, e} -> raise e
+      event -> event
+    end)
+  end
+
+  @doc """
+  The events of request `ref` (from `request/3`) as a lazy stream: `{:text, piece}`s, then
+  `{:done, info}` or `{:error, %ExBurn.Error{}}`, which ends it. It halts early, cancelling
+  the request, when the consumer stops or `:alive?` says the caller is gone. Takes `:timeout`,
+  `:alive?` and `:check_interval` (see the moduledoc).
+  """
+  @spec events(GenServer.server(), reference, keyword) :: Enumerable.t()
+  def events(server, ref, opts \\ []) do
     Stream.resource(
-      fn ->
-        case request(server, prompt, opts) do
-          {:ok, ref} -> {:running, server, ref, waiting(opts)}
-          {:error, e} -> raise e
-        end
-      end,
+      fn -> {:running, server, ref, waiting(opts)} end,
       fn
         {:running, server, ref, wait} = state ->
           case next_event(server, ref, wait) do
             {:text, _} = event -> {[event], state}
-            {:done, _} = event -> {[event], {:finished, server, ref}}
-            {:error, e} -> raise e
-            :cancelled -> {:halt, {:finished, server, ref}}
+            {:done, _} = event -> {[event], {:finished, ref}}
+            {:error, _} = event -> {[event], {:finished, ref}}
+            :cancelled -> {:halt, {:finished, ref}}
           end
 
-        {:finished, _, _} = state ->
+        {:finished, _} = state ->
           {:halt, state}
       end,
       fn
         {:running, server, ref, _} -> cancel(server, ref)
-        {:finished, _server, ref} -> flush(ref)
+        {:finished, ref} -> flush(ref)
       end
     )
   end
@@ -298,7 +314,11 @@ defmodule ExBurn.LLM.Server do
   end
 
   defp down(reason),
-    do: %Error{op: :llm_server, reason: "the LLM server is not running", details: %{cause: :down, exit: reason}}
+    do: %Error{
+      op: :llm_server,
+      reason: "the LLM server is not running",
+      details: %{cause: :down, exit: reason}
+    }
 
   defp now_ms, do: System.monotonic_time(:millisecond)
 
@@ -443,7 +463,11 @@ defmodule ExBurn.LLM.Server do
   end
 
   defp worker_error(reason) do
-    %Error{op: :llm_server, reason: "the generation failed", details: %{cause: :exception, exit: inspect(reason)}}
+    %Error{
+      op: :llm_server,
+      reason: "the generation failed",
+      details: %{cause: :exception, exit: inspect(reason)}
+    }
   end
 
   defp config!(opts) do

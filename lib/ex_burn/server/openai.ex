@@ -1,0 +1,344 @@
+defmodule ExBurn.Server.OpenAI do
+  @moduledoc false
+  # OpenAI-compatible routes: /v1/models, /v1/embeddings, /v1/completions and
+  # /v1/chat/completions (streamed as server-sent events ending in `data: [DONE]`).
+  #
+  # Parameters: max_tokens / max_completion_tokens, temperature, top_p, seed, stop (string or
+  # list), stream, stream_options.include_usage, and top_k (as llama.cpp's server). Parameters
+  # the server cannot honour get a 400 naming them when they ask for something (n > 1,
+  # logprobs, tools, non-zero penalties, logit_bias, echo, best_of > 1, suffix, a
+  # response_format other than text); unknown fields are ignored, as OpenAI's own API does.
+
+  import ExBurn.Server.Handler, only: [json: 1, error: 3, json_body: 1, sse: 1, sse_headers: 0]
+
+  alias ExBurn.Server.{Inference, Models, Response}
+
+  def models(config, _request, _params) do
+    json(%{object: "list", data: Enum.map(Models.catalog(config), &model_object(config, &1))})
+  end
+
+  def model(config, _request, %{"id" => id}) do
+    case Models.entry(config, id) do
+      nil -> error(404, "the model #{inspect(id)} does not exist", param: "model", code: "model_not_found")
+      entry -> json(model_object(config, entry))
+    end
+  end
+
+  defp model_object(config, entry),
+    do: %{id: entry.name, object: "model", created: config.started_unix, owned_by: "exburn"}
+
+  def embeddings(config, request, _params) do
+    with {:ok, body} <- json_body(request),
+         {:ok, texts, _} <- Inference.texts(body, "input", config),
+         {:ok, format} <- encoding_format(body),
+         {:ok, served} <- Inference.model(config, body, :embedding),
+         :ok <- dimensions(body, served.model),
+         {:ok, vectors, tokens} <- Inference.embed(served, texts) do
+      data =
+        vectors
+        |> Enum.with_index()
+        |> Enum.map(fn {vector, i} ->
+          %{
+            object: "embedding",
+            index: i,
+            embedding: if(format == "base64", do: Inference.base64(vector), else: vector)
+          }
+        end)
+
+      json(%{
+        object: "list",
+        data: data,
+        model: served.id,
+        usage: %{prompt_tokens: tokens, total_tokens: tokens}
+      })
+    else
+      {:error, %Response{} = response} -> response
+    end
+  end
+
+  defp encoding_format(body) do
+    case Map.get(body, "encoding_format") do
+      nil ->
+        {:ok, "float"}
+
+      f when f in ["float", "base64"] ->
+        {:ok, f}
+
+      _ ->
+        {:error, error(400, "\"encoding_format\" must be \"float\" or \"base64\"", param: "encoding_format")}
+    end
+  end
+
+  defp dimensions(body, model) do
+    case Map.get(body, "dimensions") do
+      nil ->
+        :ok
+
+      d when d == model.dim ->
+        :ok
+
+      _ ->
+        {:error, error(400, "this model only gives #{model.dim} dimensions", param: "dimensions")}
+    end
+  end
+
+  def completions(config, request, _params) do
+    with {:ok, body} <- json_body(request),
+         :ok <- unsupported(body, [:n, :penalties, :logit_bias, :logprobs, :echo, :best_of, :suffix]),
+         {:ok, prompt} <- completion_prompt(body),
+         {:ok, stream?, usage?} <- stream_flags(body),
+         {:ok, served} <- Inference.model(config, body, :llm),
+         {:ok, opts} <- Inference.llm_options(config, body) do
+      id = "cmpl-" <> random_id()
+      created = System.os_time(:second)
+
+      if stream? do
+        choice = fn text, finish -> %{text: text, index: 0, logprobs: nil, finish_reason: finish} end
+
+        chunk = fn choices ->
+          %{id: id, object: "text_completion", created: created, model: served.id, choices: choices}
+        end
+
+        stream(
+          served,
+          prompt,
+          opts,
+          request,
+          chunk,
+          fn t -> [choice.(t, nil)] end,
+          fn f -> [choice.("", f)] end,
+          usage?
+        )
+      else
+        with {:ok, result} <- Inference.generate(served, prompt, opts, request) do
+          json(%{
+            id: id,
+            object: "text_completion",
+            created: created,
+            model: served.id,
+            choices: [%{text: result.text, index: 0, logprobs: nil, finish_reason: result.finish_reason}],
+            usage: Inference.usage(result.usage)
+          })
+        end
+      end
+    end
+    |> response()
+  end
+
+  def chat_completions(config, request, _params) do
+    with {:ok, body} <- json_body(request),
+         :ok <- unsupported(body, [:n, :penalties, :logit_bias, :chat_logprobs, :tools, :response_format]),
+         {:ok, messages} <- Inference.messages(body),
+         {:ok, stream?, usage?} <- stream_flags(body),
+         {:ok, served} <- Inference.model(config, body, :llm),
+         {:ok, opts} <- Inference.llm_options(config, body) do
+      id = "chatcmpl-" <> random_id()
+      created = System.os_time(:second)
+
+      if stream? do
+        choice = fn delta, finish -> %{index: 0, delta: delta, logprobs: nil, finish_reason: finish} end
+
+        chunk = fn choices ->
+          %{id: id, object: "chat.completion.chunk", created: created, model: served.id, choices: choices}
+        end
+
+        # The first chunk carries the role, as OpenAI's does.
+        first = sse(chunk.([choice.(%{role: "assistant", content: ""}, nil)]))
+
+        stream(
+          served,
+          messages,
+          opts,
+          request,
+          chunk,
+          fn t -> [choice.(%{content: t}, nil)] end,
+          fn f -> [choice.(%{}, f)] end,
+          usage?,
+          [first]
+        )
+      else
+        with {:ok, result} <- Inference.generate(served, messages, opts, request) do
+          json(%{
+            id: id,
+            object: "chat.completion",
+            created: created,
+            model: served.id,
+            choices: [
+              %{
+                index: 0,
+                message: %{role: "assistant", content: result.text},
+                logprobs: nil,
+                finish_reason: result.finish_reason
+              }
+            ],
+            usage: Inference.usage(result.usage)
+          })
+        end
+      end
+    end
+    |> response()
+  end
+
+  defp response({:error, %Response{} = response}), do: response
+  defp response(%Response{} = response), do: response
+
+  # An SSE body: `head`, a chunk per text piece, a last chunk with the finish reason, a usage
+  # chunk when asked for, then `data: [DONE]`. An error after the headers went out is an event
+  # with OpenAI's error object (OpenAI's clients raise it).
+  defp stream(served, prompt, opts, request, chunk, text_choices, final_choices, usage?, head \\ []) do
+    case Inference.start_stream(served, prompt, opts, request) do
+      {:ok, events, cleanup} ->
+        body =
+          Stream.concat(
+            head,
+            Stream.map(events, fn
+              {:text, text} ->
+                sse(chunk.(text_choices.(text)))
+
+              {:done, info} ->
+                usage_chunk =
+                  if usage?, do: [sse(Map.put(chunk.([]), :usage, Inference.usage(info.usage)))], else: []
+
+                [sse(chunk.(final_choices.(info.finish_reason))), usage_chunk, sse("[DONE]")]
+
+              {:error, e} ->
+                %Response{body: body} = Inference.llm_error(e)
+                sse(body)
+            end)
+          )
+
+        %Response{status: 200, headers: sse_headers(), body: {:stream, body}, cleanup: cleanup}
+
+      {:error, response} ->
+        {:error, response}
+    end
+  end
+
+  defp completion_prompt(body) do
+    case Map.get(body, "prompt") do
+      p when is_binary(p) ->
+        {:ok, p}
+
+      [p] when is_binary(p) ->
+        {:ok, p}
+
+      [_, _ | _] = list ->
+        if Enum.all?(list, &is_binary/1),
+          do: {:error, error(400, "one prompt per request is supported", param: "prompt")},
+          else: {:error, error(400, "token id prompts are not supported: send text", param: "prompt")}
+
+      nil ->
+        {:error, error(400, "\"prompt\" is required", param: "prompt", code: "missing_required_parameter")}
+
+      _ ->
+        {:error, error(400, "\"prompt\" must be a string", param: "prompt")}
+    end
+  end
+
+  defp stream_flags(body) do
+    with {:ok, stream?} <- Inference.boolean(body, "stream") do
+      case Map.get(body, "stream_options") do
+        nil ->
+          {:ok, stream? == true, false}
+
+        %{} = o when is_boolean(:erlang.map_get("include_usage", o)) ->
+          {:ok, stream? == true, :erlang.map_get("include_usage", o)}
+
+        %{} = o when not is_map_key(o, "include_usage") ->
+          {:ok, stream? == true, false}
+
+        _ ->
+          {:error,
+           error(400, "\"stream_options\" must be an object like {\"include_usage\": true}",
+             param: "stream_options"
+           )}
+      end
+    end
+  end
+
+  # Parameters whose requested behaviour the server does not have.
+  defp unsupported(body, checks) do
+    Enum.find_value(checks, :ok, fn check ->
+      case check(check, body) do
+        :ok -> nil
+        {param, why} -> {:error, error(400, why, param: param, code: "unsupported_parameter")}
+      end
+    end)
+  end
+
+  defp check(:n, body) do
+    case Map.get(body, "n") do
+      n when n in [nil, 1] -> :ok
+      _ -> {"n", "only n = 1 is supported"}
+    end
+  end
+
+  defp check(:best_of, body) do
+    case Map.get(body, "best_of") do
+      n when n in [nil, 1] -> :ok
+      _ -> {"best_of", "only best_of = 1 is supported"}
+    end
+  end
+
+  defp check(:penalties, body) do
+    Enum.find_value(["presence_penalty", "frequency_penalty"], :ok, fn field ->
+      case Map.get(body, field) do
+        p when p in [nil, 0, +0.0] -> nil
+        _ -> {field, "#{field} is not supported (send 0 or leave it out)"}
+      end
+    end)
+  end
+
+  defp check(:logit_bias, body) do
+    case Map.get(body, "logit_bias") do
+      b when b in [nil, %{}] -> :ok
+      _ -> {"logit_bias", "logit_bias is not supported"}
+    end
+  end
+
+  defp check(:logprobs, body) do
+    case Map.get(body, "logprobs") do
+      nil -> :ok
+      _ -> {"logprobs", "logprobs are not supported"}
+    end
+  end
+
+  defp check(:chat_logprobs, body) do
+    case {Map.get(body, "logprobs"), Map.get(body, "top_logprobs")} do
+      {l, nil} when l in [nil, false] -> :ok
+      _ -> {"logprobs", "logprobs are not supported"}
+    end
+  end
+
+  defp check(:echo, body) do
+    case Map.get(body, "echo") do
+      e when e in [nil, false] -> :ok
+      _ -> {"echo", "echo is not supported"}
+    end
+  end
+
+  defp check(:suffix, body) do
+    case Map.get(body, "suffix") do
+      s when s in [nil, ""] -> :ok
+      _ -> {"suffix", "suffix is not supported"}
+    end
+  end
+
+  defp check(:tools, body) do
+    cond do
+      Map.get(body, "tools") not in [nil, []] -> {"tools", "tools are not supported"}
+      Map.get(body, "functions") not in [nil, []] -> {"functions", "functions are not supported"}
+      Map.get(body, "tool_choice") not in [nil, "none", "auto"] -> {"tool_choice", "tools are not supported"}
+      true -> :ok
+    end
+  end
+
+  defp check(:response_format, body) do
+    case Map.get(body, "response_format") do
+      f when f in [nil, %{"type" => "text"}] -> :ok
+      _ -> {"response_format", "only the text response format is supported"}
+    end
+  end
+
+  defp random_id, do: 12 |> :rand.bytes() |> Base.encode16(case: :lower)
+end
