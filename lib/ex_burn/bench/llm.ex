@@ -1,0 +1,39 @@
+defmodule ExBurn.Bench.LLM do
+  @moduledoc false
+  # The :llm suite: SmolLM2-135M-Instruct, greedy generation per engine and device.
+
+  alias ExBurn.Bench
+
+  @model "smollm2-135m-instruct"
+  @prompt "Write a short story about a lighthouse keeper who finds a message in a bottle."
+  @tokens 32
+
+  def prompt, do: @prompt
+  def tokens, do: @tokens
+
+  def plan(opts), do: ExBurn.Bench.Embed.plan(opts)
+
+  def run(%{engine: :candle, device: {kind, _}}, _opts) when kind != :cpu,
+    do: {:skip, "Candle runs on the CPU only"}
+
+  def run(%{engine: engine, device: device}, opts) do
+    case ExBurn.LLM.load(@model, engine: engine, device: device, dir: opts[:dir]) do
+      {:ok, model} ->
+        fields = %{
+          suite: "llm",
+          case: "#{@tokens} tokens",
+          engine: to_string(engine),
+          device: ExBurn.Device.format(device),
+          implementation: "ExBurn"
+        }
+
+        # generation may stop early at an end-of-turn token: count what was generated
+        gen = fn -> ExBurn.LLM.generate!(model, @prompt, max_tokens: @tokens, greedy: true) end
+        n = gen.().usage.completion_tokens
+        {:ok, [Bench.measure(fields, max(div(opts[:iterations], 3), 2), n, "tokens/s", gen)]}
+
+      {:error, e} ->
+        {:skip, Exception.message(e)}
+    end
+  end
+end
