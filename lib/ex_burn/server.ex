@@ -102,8 +102,11 @@ defmodule ExBurn.Server do
     %{id: name, start: {__MODULE__, :start_link, [opts]}, type: :supervisor, shutdown: timeout}
   end
 
-  @doc "Stops the server gracefully (see Shutdown in the moduledoc)."
-  def stop(name \\ __MODULE__), do: Supervisor.stop(name, :shutdown, :infinity)
+  @doc """
+  Stops the server gracefully (see Shutdown in the moduledoc). The supervisor exits `:normal`,
+  so a process linked to it (the one that called `start_link/1`) is not taken down with it.
+  """
+  def stop(name \\ __MODULE__), do: Supervisor.stop(name, :normal, :infinity)
 
   @doc "The TCP port the server listens on (useful with `port: 0`), or nil without a listener."
   def port(name \\ __MODULE__) do

@@ -64,7 +64,7 @@ defmodule Mix.Tasks.ExBurn.Server do
 
     unless iex_running?() do
       receive do
-        {:EXIT, ^pid, :shutdown} -> Process.sleep(:infinity)
+        {:EXIT, ^pid, :normal} -> Process.sleep(:infinity)
         {:EXIT, ^pid, reason} -> Mix.raise("the server stopped: #{inspect(reason)}")
       end
     end
