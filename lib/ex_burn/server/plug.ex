@@ -16,7 +16,12 @@ if Code.ensure_loaded?(Plug.Conn) do
     The request path must be the server's own (`/v1/...`, `/api/v1/...`): mount it at the
     root, or let `forward` strip the prefix. Streams are sent with `Plug.Conn.chunk/2`; a
     failed chunk means the client went away and stops the generation. Bodies over the
-    server's `:body_limit` get 413.
+    server's `:body_limit` get 413. Unlike the `:httpd` adapter, it cannot see a client hang
+    up while its request is still queued (Plug has no such signal): that request runs when its
+    turn comes and stops at its first chunk.
+
+    Tested through `Plug.Test` (`test/ex_burn/server/plug_test.exs`, run where Plug is
+    available), not under a live Cowboy or Bandit.
     """
 
     @behaviour Plug

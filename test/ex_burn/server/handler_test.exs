@@ -325,7 +325,7 @@ defmodule ExBurn.Server.HandlerTest do
 
     for route <- routes, _ <- 1..30 do
       body =
-        for _ <- 1..Enum.random(0..5), into: %{} do
+        for _ <- 1..Enum.random(0..5)//1, into: %{} do
           {Enum.random(fields), Enum.random(values)}
         end
 
