@@ -56,6 +56,9 @@ fn fscalar(v: f64) -> Scalar {
 }
 
 fn float_unary(op: UnaryOp, t: Prim) -> ExResult<Prim> {
+    if let Some(p) = super::cpu_kernels::unary(op, &t) {
+        return Ok(p);
+    }
     if let Some((_, f)) = FLOAT_UNARY.iter().find(|(name, _)| *name == op) {
         return Ok(f(t));
     }

@@ -73,6 +73,13 @@ pub fn reduce(op: ReduceOp, h: &Handle, axes: Option<Vec<usize>>, keep: bool, ou
     if op == ReduceOp::Mean && !out.is_float() {
         return Err(ExError::invalid(format!("mean needs a floating output type, got {out}")));
     }
+    // f32/f64 sums on the CPU: one pass over the storage, accumulating in f64 (cpu_kernels).
+    if matches!(op, ReduceOp::Sum | ReduceOp::Mean) && matches!(out, NxType::F(32) | NxType::F(64)) && h.device.kind == crate::device::DeviceKind::Cpu {
+        let x = cast_to(h, out);
+        if let Some(prim) = super::cpu_kernels::sum(&x, &h.shape, &axes, op == ReduceOp::Mean) {
+            return Ok(Handle::new(dispatch::reshape(prim, &shape), out, shape, h.device));
+        }
+    }
     // Narrow floats accumulate in f64 (as Nx.BinaryBackend does): f32 running sums drift by
     // several ulps on long axes. Max/min are exact in any width.
     let widen = matches!(op, ReduceOp::Sum | ReduceOp::Product | ReduceOp::Mean)

@@ -1,0 +1,232 @@
+//! Kernels of our own for the CPU (Burn's flex backend), where flex's generic path costs several
+//! times what the work needs. Each reads a contiguous flex tensor's storage directly, splits the
+//! work over rayon's pool (the one flex uses) and returns `None` for anything it does not cover
+//! (another device, a strided view, another dtype), so callers keep Burn's path as the fallback.
+//! Written against Burn's public API so each could move upstream into burn-flex.
+
+use burn::backend::{BackendTensor, DType, DispatchTensorKind, TensorData};
+use rayon::prelude::*;
+
+use crate::dispatch::{self, Prim};
+use crate::ops::vocab::UnaryOp;
+
+/// Below this many elements one thread does the work: splitting costs more than it saves.
+const PAR_MIN: usize = 1 << 15;
+
+/// The contiguous f32 storage of a flex float tensor.
+fn flex_f32(p: &Prim) -> Option<&[f32]> {
+    match &p.kind {
+        DispatchTensorKind::Flex(BackendTensor::Float(t)) if t.dtype() == DType::F32 => t.as_slice::<f32>(),
+        _ => None,
+    }
+}
+
+/// The contiguous f64 storage of a flex float tensor.
+fn flex_f64(p: &Prim) -> Option<&[f64]> {
+    match &p.kind {
+        DispatchTensorKind::Flex(BackendTensor::Float(t)) if t.dtype() == DType::F64 => t.as_slice::<f64>(),
+        _ => None,
+    }
+}
+
+/// Sum of a slice in f64, with eight independent accumulators (so the loop vectorises: one
+/// running sum would serialise every add on its latency).
+fn sum_f64<T: Copy + Into<f64>>(xs: &[T]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let chunks = xs.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += c[i].into();
+        }
+    }
+    let mut s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for &x in rest {
+        s += x.into();
+    }
+    s
+}
+
+fn par_sum<T: Copy + Into<f64> + Sync>(xs: &[T]) -> f64 {
+    if xs.len() < PAR_MIN {
+        return sum_f64(xs);
+    }
+    xs.par_chunks(PAR_MIN).map(sum_f64).sum()
+}
+
+/// `rows` sums of `cols` consecutive values (a reduction over trailing axes).
+fn row_sums<T: Copy + Into<f64> + Sync>(xs: &[T], cols: usize) -> Vec<f64> {
+    if xs.len() < PAR_MIN || cols >= xs.len() / 2 {
+        return xs.chunks(cols).map(par_sum).collect();
+    }
+    xs.par_chunks(cols).map(sum_f64).collect()
+}
+
+/// `cols` sums down `rows` rows (a reduction over leading axes): each task owns a band of columns
+/// and adds the rows into it, so the inner loop runs along memory and vectorises.
+fn col_sums<T: Copy + Into<f64> + Sync>(xs: &[T], cols: usize) -> Vec<f64> {
+    let rows = xs.len() / cols;
+    let band = if xs.len() < PAR_MIN { cols } else { (cols / rayon::current_num_threads().max(1)).max(256).min(cols) };
+    let mut out = vec![0.0f64; cols];
+    out.par_chunks_mut(band).enumerate().for_each(|(b, acc)| {
+        let start = b * band;
+        for r in 0..rows {
+            let row = &xs[r * cols + start..r * cols + start + acc.len()];
+            for (a, &x) in acc.iter_mut().zip(row) {
+                *a += x.into();
+            }
+        }
+    });
+    out
+}
+
+/// Nx's sum (`mean`: divided by the count) of an f32 or f64 tensor on the CPU over a leading or
+/// trailing block of its axes (all axes included), accumulated in f64 as Nx.BinaryBackend does
+/// and rounded once to the input's type. The result is flat (`kept` elements).
+pub fn sum(x: &Prim, shape: &[usize], axes: &[usize], mean: bool) -> Option<Prim> {
+    let rank = shape.len();
+    let mut sorted = axes.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let k = sorted.len();
+    if rank == 0 || k == 0 {
+        return None;
+    }
+    let leading = sorted.iter().enumerate().all(|(i, &a)| a == i);
+    let trailing = sorted.iter().enumerate().all(|(i, &a)| a == rank - k + i);
+    if !(leading || trailing) {
+        return None;
+    }
+    let reduced: usize = sorted.iter().map(|&a| shape[a]).product();
+    let n: usize = shape.iter().product();
+    if reduced == 0 || n == 0 {
+        return None;
+    }
+    let kept = n / reduced;
+    let run = |sums: Vec<f64>| -> Vec<f64> {
+        sums.into_iter()
+            .map(|s| {
+                let s = if mean { s / reduced as f64 } else { s };
+                // x86's inf + -inf is a negative NaN; Nx gives the positive one
+                if s.is_nan() { f64::NAN } else { s }
+            })
+            .collect()
+    };
+    let sums = if let Some(xs) = flex_f32(x) {
+        let s = if kept == 1 { vec![par_sum(xs)] } else if trailing { row_sums(xs, reduced) } else { col_sums(xs, kept) };
+        let out: Vec<f32> = run(s).into_iter().map(|v| v as f32).collect();
+        TensorData::new(out, [kept])
+    } else if let Some(xs) = flex_f64(x) {
+        let s = if kept == 1 { vec![par_sum(xs)] } else if trailing { row_sums(xs, reduced) } else { col_sums(xs, kept) };
+        TensorData::new(run(s), [kept])
+    } else {
+        return None;
+    };
+    Some(dispatch::from_data(sums, &burn::tensor::Device::flex()))
+}
+
+/// The std function flex applies per element for `op`, for f32 and f64: the parallel map below
+/// computes exactly what flex computes, on all cores instead of one.
+fn std_unary(op: UnaryOp) -> Option<(fn(f32) -> f32, fn(f64) -> f64)> {
+    Some(match op {
+        UnaryOp::Exp => (f32::exp, f64::exp),
+        UnaryOp::Log => (f32::ln, f64::ln),
+        UnaryOp::Sqrt => (f32::sqrt, f64::sqrt),
+        UnaryOp::Sin => (f32::sin, f64::sin),
+        UnaryOp::Cos => (f32::cos, f64::cos),
+        UnaryOp::Tan => (f32::tan, f64::tan),
+        UnaryOp::Asin => (f32::asin, f64::asin),
+        UnaryOp::Acos => (f32::acos, f64::acos),
+        UnaryOp::Atan => (f32::atan, f64::atan),
+        UnaryOp::Sinh => (f32::sinh, f64::sinh),
+        UnaryOp::Cosh => (f32::cosh, f64::cosh),
+        UnaryOp::Tanh => (f32::tanh, f64::tanh),
+        _ => return None,
+    })
+}
+
+fn par_map<T: Copy + Send + Sync + burn::tensor::Element>(xs: &[T], shape: Vec<usize>, f: fn(T) -> T) -> Prim {
+    let mut out = Vec::with_capacity(xs.len());
+    out.par_extend(xs.par_iter().with_min_len(PAR_MIN).map(|&x| f(x)));
+    dispatch::from_data(TensorData::new(out, shape), &burn::tensor::Device::flex())
+}
+
+/// A float unary op of `std_unary`'s list over a large contiguous f32/f64 flex tensor, split
+/// over rayon's pool. Small tensors stay on flex's own (single-threaded) loop.
+pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
+    let (f32_op, f64_op) = std_unary(op)?;
+    let shape = dispatch::dims(x);
+    if let Some(xs) = flex_f32(x).filter(|xs| xs.len() >= 2 * PAR_MIN) {
+        Some(par_map(xs, shape, f32_op))
+    } else {
+        flex_f64(x).filter(|xs| xs.len() >= 2 * PAR_MIN).map(|xs| par_map(xs, shape, f64_op))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::ops::FloatTensorOps;
+    use burn::backend::Dispatch;
+
+    fn flex(values: Vec<f32>, shape: &[usize]) -> Prim {
+        dispatch::from_data(TensorData::new(values, shape.to_vec()), &burn::tensor::Device::flex())
+    }
+
+    fn values(p: Prim) -> Vec<f32> {
+        dispatch::into_data(p).unwrap().to_vec::<f32>().unwrap()
+    }
+
+    /// Inputs with every special value, long enough for the parallel paths.
+    fn specials(n: usize) -> Vec<f32> {
+        let special = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MIN_POSITIVE, 1e-45, 88.7, -103.0, 1e30];
+        (0..n).map(|i| if i % 97 == 0 { special[(i / 97) % special.len()] } else { ((i as f32) * 1.7e-3).sin() * 20.0 }).collect()
+    }
+
+    #[test]
+    fn parallel_unary_maps_equal_flex_bit_for_bit() {
+        let xs = specials(3 * PAR_MIN + 5);
+        let x = flex(xs, &[3 * PAR_MIN + 5]);
+        for (op, flex_op) in [
+            (UnaryOp::Exp, Dispatch::float_exp as fn(Prim) -> Prim),
+            (UnaryOp::Tanh, Dispatch::float_tanh),
+            (UnaryOp::Log, Dispatch::float_log),
+            (UnaryOp::Sin, Dispatch::float_sin),
+        ] {
+            let ours = values(unary(op, &x).expect("large contiguous f32 takes the kernel"));
+            let theirs = values(flex_op(x.clone()));
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&ours), bits(&theirs), "{op:?}");
+        }
+        // small tensors and unlisted ops stay on flex
+        assert!(unary(UnaryOp::Exp, &flex(vec![1.0; 10], &[10])).is_none());
+        assert!(unary(UnaryOp::Erf, &x).is_none());
+    }
+
+    #[test]
+    fn sums_over_leading_and_trailing_blocks_accumulate_in_f64() {
+        let (r, c) = (300, 257);
+        let xs: Vec<f32> = (0..r * c).map(|i| ((i as f32) * 0.37).sin() * 1000.0 + 0.1).collect();
+        let x = flex(xs.clone(), &[r, c]);
+        let want_rows: Vec<f32> = xs.chunks(c).map(|row| row.iter().map(|&v| v as f64).sum::<f64>() as f32).collect();
+        let want_cols: Vec<f32> = (0..c).map(|j| (0..r).map(|i| xs[i * c + j] as f64).sum::<f64>() as f32).collect();
+        let want_all = xs.iter().map(|&v| v as f64).sum::<f64>();
+        assert_eq!(values(sum(&x, &[r, c], &[1], false).unwrap()), want_rows);
+        assert_eq!(values(sum(&x, &[r, c], &[0], false).unwrap()), want_cols);
+        assert_eq!(values(sum(&x, &[r, c], &[0, 1], false).unwrap()), vec![want_all as f32]);
+        assert_eq!(values(sum(&x, &[r, c], &[1, 0], true).unwrap()), vec![(want_all / (r * c) as f64) as f32]);
+        // a middle axis is not a block: Burn's path takes it
+        assert!(sum(&flex(vec![0.0; 8], &[2, 2, 2]), &[2, 2, 2], &[1], false).is_none());
+    }
+
+    #[test]
+    fn sums_keep_nx_special_values() {
+        let x = flex(vec![1.0, f32::INFINITY, f32::NEG_INFINITY, 2.0, f32::NAN, 3.0, f32::INFINITY, 1.0, -0.0, -0.0, 0.0, 0.0], &[4, 3]);
+        let got = values(sum(&x, &[4, 3], &[1], false).unwrap());
+        // inf + -inf is the positive NaN Nx gives, not x86's negative one
+        assert!(got[0].is_nan() && got[0].is_sign_positive());
+        assert!(got[1].is_nan());
+        assert_eq!(got[2], f32::INFINITY);
+        assert_eq!(got[3], 0.0);
+    }
+}
