@@ -210,11 +210,23 @@ defmodule ExBurn.Server.Handler do
 
   defp match_path([], [], params), do: params
 
-  defp match_path([":" <> name | rest], [seg | segs], params),
-    do: match_path(rest, segs, Map.put(params, name, URI.decode(seg)))
+  defp match_path([":" <> name | rest], [seg | segs], params) do
+    case decode_segment(seg) do
+      {:ok, value} -> match_path(rest, segs, Map.put(params, name, value))
+      :error -> nil
+    end
+  end
 
   defp match_path([seg | rest], [seg | segs], params), do: match_path(rest, segs, params)
   defp match_path(_, _, _), do: nil
+
+  # Percent-decoding of a path parameter; a malformed escape or a non-UTF-8 result matches nothing.
+  defp decode_segment(seg) do
+    value = URI.decode(seg)
+    if String.valid?(value), do: {:ok, value}, else: :error
+  rescue
+    ArgumentError -> :error
+  end
 
   ## Authentication, rate limits, body size
 
@@ -326,6 +338,8 @@ defmodule ExBurn.Server.Handler do
   """
   def error(status, message, opts \\ []) do
     type = Keyword.get_lazy(opts, :type, fn -> error_type(status) end)
+    # Messages may quote what the client sent (a path, a name): keep the JSON valid UTF-8.
+    message = if String.valid?(message), do: message, else: inspect(message)
 
     json(
       status,
@@ -351,7 +365,19 @@ defmodule ExBurn.Server.Handler do
 
   @doc "Server-sent event lines for a JSON value (`data: ...\\n\\n`), with an optional event name."
   def sse(value, event \\ nil) do
-    data = if is_binary(value), do: value, else: JSON.encode!(value)
+    {event, data} =
+      case if(is_binary(value), do: {:ok, value}, else: JSON.encode(value)) do
+        {:ok, data} ->
+          {event, data}
+
+        # Nothing a model produces should fail to encode; if it does, the stream says so.
+        {:error, e} ->
+          message = "could not encode an event: #{e.reason}"
+
+          {event && "error",
+           JSON.encode!(%{error: %{message: message, type: "server_error", param: nil, code: nil}})}
+      end
+
     if event, do: ["event: ", event, "\ndata: ", data, "\n\n"], else: ["data: ", data, "\n\n"]
   end
 

@@ -84,6 +84,17 @@ defmodule ExBurn.Server.HandlerTest do
     assert_error(call(name, "DELETE", "/v1/models"), 405)
   end
 
+  test "odd paths are 404s, not crashes" do
+    name = start()
+
+    for path <- ["/v1/models/%zz", "/v1/models/%FF%FE", <<"/v1/", 255, 254>>, "/v1/models/a/b", "//", ""] do
+      response = call(name, "GET", path)
+      assert response.status == 404, inspect(path)
+      assert %{"error" => %{"message" => message}} = json(response)
+      assert String.valid?(message)
+    end
+  end
+
   test "unknown models are 404 in OpenAI's error shape" do
     name = start()
 
