@@ -174,7 +174,7 @@ mod tests {
     }
 
     fn values(p: Prim) -> Vec<f32> {
-        dispatch::into_data(p).unwrap().to_vec::<f32>().unwrap()
+        dispatch::into_data(p).unwrap().try_to_vec::<f32>().unwrap()
     }
 
     /// Inputs with every special value, long enough for the parallel paths.

@@ -266,24 +266,9 @@ impl Encoder for BurnBert {
 mod tests {
     use super::*;
     use crate::pretrained::pooling::{normalize, PoolingConfig};
-    use crate::pretrained::weights::test_support::{models_dir, peak_rss_mib, reference, TempDir};
+    use crate::pretrained::weights::test_support::{err_text, minilm_dir, peak_rss_mib, reference, TempDir};
 
-    fn err_text<T>(r: ExResult<T>) -> String {
-        match r {
-            Ok(_) => panic!("expected an error"),
-            Err(e) => e.to_string(),
-        }
-    }
 
-    fn minilm_dir() -> Option<std::path::PathBuf> {
-        let dir = models_dir().join("embeddings/all-minilm-l6-v2");
-        if dir.join("model.safetensors").exists() {
-            Some(dir)
-        } else {
-            println!("skipping: all-MiniLM-L6-v2 not found at {}", dir.display());
-            None
-        }
-    }
 
     /// Pads token id lists into one batch (pad id 0, type ids 0).
     fn pad(cases: &[Vec<u32>]) -> TokenBatch {

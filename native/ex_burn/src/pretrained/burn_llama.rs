@@ -360,26 +360,11 @@ impl LmSession for BurnLlamaSession {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pretrained::weights::test_support::{models_dir, peak_rss_mib, reference, TempDir};
+    use crate::pretrained::weights::test_support::{err_text, peak_rss_mib, reference, smollm_path, TempDir};
     use candle_core::quantized::gguf_file::{self, Value};
     use candle_core::quantized::{GgmlDType, QTensor};
 
-    fn err_text<T>(r: ExResult<T>) -> String {
-        match r {
-            Ok(_) => panic!("expected an error"),
-            Err(e) => e.to_string(),
-        }
-    }
 
-    fn smollm_path() -> Option<std::path::PathBuf> {
-        let p = models_dir().join("llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-        if p.exists() {
-            Some(p)
-        } else {
-            println!("skipping: SmolLM2 GGUF not found at {}", p.display());
-            None
-        }
-    }
 
     fn argmax(v: &[f32]) -> u32 {
         let mut best = 0;

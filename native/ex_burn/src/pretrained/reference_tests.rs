@@ -4,9 +4,8 @@
 //!
 //! Models: `$EXBURN_MODELS_DIR` (default `~/models`): `embeddings/all-minilm-l6-v2/` and
 //! `llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf`. References:
-//! `$EXBURN_PRETRAINED_REFS` (default the repository's `test/data/pretrained/`).
+//! `$EXBURN_REFERENCE_DIR` (default the repository's `test/data/pretrained/`).
 
-use std::path::PathBuf;
 
 use serde_json::Value as Json;
 
@@ -14,50 +13,8 @@ use super::errors::{self, kind};
 use super::generate::{ChatMessage, Finish, GenOptions, Prompt};
 use super::tokenizer::LmTokenizer;
 use super::{gguf, EmbeddingModel, Engine, TextModel};
+use super::weights::test_support::{minilm_dir, reference, smollm_path};
 use crate::device::DeviceRef;
-
-fn models_dir() -> PathBuf {
-    std::env::var_os("EXBURN_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join("models"))
-}
-
-fn refs_dir() -> PathBuf {
-    std::env::var_os("EXBURN_PRETRAINED_REFS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../test/data/pretrained"))
-}
-
-fn minilm_dir() -> Option<PathBuf> {
-    let d = models_dir().join("embeddings/all-minilm-l6-v2");
-    if d.join("model.safetensors").is_file() {
-        Some(d)
-    } else {
-        println!("SKIPPED: MiniLM model not found at {}", d.display());
-        None
-    }
-}
-
-fn smollm_path() -> Option<PathBuf> {
-    let p = models_dir().join("llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.is_file() {
-        Some(p)
-    } else {
-        println!("SKIPPED: SmolLM2 GGUF not found at {}", p.display());
-        None
-    }
-}
-
-fn reference(name: &str) -> Option<Json> {
-    let p = refs_dir().join(name);
-    match std::fs::read_to_string(&p) {
-        Ok(text) => Some(serde_json::from_str(&text).expect("reference JSON")),
-        Err(_) => {
-            println!("SKIPPED: reference {} not found", p.display());
-            None
-        }
-    }
-}
 
 fn ids(v: &Json) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()

@@ -299,6 +299,35 @@ pub(crate) mod test_support {
     use std::path::{Path, PathBuf};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    /// The message of an expected error.
+    pub fn err_text<T>(r: crate::error::ExResult<T>) -> String {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// The installed all-MiniLM-L6-v2 directory (`mix ex_burn.models.fetch`), or None (the
+    /// calling test then skips, saying so).
+    pub fn minilm_dir() -> Option<PathBuf> {
+        installed(models_dir().join("embeddings/all-minilm-l6-v2"), "model.safetensors")
+    }
+
+    /// The installed SmolLM2-135M-Instruct GGUF file, or None.
+    pub fn smollm_path() -> Option<PathBuf> {
+        let dir = models_dir().join("llm/smollm2-135m-instruct");
+        installed(dir.clone(), "SmolLM2-135M-Instruct.Q4_1.gguf").map(|d| d.join("SmolLM2-135M-Instruct.Q4_1.gguf"))
+    }
+
+    fn installed(dir: PathBuf, file: &str) -> Option<PathBuf> {
+        if dir.join(file).is_file() {
+            Some(dir)
+        } else {
+            println!("SKIPPED: {} not found (mix ex_burn.models.fetch installs it)", dir.join(file).display());
+            None
+        }
+    }
+
     /// A fresh directory under the system temp dir, removed on drop.
     pub struct TempDir(pub PathBuf);
 
@@ -347,15 +376,20 @@ pub(crate) mod test_support {
         let dir = std::env::var("EXBURN_REFERENCE_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../test/data/pretrained"));
-        let root = dir.join(name);
-        let text = std::fs::read_to_string(root).ok()?;
-        Some(serde_json::from_str(&text).expect("reference JSON"))
+        let path = dir.join(name);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Some(serde_json::from_str(&text).expect("reference JSON")),
+            Err(_) => {
+                println!("SKIPPED: reference {} not found", path.display());
+                None
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::test_support::TempDir;
+    use super::test_support::{err_text, TempDir};
     use super::*;
     use candle_core::quantized::{gguf_file, QTensor};
 
@@ -365,12 +399,6 @@ mod tests {
         safetensors::serialize_to_file(views, None, path).unwrap();
     }
 
-    fn err_text<T>(r: ExResult<T>) -> String {
-        match r {
-            Ok(_) => panic!("expected an error"),
-            Err(e) => e.to_string(),
-        }
-    }
 
     #[test]
     fn pretrained_safetensors_reads_f32_f16_bf16() {
