@@ -18,6 +18,10 @@ defmodule ExBurn.Pretrained.EnginePolicyTest do
     end
   end
 
+  # A model :auto loaded on Burn (what Pretrained.load returns), for the call-time policy.
+  defp auto_burn_model(dir),
+    do: %{ref: :burn_ref, engine: :burn, auto: true, path: Path.join(dir, "m"), name: "m", device: {:cpu, 0}}
+
   defp lacks_feature,
     do: {:error, {:llm_load, "burn: unsupported rope scaling `yarn`", %{kind: :unsupported_feature}}}
 
@@ -67,14 +71,7 @@ defmodule ExBurn.Pretrained.EnginePolicyTest do
   end
 
   test "a call that fails on Burn is retried on Candle, which later calls keep using", %{tmp_dir: dir} do
-    model = %{
-      ref: :burn_ref,
-      engine: :burn,
-      auto: true,
-      path: Path.join(dir, "m"),
-      name: "m",
-      device: {:cpu, 0}
-    }
+    model = auto_burn_model(dir)
 
     before = Pretrained.fallback_count()
 
@@ -99,14 +96,7 @@ defmodule ExBurn.Pretrained.EnginePolicyTest do
   end
 
   test "a call failing on the caller's input is not retried", %{tmp_dir: dir} do
-    model = %{
-      ref: :burn_ref,
-      engine: :burn,
-      auto: true,
-      path: Path.join(dir, "m"),
-      name: "m",
-      device: {:cpu, 0}
-    }
+    model = auto_burn_model(dir)
 
     for details <- [%{kind: :empty_prompt}, %{kind: :prompt_too_long}, %{argument: "ids", expected: "a list"}] do
       run = fn :burn_ref -> {:error, {:llm_start, "bad input", details}} end

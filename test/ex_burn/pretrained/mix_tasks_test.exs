@@ -53,18 +53,8 @@ defmodule ExBurn.Pretrained.MixTasksTest do
       reference("smollm2_reference.json")["generate"]
       |> Enum.find(&(&1["prompt"] == "The capital of France is"))
 
-    out =
-      run_task("ex_burn.llm", [
-        "--model",
-        @llm,
-        "--prompt",
-        g["prompt"],
-        "--greedy",
-        "--max-tokens",
-        "16",
-        "--json"
-      ])
-      |> ExBurn.JSON.decode!()
+    greedy_16 = ["--model", @llm, "--prompt", g["prompt"], "--greedy", "--max-tokens", "16"]
+    out = run_task("ex_burn.llm", greedy_16 ++ ["--json"]) |> ExBurn.JSON.decode!()
 
     assert out == %{
              "prompt_ids" => g["prompt_ids"],
@@ -73,17 +63,7 @@ defmodule ExBurn.Pretrained.MixTasksTest do
              "finish_reason" => "length"
            }
 
-    streamed =
-      run_task("ex_burn.llm", [
-        "--model",
-        @llm,
-        "--prompt",
-        g["prompt"],
-        "--greedy",
-        "--max-tokens",
-        "16",
-        "--stream"
-      ])
+    streamed = run_task("ex_burn.llm", greedy_16 ++ ["--stream"])
 
     assert streamed == g["text"] <> "\n"
 
