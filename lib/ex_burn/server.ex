@@ -96,6 +96,7 @@ defmodule ExBurn.Server do
 
   @doc "A child spec; the id is the instance name, so several servers can share a supervisor."
   def child_spec(opts) do
+    opts = keyword!(opts)
     name = Keyword.get(opts, :name, __MODULE__)
     # The listener drains in-flight requests on shutdown, so the tree gets that long to stop.
     timeout = Keyword.get(opts, :shutdown_timeout, 30_000) + 5_000
@@ -106,11 +107,15 @@ defmodule ExBurn.Server do
   Stops the server gracefully (see Shutdown in the moduledoc). The supervisor exits `:normal`,
   so a process linked to it (the one that called `start_link/1`) is not taken down with it.
   """
-  def stop(name \\ __MODULE__), do: Supervisor.stop(name, :normal, :infinity)
+  def stop(name \\ __MODULE__) do
+    Supervisor.stop(running!(name), :normal, :infinity)
+  catch
+    :exit, reason -> fail!("the server is not running", %{name: name, exit: reason, cause: :down})
+  end
 
   @doc "The TCP port the server listens on (useful with `port: 0`), or nil without a listener."
   def port(name \\ __MODULE__) do
-    case Supervisor.which_children(name) |> List.keyfind(ExBurn.Server.Httpd, 0) do
+    case Supervisor.which_children(running!(name)) |> List.keyfind(ExBurn.Server.Httpd, 0) do
       {_, pid, _, _} when is_pid(pid) -> ExBurn.Server.Httpd.port(pid)
       _ -> nil
     end
@@ -118,14 +123,29 @@ defmodule ExBurn.Server do
 
   @doc "The base URL of a running server, such as `\"http://127.0.0.1:8080\"`."
   def url(name \\ __MODULE__) do
-    config = Instance.config(name)
+    config = Instance.config(running!(name))
     host = config.ip |> :inet.ntoa() |> to_string()
     host = if String.contains?(host, ":"), do: "[#{host}]", else: host
     "http://#{host}:#{port(name)}"
   end
 
   @doc "The ids of the models loaded so far."
-  def loaded_models(name \\ __MODULE__), do: Models.loaded(name)
+  def loaded_models(name \\ __MODULE__), do: Models.loaded(running!(name))
+
+  # The instance name of a running server, or an ExBurn.Error.
+  defp running!(name) when is_atom(name) do
+    if Instance.config(name) && Process.whereis(name),
+      do: name,
+      else: fail!("the server is not running", %{name: name, cause: :down})
+  end
+
+  defp running!(other), do: fail!("a server is named by an atom", %{got: other})
+
+  defp keyword!(opts) do
+    if is_list(opts) and Keyword.keyword?(opts),
+      do: opts,
+      else: fail!("options must be a keyword list", %{got: opts})
+  end
 
   @impl true
   def init(config) do
@@ -150,7 +170,7 @@ defmodule ExBurn.Server do
 
   @doc false
   def config!(opts) do
-    opts = Keyword.new(opts)
+    opts = keyword!(opts)
 
     for {key, _} <- opts,
         key not in @options,

@@ -86,7 +86,7 @@ defmodule ExBurn.LLM.Server do
 
   @doc "Starts a server for a loaded `ExBurn.LLM` model (see the moduledoc for the options)."
   def start_link(%ExBurn.LLM{} = model, opts) do
-    opts = Keyword.new(opts)
+    opts = keyword!(opts)
     config = config!(opts)
     gen_opts = if name = opts[:name], do: [name: name], else: []
     GenServer.start_link(__MODULE__, Map.put(config, :model, model), gen_opts)
@@ -95,15 +95,20 @@ defmodule ExBurn.LLM.Server do
   def start_link(other, _opts),
     do: raise(Error, op: :llm_server, reason: "expected a loaded ExBurn.LLM model", details: %{got: other})
 
-  @doc "`start_link(opts)` takes the model under `:model` (for child specs)."
-  def start_link(opts) when is_list(opts) do
-    {model, opts} = Keyword.pop(opts, :model)
+  @doc """
+  `start_link(opts)` takes the model under `:model` (for child specs); `start_link(model)` uses
+  the default options.
+  """
+  def start_link(%ExBurn.LLM{} = model), do: start_link(model, [])
+
+  def start_link(opts) do
+    {model, opts} = Keyword.pop(keyword!(opts), :model)
     start_link(model, opts)
   end
 
   @doc "A child spec: `{ExBurn.LLM.Server, model: model, name: name}`; the id is the name."
-  def child_spec(opts) when is_list(opts) do
-    %{id: Keyword.get(opts, :name, __MODULE__), start: {__MODULE__, :start_link, [opts]}}
+  def child_spec(opts) do
+    %{id: Keyword.get(keyword!(opts), :name, __MODULE__), start: {__MODULE__, :start_link, [opts]}}
   end
 
   @doc """
@@ -113,23 +118,27 @@ defmodule ExBurn.LLM.Server do
   """
   @spec request(GenServer.server(), ExBurn.LLM.prompt(), keyword) :: {:ok, reference} | {:error, Error.t()}
   def request(server, prompt, opts \\ []) do
-    {_call_opts, gen_opts} = Keyword.split(Keyword.new(opts), @call_options)
+    {_call_opts, gen_opts} = Keyword.split(keyword!(opts), @call_options)
 
     with {:ok, _} <- ExBurn.LLM.start_args(prompt, gen_opts),
          {:ok, pid} <- whereis(server) do
       ref = Process.monitor(pid)
 
-      case GenServer.call(pid, {:request, ref, self(), prompt, gen_opts}, :infinity) do
+      try do
+        GenServer.call(pid, {:request, ref, self(), prompt, gen_opts}, :infinity)
+      catch
+        :exit, reason -> {:error, down(reason)}
+      end
+      |> case do
         :ok ->
           {:ok, ref}
 
         {:error, _} = error ->
+          # no monitor message may outlive the failed request (a long-lived caller keeps its mailbox)
           Process.demonitor(ref, [:flush])
           error
       end
     end
-  catch
-    :exit, reason -> {:error, down(reason)}
   end
 
   @doc """
@@ -137,7 +146,12 @@ defmodule ExBurn.LLM.Server do
   `{:error, %ExBurn.Error{}}` (also when the server stops), or `:timeout` after `timeout` ms.
   """
   @spec await(reference, timeout) :: {:text, String.t()} | {:done, map} | {:error, Error.t()} | :timeout
-  def await(ref, timeout \\ :infinity) do
+  def await(ref, timeout \\ :infinity)
+
+  def await(_ref, timeout) when not (timeout == :infinity or (is_integer(timeout) and timeout >= 0)),
+    do: fail!("the timeout must be a non-negative integer or :infinity", %{got: timeout})
+
+  def await(ref, timeout) do
     receive do
       {__MODULE__, ^ref, event} ->
         if not match?({:text, _}, event), do: Process.demonitor(ref, [:flush])
@@ -156,15 +170,15 @@ defmodule ExBurn.LLM.Server do
   """
   @spec cancel(GenServer.server(), reference) :: :ok
   def cancel(server, ref) do
-    Process.demonitor(ref, [:flush])
+    if is_reference(ref), do: Process.demonitor(ref, [:flush])
 
-    try do
-      GenServer.call(server, {:cancel, ref}, :infinity)
-    catch
-      :exit, _ -> :ok
+    with {:ok, pid} <- whereis(server) do
+      GenServer.call(pid, {:cancel, ref}, :infinity)
     end
 
     flush(ref)
+  catch
+    :exit, _ -> flush(ref)
   end
 
   @doc """
@@ -240,7 +254,14 @@ defmodule ExBurn.LLM.Server do
   end
 
   @doc "Queue and model facts: `%{model: name, queued: n, running: n, max_concurrent: n, max_queue: n}`."
-  def info(server), do: GenServer.call(server, :info)
+  def info(server) do
+    case whereis(server) do
+      {:ok, pid} -> GenServer.call(pid, :info)
+      {:error, e} -> raise e
+    end
+  catch
+    :exit, reason -> raise down(reason)
+  end
 
   defp collect(server, ref, wait, acc) do
     case next_event(server, ref, wait) do
@@ -259,12 +280,13 @@ defmodule ExBurn.LLM.Server do
   end
 
   defp waiting(opts) do
-    opts = Keyword.new(opts)
+    opts = keyword!(opts)
 
     deadline =
       case Keyword.get(opts, :timeout, :infinity) do
         :infinity -> :infinity
         ms when is_integer(ms) and ms >= 0 -> now_ms() + ms
+        other -> fail!(":timeout must be a non-negative integer or :infinity", %{got: other})
       end
 
     %{deadline: deadline, alive?: opts[:alive?], interval: Keyword.get(opts, :check_interval, 250)}
@@ -311,6 +333,14 @@ defmodule ExBurn.LLM.Server do
       pid when is_pid(pid) -> {:ok, pid}
       _ -> {:error, down(:noproc)}
     end
+  rescue
+    _ -> {:error, down(:noproc)}
+  end
+
+  defp keyword!(opts) do
+    if is_list(opts) and Keyword.keyword?(opts),
+      do: opts,
+      else: fail!("options must be a keyword list", %{got: opts})
   end
 
   defp down(reason),
