@@ -51,10 +51,10 @@ defmodule ExBurn.LLM.Server do
 
     * `:timeout` - ms from the request to its last event (default `:infinity`); past it the
       request is cancelled and fails with `details.cause == :timeout`
-    * `:alive?` - a zero-arity function asked every `:check_interval` ms (default 250) while
-      waiting for the next event; when it returns false the request is cancelled and the
-      stream halts (`generate/3` returns `details.cause == :cancelled`). The HTTP server uses it
-      to notice clients that hung up while their request waits in the queue.
+    * `:alive?` - a zero-arity function asked about every `:check_interval` ms (default 250)
+      while the caller waits for events; when it returns false the request is cancelled and
+      the stream halts (`generate/3` returns `details.cause == :cancelled`). The HTTP server
+      uses it to notice clients that hung up while their request is queued or generating.
 
   ## Messages
 
@@ -289,31 +289,51 @@ defmodule ExBurn.LLM.Server do
         other -> fail!(":timeout must be a non-negative integer or :infinity", %{got: other})
       end
 
-    %{deadline: deadline, alive?: opts[:alive?], interval: Keyword.get(opts, :check_interval, 250)}
+    checked = :atomics.new(1, signed: true)
+    :atomics.put(checked, 1, now_ms())
+
+    %{
+      deadline: deadline,
+      alive?: opts[:alive?],
+      interval: Keyword.get(opts, :check_interval, 250),
+      checked: checked
+    }
   end
 
   # The next event, or :cancelled (alive? said no) or a timeout error; both cancel the request.
+  # alive? is asked every `interval` ms, while events flow as well as while none comes (a
+  # non-streamed generation sends nothing to its client until the end).
   defp next_event(server, ref, %{deadline: deadline, alive?: alive?, interval: interval} = wait) do
-    left = if deadline == :infinity, do: :infinity, else: max(deadline - now_ms(), 0)
-    slice = if alive?, do: min_timeout(left, interval), else: left
+    if alive? && due?(wait) && !alive?.() do
+      cancel(server, ref)
+      :cancelled
+    else
+      left = if deadline == :infinity, do: :infinity, else: max(deadline - now_ms(), 0)
+      slice = if alive?, do: min_timeout(left, interval), else: left
 
-    case await(ref, slice) do
-      :timeout ->
-        cond do
-          left != :infinity and left <= slice ->
-            cancel(server, ref)
-            {:error, %Error{op: :llm_server, reason: "no answer in time", details: %{cause: :timeout}}}
+      case await(ref, slice) do
+        :timeout when left != :infinity and left <= slice ->
+          cancel(server, ref)
+          {:error, %Error{op: :llm_server, reason: "no answer in time", details: %{cause: :timeout}}}
 
-          alive? && !alive?.() ->
-            cancel(server, ref)
-            :cancelled
+        :timeout ->
+          next_event(server, ref, wait)
 
-          true ->
-            next_event(server, ref, wait)
-        end
+        event ->
+          event
+      end
+    end
+  end
 
-      event ->
-        event
+  # True (and restarts the interval) when alive? is due again.
+  defp due?(%{checked: checked, interval: interval}) do
+    now = now_ms()
+
+    if now - :atomics.get(checked, 1) >= interval do
+      :atomics.put(checked, 1, now)
+      true
+    else
+      false
     end
   end
 

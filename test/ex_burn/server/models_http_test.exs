@@ -357,6 +357,22 @@ defmodule ExBurn.Server.ModelsHttpTest do
     ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Server.info(server).running == 0 end)
   end
 
+  test "a client that hangs up during a non-streamed generation stops it", %{name: name} do
+    port = ExBurn.Server.port(name)
+    server = llm_server(name)
+
+    client =
+      spawn(fn ->
+        body = %{model: @llm, prompt: "Count to a thousand:", max_tokens: 2_000, temperature: 0}
+        _socket = Support.raw_post(port, "/v1/completions", body)
+        Process.sleep(:infinity)
+      end)
+
+    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Server.info(server).running == 1 end)
+    Process.exit(client, :kill)
+    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Server.info(server).running == 0 end)
+  end
+
   test "a model process that dies is restarted and serves the next request", %{name: name, url: url, llm: llm} do
     old = llm_server(name)
     ref = Process.monitor(old)
