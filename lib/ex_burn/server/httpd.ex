@@ -12,9 +12,12 @@ defmodule ExBurn.Server.Httpd do
     * Streamed responses use chunked transfer encoding (`:httpd_response.send_chunk/3`); a
       failed send means the client went away, and the stream stops there, cancelling its
       generation.
-    * While a request waits (a generation queued behind others), the socket is switched to
-      `active: :once`, so the connection process hears `tcp_closed` when the client hangs up
-      and the request leaves the queue (`ExBurn.Server.Request` `:alive?`).
+    * While a generation request is queued or runs, the socket is switched to `active: :once`,
+      so the connection process hears `tcp_closed` when the client hangs up, and the request
+      leaves the queue or its generation stops (`ExBurn.Server.Request` `:alive?`), streamed or
+      not.
+    * `:httpd` itself turns some statuses into 403 for HTTP/1.0 clients (413 and 429 among
+      them); HTTP/1.1 clients get them as they are.
     * On shutdown the server drains: requests get 503 and the listener waits for those in
       flight (up to `:shutdown_timeout`) before it closes.
   """
