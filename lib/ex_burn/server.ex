@@ -187,15 +187,15 @@ defmodule ExBurn.Server do
       preload: preload!(Keyword.get(opts, :preload, [])),
       token: token(opts),
       rate_limit: rate_limit!(opts[:rate_limit]),
-      body_limit: pos!(opts, :body_limit, 4 * 1024 * 1024),
-      max_connections: pos!(opts, :max_connections, 1024),
-      max_inputs: pos!(opts, :max_inputs, 2048),
-      default_max_tokens: pos!(opts, :default_max_tokens, 256),
-      batch_size: pos!(opts, :batch_size, 32),
-      batch_timeout: non_neg!(opts, :batch_timeout, 5),
-      max_concurrent: pos!(opts, :max_concurrent, 1),
-      max_queue: pos!(opts, :max_queue, 256),
-      shutdown_timeout: non_neg!(opts, :shutdown_timeout, 30_000),
+      body_limit: ExBurn.Tensor.Util.int_option!(:server, opts, :body_limit, 4 * 1024 * 1024),
+      max_connections: ExBurn.Tensor.Util.int_option!(:server, opts, :max_connections, 1024),
+      max_inputs: ExBurn.Tensor.Util.int_option!(:server, opts, :max_inputs, 2048),
+      default_max_tokens: ExBurn.Tensor.Util.int_option!(:server, opts, :default_max_tokens, 256),
+      batch_size: ExBurn.Tensor.Util.int_option!(:server, opts, :batch_size, 32),
+      batch_timeout: ExBurn.Tensor.Util.int_option!(:server, opts, :batch_timeout, 5, 0),
+      max_concurrent: ExBurn.Tensor.Util.int_option!(:server, opts, :max_concurrent, 1),
+      max_queue: ExBurn.Tensor.Util.int_option!(:server, opts, :max_queue, 256),
+      shutdown_timeout: ExBurn.Tensor.Util.int_option!(:server, opts, :shutdown_timeout, 30_000, 0),
       registry: Module.concat(name, Registry),
       models_sup: Module.concat(name, Models),
       limiter: Module.concat(name, RateLimiter)
@@ -249,20 +249,6 @@ defmodule ExBurn.Server do
   end
 
   defp rate_limit!(other), do: fail!(":rate_limit must be a keyword list", %{got: other})
-
-  defp pos!(opts, key, default) do
-    case Keyword.get(opts, key, default) do
-      n when is_integer(n) and n > 0 -> n
-      other -> fail!("#{inspect(key)} must be a positive integer", %{option: key, got: other})
-    end
-  end
-
-  defp non_neg!(opts, key, default) do
-    case Keyword.get(opts, key, default) do
-      n when is_integer(n) and n >= 0 -> n
-      other -> fail!("#{inspect(key)} must be a non-negative integer", %{option: key, got: other})
-    end
-  end
 
   defp fail!(reason, details), do: raise(ExBurn.Error, op: :server, reason: reason, details: details)
 end

@@ -526,16 +526,13 @@ defmodule ExBurn.LLM.Server do
         do: fail!("unknown option #{inspect(key)}", %{option: key, allowed: @options})
 
     %{
-      max_concurrent: pos!(opts, :max_concurrent, 1),
-      max_queue: if(opts[:max_queue] == :infinity, do: :infinity, else: pos!(opts, :max_queue, 256))
+      max_concurrent: ExBurn.Tensor.Util.int_option!(:llm_server, opts, :max_concurrent, 1),
+      max_queue:
+        if(opts[:max_queue] == :infinity,
+          do: :infinity,
+          else: ExBurn.Tensor.Util.int_option!(:llm_server, opts, :max_queue, 256)
+        )
     }
-  end
-
-  defp pos!(opts, key, default) do
-    case Keyword.get(opts, key, default) do
-      n when is_integer(n) and n > 0 -> n
-      other -> fail!("#{inspect(key)} must be a positive integer", %{option: key, got: other})
-    end
   end
 
   defp fail!(reason, details), do: raise(Error, op: :llm_server, reason: reason, details: details)

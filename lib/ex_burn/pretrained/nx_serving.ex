@@ -99,20 +99,6 @@ if Code.ensure_loaded?(Nx) do
 
     def options!(opts, allowed), do: ExBurn.Tensor.Util.opts!(:serving, opts, allowed)
 
-    def pos!(opts, key, default) do
-      case Keyword.get(opts, key, default) do
-        n when is_integer(n) and n > 0 -> n
-        other -> fail!("#{inspect(key)} must be a positive integer", %{option: key, got: other})
-      end
-    end
-
-    def non_neg!(opts, key, default) do
-      case Keyword.get(opts, key, default) do
-        n when is_integer(n) and n >= 0 -> n
-        other -> fail!("#{inspect(key)} must be a non-negative integer", %{option: key, got: other})
-      end
-    end
-
     # Partitions the Nx way for a serving that does not compile: Nx.Defn.Evaluator answers
     # `__partitions_options__/1` with `:max_concurrency` copies of the options.
     def partition_options(partitions), do: [compiler: Nx.Defn.Evaluator, max_concurrency: partitions]
@@ -141,9 +127,9 @@ if Code.ensure_loaded?(Nx) do
 
     def build(%Embedding{} = model, opts) do
       opts = options!(opts, @options)
-      batch_size = pos!(opts, :batch_size, 32)
-      batch_timeout = non_neg!(opts, :batch_timeout, 10)
-      partitions = pos!(opts, :partitions, 1)
+      batch_size = ExBurn.Tensor.Util.int_option!(:serving, opts, :batch_size, 32)
+      batch_timeout = ExBurn.Tensor.Util.int_option!(:serving, opts, :batch_timeout, 10, 0)
+      partitions = ExBurn.Tensor.Util.int_option!(:serving, opts, :partitions, 1)
       seq_len = sequence_length!(opts, model)
 
       Nx.Serving.new(__MODULE__, model, partition_options(partitions))
@@ -312,7 +298,7 @@ if Code.ensure_loaded?(Nx) do
 
     def build(%LLM{} = model, opts) do
       opts = options!(opts, @options)
-      partitions = pos!(opts, :partitions, 1)
+      partitions = ExBurn.Tensor.Util.int_option!(:serving, opts, :partitions, 1)
       stream? = boolean!(opts, :stream)
       done? = boolean!(opts, :stream_done)
       generation = Keyword.take(opts, @generation)

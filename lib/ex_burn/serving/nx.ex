@@ -16,8 +16,8 @@ if Code.ensure_loaded?(Nx) do
       opts = ExBurn.Tensor.Util.opts!(:serving, opts, @build_options)
       target = target!(target)
       devices = devices!(Keyword.get(opts, :device))
-      partitions = pos!(opts, :partitions, length(devices))
-      batch_size = pos!(opts, :batch_size, 32)
+      partitions = ExBurn.Tensor.Util.int_option!(:serving, opts, :partitions, length(devices))
+      batch_size = ExBurn.Tensor.Util.int_option!(:serving, opts, :batch_size, 32)
       batch_timeout = Keyword.get(opts, :batch_timeout, 10)
 
       unless is_integer(batch_timeout) and batch_timeout >= 0,
@@ -145,13 +145,6 @@ if Code.ensure_loaded?(Nx) do
     defp devices!([]), do: fail!(":device must not be an empty list", %{option: :device})
     defp devices!(list) when is_list(list), do: Enum.map(list, &ExBurn.Tensor.Util.device!(:serving, &1))
     defp devices!(device), do: [ExBurn.Tensor.Util.device!(:serving, device)]
-
-    defp pos!(opts, key, default) do
-      case Keyword.get(opts, key) || default do
-        n when is_integer(n) and n > 0 -> n
-        other -> fail!("#{inspect(key)} must be a positive integer", %{option: key, got: other})
-      end
-    end
 
     defp fail!(reason, details), do: raise(Error, op: :serving, reason: reason, details: details)
   end

@@ -275,9 +275,13 @@ defmodule ExBurn.Serving.Server do
 
     %{
       target: target!(target),
-      batch_size: pos!(opts, :batch_size, 32),
-      batch_timeout: non_neg!(opts, :batch_timeout, 10),
-      max_queue: if(opts[:max_queue] == :infinity, do: :infinity, else: pos!(opts, :max_queue, 1024))
+      batch_size: ExBurn.Tensor.Util.int_option!(:serving, opts, :batch_size, 32),
+      batch_timeout: ExBurn.Tensor.Util.int_option!(:serving, opts, :batch_timeout, 10, 0),
+      max_queue:
+        if(opts[:max_queue] == :infinity,
+          do: :infinity,
+          else: ExBurn.Tensor.Util.int_option!(:serving, opts, :max_queue, 1024)
+        )
     }
   end
 
@@ -287,20 +291,6 @@ defmodule ExBurn.Serving.Server do
 
   defp target!(other),
     do: fail!("expected an ExBurn.Model, an ExBurn.Embedding or a one-argument function", %{got: other})
-
-  defp pos!(opts, key, default) do
-    case Keyword.get(opts, key, default) do
-      n when is_integer(n) and n > 0 -> n
-      other -> fail!("#{inspect(key)} must be a positive integer", %{option: key, got: other})
-    end
-  end
-
-  defp non_neg!(opts, key, default) do
-    case Keyword.get(opts, key, default) do
-      n when is_integer(n) and n >= 0 -> n
-      other -> fail!("#{inspect(key)} must be a non-negative integer", %{option: key, got: other})
-    end
-  end
 
   defp fail!(reason, details), do: raise(Error, op: :serving, reason: reason, details: details)
 

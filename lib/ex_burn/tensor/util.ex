@@ -69,6 +69,21 @@ defmodule ExBurn.Tensor.Util do
     end
   end
 
+  @doc """
+  The integer option `key` of `opts` (`default` when absent or nil), checked to be positive
+  (`min: 1`, the default) or non-negative (`min: 0`); else `ExBurn.Error` naming `op`.
+  """
+  def int_option!(op, opts, key, default, min \\ 1) do
+    case Keyword.get(opts, key) || default do
+      n when is_integer(n) and n >= min ->
+        n
+
+      other ->
+        what = if min == 0, do: "a non-negative integer", else: "a positive integer"
+        fail!(op, "#{inspect(key)} must be #{what}", %{option: key, got: other})
+    end
+  end
+
   @doc "Resolves a possibly negative axis against `rank`."
   def axis!(op, axis, rank) when is_integer(axis) do
     cond do
