@@ -266,17 +266,13 @@ defmodule ExBurn.Server.OpenAI do
     end)
   end
 
-  defp check(:n, body) do
-    case Map.get(body, "n") do
-      n when n in [nil, 1] -> :ok
-      _ -> {"n", "only n = 1 is supported"}
-    end
-  end
+  # one completion per request: n and best_of may only be 1
+  defp check(field, body) when field in [:n, :best_of] do
+    name = Atom.to_string(field)
 
-  defp check(:best_of, body) do
-    case Map.get(body, "best_of") do
+    case Map.get(body, name) do
       n when n in [nil, 1] -> :ok
-      _ -> {"best_of", "only best_of = 1 is supported"}
+      _ -> {name, "only #{name} = 1 is supported"}
     end
   end
 
