@@ -122,12 +122,18 @@ defmodule ExBurn.Bench do
     Enum.at(sorted, rank - 1)
   end
 
-  # ExBurn vs the Python reference of the same suite and case, by median time: < 1 means
-  # ExBurn is faster.
+  # ExBurn vs the Python reference of the same suite and case, as time per item from the
+  # medians (the time ratio when both did the same work; generation may stop at different
+  # lengths): < 1 means ExBurn is faster.
   defp ratios(cases) do
     refs = for %{engine: "python"} = c <- cases, into: %{}, do: {{c.suite, c.case}, c}
 
-    for c <- cases, c.engine != "python", ref = refs[{c.suite, c.case}], ref != nil do
+    for c <- cases,
+        c.engine != "python",
+        ref = refs[{c.suite, c.case}],
+        ref != nil,
+        c.throughput,
+        ref.throughput do
       %{
         suite: c.suite,
         case: c.case,
@@ -136,7 +142,7 @@ defmodule ExBurn.Bench do
         reference: ref.implementation,
         exburn_ms: c.p50_ms,
         reference_ms: ref.p50_ms,
-        ratio: c.p50_ms / ref.p50_ms
+        ratio: ref.throughput / c.throughput
       }
     end
   end

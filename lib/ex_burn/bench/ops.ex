@@ -26,8 +26,16 @@ defmodule ExBurn.Bench.Ops do
     }
 
     {fun, items} = op(name, device)
-    # read one element back: the op has run, whatever the device queues
-    {:ok, [Bench.measure(fields, opts[:iterations], items, "elements/s", fn -> fun.() |> T.to_binary(1) end)]}
+    # Read one element back (the op has run, whatever the device queues), then free the result
+    # at once, as PyTorch's refcounting does: left to the garbage collector, every call would
+    # fault in fresh pages for its output.
+    run = fn ->
+      r = fun.()
+      T.to_binary(r, 1)
+      T.deallocate(r)
+    end
+
+    {:ok, [Bench.measure(fields, opts[:iterations], items, "elements/s", run)]}
   rescue
     e in ExBurn.Error -> {:skip, Exception.message(e)}
   end

@@ -148,7 +148,7 @@ defmodule ExBurn.Bench.Report do
           "<td class=num>#{fmt(r.exburn_ms)}</td><td class=num>#{fmt(r.reference_ms)}</td><td class=\"num #{class}\">#{fmt(r.ratio)}</td></tr>"
       end)
 
-    "<h2>Ratios</h2><p>ExBurn median time / reference median time: below 1 means ExBurn is faster.</p>" <>
+    "<h2>Ratios</h2><p>Time per item, ExBurn / reference (from the medians): below 1 means ExBurn is faster.</p>" <>
       "<table id=ratios><tr><th>suite</th><th>case</th><th>ExBurn</th><th>reference</th><th>ExBurn ms</th><th>reference ms</th><th>ratio</th></tr>#{rows}</table>"
   end
 
