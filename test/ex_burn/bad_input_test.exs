@@ -193,7 +193,9 @@ defmodule ExBurn.BadInputTest do
     valid = [{:pretrained_list, ["string"]}]
 
     all_junk =
-      for {name, arity} <- Native.nifs(), arity > 0, value <- junk,
+      for {name, arity} <- Native.nifs(),
+          arity > 0,
+          value <- junk,
           {name, List.duplicate(value, arity)} not in valid do
         {"#{name}/#{arity} with every argument #{inspect(value)}", name, List.duplicate(value, arity)}
       end

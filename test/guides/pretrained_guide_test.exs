@@ -3,7 +3,8 @@ defmodule ExBurn.PretrainedGuideTest do
   import ExBurn.PretrainedCase
 
   reason =
-    skip_unless_installed(:embedding, "all-minilm-l6-v2") || skip_unless_installed(:llm, "smollm2-135m-instruct")
+    skip_unless_installed(:embedding, "all-minilm-l6-v2") ||
+      skip_unless_installed(:llm, "smollm2-135m-instruct")
 
   if reason, do: @moduletag(skip: reason)
 
