@@ -24,9 +24,12 @@ defmodule ExBurn.Server.ModelsHttpTest do
 
   defp post(url, path, body), do: Support.http_json(:post, url <> path, body: body)
 
+  # Preloading runs in the background: a test that runs first may find the model still loading
+  # (registered, with no value yet), so wait for it.
   defp llm_server(name) do
-    [{_, %{server: server}}] = Registry.lookup(ExBurn.Server.Instance.config(name).registry, @llm)
-    server
+    config = ExBurn.Server.Instance.config(name)
+    ExBurn.TestHelpers.wait_until(fn -> ExBurn.Server.Models.lookup(config, @llm) != nil end, 6_000)
+    ExBurn.Server.Models.lookup(config, @llm).server
   end
 
   test "models are listed by directory name, with their kind", %{url: url} do
