@@ -30,9 +30,20 @@ defmodule ExBurn do
 
   @doc """
   Sets the default device: `configure!(device: :auto | :cpu | :vulkan | :metal | :cuda | :rocm |
-  {kind, index})`. Raises `ExBurn.Error` when the device is not usable here.
+  {kind, index})`, and/or the f32 matrix-product precision: `configure!(matmul_precision:
+  :highest | :high)` (`ExBurn.Precision`). Raises `ExBurn.Error` when the device is not usable
+  here or the precision is not one of those.
   """
   defdelegate configure!(opts), to: ExBurn.Device
+
+  @doc """
+  Runs `fun` with f32 matrix products of the calling process at `level` (`:highest` = true f32,
+  `:high` = TF32 allowed on CUDA), then restores the previous level. See `ExBurn.Precision`.
+  """
+  defdelegate with_matmul_precision(level, fun), to: ExBurn.Precision, as: :with
+
+  @doc "The VM-wide f32 matrix-product precision (`:highest` unless configured). See `ExBurn.Precision`."
+  defdelegate matmul_precision, to: ExBurn.Precision, as: :global
 
   # `compiler: ExBurn` in `Nx.Defn.jit/2` or `defn` options: the module delegates to
   # `ExBurn.Defn.Compiler`, as `compiler: EXLA` does in EXLA. Defined only when Nx is loaded.

@@ -76,10 +76,20 @@ defmodule ExBurn.Device do
   @doc """
   Makes `device` the default: `configure!(device: spec)`. The device must exist here; asking for
   one that does not raises `ExBurn.Error` and leaves the default as it was.
+
+  `matmul_precision: :highest | :high` sets the VM-wide f32 matrix-product precision
+  (`ExBurn.Precision`); given alone it leaves the default device as it is.
   """
   def configure!(opts) do
     opts = options!(opts)
-    device = resolve(opts[:device])
+    # `configure!(matmul_precision: p)` alone leaves the default device as it is.
+    device = if Keyword.keys(opts) == [:matmul_precision], do: default(), else: configure_device!(opts)
+    if Keyword.has_key?(opts, :matmul_precision), do: ExBurn.Precision.set_global!(opts[:matmul_precision])
+    device
+  end
+
+  defp configure_device!(opts) do
+    device = resolve(Keyword.get(opts, :device, :auto))
 
     unless available?(device) do
       raise ExBurn.Error,
@@ -129,13 +139,15 @@ defmodule ExBurn.Device do
   def format(spec), do: spec |> resolve() |> format()
 
   defp options!(opts) do
-    Keyword.validate!(opts, device: :auto)
+    opts = Keyword.validate!(opts, [:device, :matmul_precision])
+    if Keyword.has_key?(opts, :matmul_precision), do: ExBurn.Precision.validate!(opts[:matmul_precision])
+    opts
   rescue
     e in [ArgumentError, FunctionClauseError] ->
       reraise ExBurn.Error,
               [
                 op: :configure,
-                reason: "expected a keyword list with :device",
+                reason: "expected a keyword list with :device and/or :matmul_precision",
                 details: %{got: opts, message: Exception.message(e)}
               ],
               __STACKTRACE__

@@ -48,7 +48,25 @@ if Code.ensure_loaded?(Nx) do
     def dot(out, l, contract_l, batch_l, r, contract_r, batch_r) do
       native :dot, out, [l, contract_l, batch_l, r, contract_r, batch_r] do
         d = Backend.device_of([l, r])
-        answer = Native.dot(ref(l, d), contract_l, batch_l, ref(r, d), contract_r, batch_r, out.type)
+
+        answer =
+          case ExBurn.Precision.current() do
+            nil ->
+              Native.dot(ref(l, d), contract_l, batch_l, ref(r, d), contract_r, batch_r, out.type)
+
+            p ->
+              Native.dot_precision(
+                ref(l, d),
+                contract_l,
+                batch_l,
+                ref(r, d),
+                contract_r,
+                batch_r,
+                out.type,
+                p
+              )
+          end
+
         Backend.put(out, wrap_native(answer))
       end
     end

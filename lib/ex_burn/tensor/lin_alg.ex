@@ -58,6 +58,10 @@ defmodule ExBurn.Tensor.LinAlg do
     end
 
     type = Type.merge(a.type, b.type)
-    wrap(Native.dot(a.ref, contract_a, batch_a, b.ref, contract_b, batch_b, type))
+
+    case ExBurn.Precision.current() do
+      nil -> wrap(Native.dot(a.ref, contract_a, batch_a, b.ref, contract_b, batch_b, type))
+      p -> wrap(Native.dot_precision(a.ref, contract_a, batch_a, b.ref, contract_b, batch_b, type, p))
+    end
   end
 end

@@ -10,6 +10,11 @@
 //!   peer is `bench/torch_peer.py`.
 //! * `kernels` - CPU kernel timings at MLP sizes ([128, 256] f32), to see where a compiled
 //!   training step's time goes.
+//! * `precision DIR [DEVICE]` - on DEVICE (default cuda), with the inputs `bench/cuda_precision.py
+//!   prepare DIR` wrote: matmul 4096² through the crate's `dot` (the NIF's path: cuBLAS on CUDA) at
+//!   `:highest`/`:high` and bf16, and through Burn's own kernel; conv2d forward and
+//!   forward+backward; an MLP training step (Adam). Writes `burn_<case>.bin` products for the
+//!   error report (`bench/cuda_precision.py errors DIR`).
 
 use std::time::Instant;
 
@@ -156,6 +161,130 @@ fn kernels() {
     t("dot 128x256 . 256x10", || drop(linalg::dot(&a, &sp(1), &w2, &sp(0), f32t).unwrap()));
 }
 
+fn read_f32(dir: &str, name: &str, shape: &[usize], device: DeviceRef) -> Handle {
+    let bytes = std::fs::read(format!("{dir}/{name}")).expect("input file (bench/cuda_precision.py prepare)");
+    Handle::from_bytes(bytes, shape.to_vec(), NxType::F(32), device).expect("tensor")
+}
+
+/// Mean ns of `step`, an accumulator fed by every iteration and read back at the end.
+fn timed_handle(start: &Handle, iters: usize, step: impl Fn(&Handle) -> Handle) -> f64 {
+    step(start).to_bytes().expect("warm-up");
+    let t0 = Instant::now();
+    let mut acc = start.clone();
+    for _ in 0..iters {
+        acc = step(&acc);
+    }
+    acc.to_bytes().expect("read back");
+    t0.elapsed().as_nanos() as f64 / iters as f64
+}
+
+fn precision_bench(dir: &str, device: DeviceRef) {
+    use ex_burn::precision::MatmulPrecision;
+    let n = 4096;
+    let (f32t, bf16t) = (NxType::F(32), NxType::BF16);
+    let a = read_f32(dir, "a.bin", &[n, n], device);
+    let b = read_f32(dir, "b.bin", &[n, n], device);
+    let sp = |c: usize| DotSpec { contract: vec![c], batch: vec![] };
+    let line = |case: &str, ns: f64| {
+        println!(
+            "BENCH side=burn device={device} case={case} size={n} ms={:.4} {:.2} TFLOP/s",
+            ns / 1e6,
+            2.0 * (n as f64).powi(3) / ns / 1e3
+        )
+    };
+    let add = |x: &Handle, y: &Handle| ew::binary(BinaryOp::Add, x, y, x.ty).unwrap();
+    for (case, ty, precision) in [
+        ("f32_highest", f32t, MatmulPrecision::Highest),
+        ("f32_high", f32t, MatmulPrecision::High),
+        ("bf16", bf16t, MatmulPrecision::Highest),
+    ] {
+        let (ta, tb) = (ew::as_type(&a, ty).unwrap(), ew::as_type(&b, ty).unwrap());
+        let mm = |x: &Handle, y: &Handle| linalg::dot_with(x, &sp(1), y, &sp(0), ty, Some(precision)).unwrap();
+        let c = ew::as_type(&mm(&ta, &tb), f32t).unwrap();
+        std::fs::write(format!("{dir}/burn_{case}.bin"), c.to_bytes().unwrap()).unwrap();
+        line(case, timed_handle(&ta, 20, |acc| add(acc, &mm(&ta, &tb))));
+    }
+    // Burn's own matmul kernel (cubek-matmul), for comparison: what `dot` ran before cuBLAS.
+    for (case, ty) in [("f32_burnkernel", f32t), ("bf16_burnkernel", bf16t)] {
+        let (ta, tb) = (ew::as_type(&a, ty).unwrap(), ew::as_type(&b, ty).unwrap());
+        let mm = |x: &Handle, y: &Handle| {
+            let p = Dispatch::float_matmul(x.prim.clone(), y.prim.clone());
+            Handle::new(p, ty, vec![n, n], device)
+        };
+        let c = ew::as_type(&mm(&ta, &tb), f32t).unwrap();
+        std::fs::write(format!("{dir}/burn_{case}.bin"), c.to_bytes().unwrap()).unwrap();
+        line(case, timed_handle(&ta, 20, |acc| add(acc, &mm(&ta, &tb))));
+    }
+    conv_and_mlp(&device.burn().expect("device"), device);
+}
+
+fn conv_and_mlp(dev: &burn::tensor::Device, label: DeviceRef) {
+    use burn::backend::ops::ConvOptions;
+    use burn::tensor::module::conv2d;
+    use burn::tensor::{Distribution, Int, Tensor};
+    let timed = |iters: usize, mut step: Box<dyn FnMut() -> Tensor<1>>| {
+        let _ = step().into_data();
+        let t0 = Instant::now();
+        let mut acc = step();
+        for _ in 1..iters {
+            acc = acc + step();
+        }
+        let _ = acc.into_data();
+        t0.elapsed().as_nanos() as f64 / iters as f64
+    };
+    let opts = || ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
+    let flops = 2.0 * 32.0 * 128.0 * 56.0 * 56.0 * 64.0 * 9.0;
+    let x = Tensor::<4>::random([32, 64, 56, 56], Distribution::Normal(0.0, 1.0), dev);
+    let w = Tensor::<4>::random([128, 64, 3, 3], Distribution::Normal(0.0, 1.0), dev);
+    let (xf, wf) = (x.clone(), w.clone());
+    let ns = timed(20, Box::new(move || conv2d(xf.clone(), wf.clone(), None, opts()).sum()));
+    println!("BENCH side=burn device={label} case=conv2d_fwd_f32 size=32x64x56x56*128x3x3 ms={:.4} {:.2} TFLOP/s", ns / 1e6, flops / ns / 1e3);
+    let ad = dev.clone().autodiff();
+    let xa = Tensor::<4>::random([32, 64, 56, 56], Distribution::Normal(0.0, 1.0), &ad);
+    let wa = Tensor::<4>::random([128, 64, 3, 3], Distribution::Normal(0.0, 1.0), &ad).require_grad();
+    let ns = timed(
+        20,
+        Box::new(move || {
+            let out = conv2d(xa.clone(), wa.clone(), None, opts());
+            let grads = out.powf_scalar(2.0).mean().backward();
+            wa.grad(&grads).expect("weight gradient").sum()
+        }),
+    );
+    println!("BENCH side=burn device={label} case=conv2d_fwdbwd_f32 size=32x64x56x56*128x3x3 ms={:.4} {:.2} TFLOP/s", ns / 1e6, 3.0 * flops / ns / 1e3);
+
+    // MLP training step: 1024 -> 4096 -> 4096 -> 10, batch 1024, Adam (Burn's Linear: Burn's matmul kernel)
+    use burn::module::Module;
+    use burn::nn::loss::CrossEntropyLossConfig;
+    use burn::nn::{Linear, LinearConfig};
+    use burn::optim::{AdamConfig, GradientsParams};
+    #[derive(Module, Debug)]
+    struct Mlp {
+        l1: Linear,
+        l2: Linear,
+        l3: Linear,
+    }
+    let relu = burn::tensor::activation::relu::<2>;
+    let mut model = Mlp {
+        l1: LinearConfig::new(1024, 4096).init(&ad),
+        l2: LinearConfig::new(4096, 4096).init(&ad),
+        l3: LinearConfig::new(4096, 10).init(&ad),
+    };
+    let mut optim = AdamConfig::new().init();
+    let xb = Tensor::<2>::random([1024, 1024], Distribution::Normal(0.0, 1.0), &ad);
+    let yb = Tensor::<1, Int>::random([1024], Distribution::Uniform(0.0, 10.0), &ad);
+    let loss_fn = CrossEntropyLossConfig::new().init(&ad);
+    let mut step = move || {
+        let h = relu(model.l1.forward(xb.clone()));
+        let h = relu(model.l2.forward(h));
+        let loss = loss_fn.forward(model.l3.forward(h), yb.clone());
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(1e-3, model.clone(), grads);
+        loss.inner()
+    };
+    let ns = timed(20, Box::new(move || step()));
+    println!("BENCH side=burn device={label} case=mlp_step_f32 size=1024x[1024,4096,4096,10] ms={:.4} {:.3} ms/step", ns / 1e6, ns / 1e6);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
@@ -166,8 +295,10 @@ fn main() {
         ["device"] => device_bench(parse_device(&std::env::var("EXBURN_TEST_DEVICE").unwrap_or_default())),
         ["device", spec] => device_bench(parse_device(spec)),
         ["kernels"] => kernels(),
+        ["precision", dir] => precision_bench(dir, parse_device("cuda")),
+        ["precision", dir, spec] => precision_bench(dir, parse_device(spec)),
         _ => {
-            eprintln!("usage: burn_bench (peer OP SIZE ITERS | device [DEVICE] | kernels)");
+            eprintln!("usage: burn_bench (peer OP SIZE ITERS | device [DEVICE] | kernels | precision DIR [DEVICE])");
             std::process::exit(2);
         }
     }

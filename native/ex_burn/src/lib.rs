@@ -6,12 +6,15 @@
 
 pub mod alloc;
 pub mod compiler;
+#[cfg(feature = "cuda")]
+pub mod cublas;
 pub mod device;
 pub mod dispatch;
 pub mod dtype;
 pub mod error;
 pub mod model;
 pub mod ops;
+pub mod precision;
 pub mod pretrained;
 pub mod tensor;
 

@@ -20,6 +20,19 @@ fn free_axes(rank: usize, spec: &DotSpec) -> Vec<usize> {
 
 /// Nx.dot/6: the result is batch dims ++ free dims of `a` ++ free dims of `b`.
 pub fn dot(a: &Handle, sa: &DotSpec, b: &Handle, sb: &DotSpec, out: NxType) -> ExResult<Handle> {
+    dot_with(a, sa, b, sb, out, None)
+}
+
+/// `dot` at a chosen f32 matmul precision (`None`: the global level, `crate::precision`).
+pub fn dot_with(
+    a: &Handle,
+    sa: &DotSpec,
+    b: &Handle,
+    sb: &DotSpec,
+    out: NxType,
+    precision: Option<crate::precision::MatmulPrecision>,
+) -> ExResult<Handle> {
+    let _precision = crate::precision::MatmulPrecision::resolve(precision);
     let (device, [a, b]) = colocate([a, b])?;
     let (a, b) = (a.as_ref(), b.as_ref());
     device.check_type(out)?;
@@ -75,7 +88,17 @@ pub fn dot(a: &Handle, sa: &DotSpec, b: &Handle, sb: &DotSpec, out: NxType) -> E
     let pa = dispatch::reshape(pa, &[bsz, m, k]);
     let pb = dispatch::permute(cast_to(b, compute), &order(&sb.batch, &sb.contract, &fb));
     let pb = dispatch::reshape(pb, &[bsz, k, n]);
-    let prim = dispatch::reshape(by_kind2!(pa, pb, float_matmul, int_matmul), &shape);
+    // CUDA float products go to cuBLAS at the requested precision (Burn's kernel would round f32
+    // to TF32 regardless); everything else stays on Burn's matmul.
+    #[cfg(feature = "cuda")]
+    let prod = if crate::cublas::applies(&pa, &pb, compute.dtype()) {
+        crate::cublas::matmul(pa, pb, _precision)
+    } else {
+        by_kind2!(pa, pb, float_matmul, int_matmul)
+    };
+    #[cfg(not(feature = "cuda"))]
+    let prod = by_kind2!(pa, pb, float_matmul, int_matmul);
+    let prim = dispatch::reshape(prod, &shape);
     let r = Handle::new(prim, compute, shape.clone(), device);
     Ok(if compute == out { r } else { Handle::new(cast_to(&r, out), out, shape, device) })
 }
@@ -138,6 +161,76 @@ mod tests {
         let b = f32s(&[1.0, 1.0, 1.0], &[3, 1]);
         let c = dot(&a, &spec(&[1], &[]), &b, &spec(&[0], &[]), NxType::F(32)).unwrap();
         assert_eq!((c.ty, floats(&c)), (NxType::F(32), vec![1.0]));
+    }
+
+    /// Deterministic values in [-1, 1).
+    fn noise(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((x >> 40) as f64 / (1u64 << 23) as f64 - 1.0) as f32
+            })
+            .collect()
+    }
+
+    /// Max |got - want| / max |want| against an f64 product of the same f32 inputs.
+    fn rel_error(a: &[f32], b: &[f32], got: &[f64], (bsz, m, k, n): (usize, usize, usize, usize), a_t: bool) -> f64 {
+        let (mut err, mut scale) = (0.0f64, 0.0f64);
+        for p in 0..bsz {
+            for i in 0..m {
+                for j in 0..n {
+                    let mut acc = 0.0f64;
+                    for l in 0..k {
+                        let av = if a_t { a[p * m * k + l * m + i] } else { a[p * m * k + i * k + l] };
+                        acc += av as f64 * b[p * k * n + l * n + j] as f64;
+                    }
+                    err = err.max((got[p * m * n + i * n + j] - acc).abs());
+                    scale = scale.max(acc.abs());
+                }
+            }
+        }
+        err / scale
+    }
+
+    /// f32 means f32 by default: on every device (on CUDA through cuBLAS, where Burn's own kernel
+    /// would round the inputs to TF32, ~1e-3) a product of f32 inputs at `:highest` stays within
+    /// f32 accumulation error of the f64 product; plain, transposed-operand and batched layouts.
+    #[test]
+    fn f32_products_are_true_f32_at_highest_precision() {
+        use crate::precision::MatmulPrecision;
+        let (m, k, n) = (96, 512, 80);
+        let a = noise(2 * m * k, 1);
+        let b = noise(2 * k * n, 2);
+        for precision in [None, Some(MatmulPrecision::Highest)] {
+            let (ha, hb) = (f32s(&a[..m * k], &[m, k]), f32s(&b[..k * n], &[k, n]));
+            let c = dot_with(&ha, &spec(&[1], &[]), &hb, &spec(&[0], &[]), NxType::F(32), precision).unwrap();
+            assert_eq!((c.ty, c.shape.clone()), (NxType::F(32), vec![m, n]));
+            let e = rel_error(&a, &b, &floats(&c), (1, m, k, n), false);
+            assert!(e < 2e-6, "plain: relative error {e:e} is not f32's");
+            // a stored [k, m], contracted over its first axis: aᵀ·b
+            let hat = f32s(&a[..m * k], &[k, m]);
+            let c = dot_with(&hat, &spec(&[0], &[]), &hb, &spec(&[0], &[]), NxType::F(32), precision).unwrap();
+            let e = rel_error(&a, &b, &floats(&c), (1, m, k, n), true);
+            assert!(e < 2e-6, "transposed lhs: relative error {e:e} is not f32's");
+            let (ba, bb) = (f32s(&a, &[2, m, k]), f32s(&b, &[2, k, n]));
+            let c = dot_with(&ba, &spec(&[2], &[0]), &bb, &spec(&[1], &[0]), NxType::F(32), precision).unwrap();
+            assert_eq!(c.shape, vec![2, m, n]);
+            let e = rel_error(&a, &b, &floats(&c), (2, m, k, n), false);
+            assert!(e < 2e-6, "batched: relative error {e:e} is not f32's");
+        }
+    }
+
+    /// `:high` may use TF32 (about 1e-3 relative error on tensor-core GPUs), never worse.
+    #[test]
+    fn f32_products_at_high_precision_stay_within_tf32_error() {
+        use crate::precision::MatmulPrecision;
+        let (m, k, n) = (96, 512, 80);
+        let (a, b) = (noise(m * k, 3), noise(k * n, 4));
+        let (ha, hb) = (f32s(&a, &[m, k]), f32s(&b, &[k, n]));
+        let c = dot_with(&ha, &spec(&[1], &[]), &hb, &spec(&[0], &[]), NxType::F(32), Some(MatmulPrecision::High)).unwrap();
+        let e = rel_error(&a, &b, &floats(&c), (1, m, k, n), false);
+        assert!(e < 1e-2, "relative error {e:e}");
     }
 
     #[test]

@@ -1,0 +1,58 @@
+# The NIF side of the CUDA precision benchmark (bench/cuda_precision.py is the PyTorch side; both
+# run on the same card in the same invocation, see guides/devices.md):
+#
+#     mix run bench/cuda_precision.exs DIR [DEVICE]
+#
+# Reads the f32 inputs DIR/a.bin, DIR/b.bin (4096x4096) and DIR/x.bin, DIR/y.bin (16M) that the
+# Python side wrote, times through the NIF (every iteration feeds an accumulator that is read
+# back at the end, so fusion cannot drop work):
+#   matmul 4096² f32 at :highest and :high, bf16 matmul 4096², add of 16M f32
+# and writes one product of each precision to DIR/exburn_<case>.bin for the error report.
+alias ExBurn.Tensor, as: T
+
+[dir | rest] = System.argv()
+device = ExBurn.Device.resolve(List.first(rest) || "cuda")
+n = 4096
+m = 16_777_216
+
+load = fn name, shape ->
+  T.from_binary(File.read!(Path.join(dir, name)), :f32, shape: shape, device: device)
+end
+
+a = load.("a.bin", {n, n})
+b = load.("b.bin", {n, n})
+x = load.("x.bin", {m})
+y = load.("y.bin", {m})
+
+timed = fn step, start, iters ->
+  _ = T.to_binary(step.(start), 1)
+  t0 = System.monotonic_time(:nanosecond)
+  acc = Enum.reduce(1..iters, start, fn _, acc -> step.(acc) end)
+  _ = T.to_binary(acc)
+  (System.monotonic_time(:nanosecond) - t0) / iters
+end
+
+report = fn name, size, ns, rate ->
+  IO.puts(
+    "BENCH side=exburn device=#{ExBurn.Device.format(device)} case=#{name} size=#{size} ms=#{Float.round(ns / 1.0e6, 4)} #{rate}"
+  )
+end
+
+flops = fn ns -> "#{Float.round(2 * n * n * n / ns / 1.0e3, 2)} TFLOP/s" end
+
+for {name, level, type} <- [
+      {"f32_highest", :highest, :f32},
+      {"f32_high", :high, :f32},
+      {"bf16", :highest, :bf16}
+    ] do
+  {ta, tb} = if type == :f32, do: {a, b}, else: {T.as_type(a, type), T.as_type(b, type)}
+
+  ExBurn.with_matmul_precision(level, fn ->
+    File.write!(Path.join(dir, "exburn_#{name}.bin"), T.dot(ta, tb) |> T.as_type(:f32) |> T.to_binary())
+    ns = timed.(fn acc -> T.add(acc, T.dot(ta, tb)) end, ta, 20)
+    report.(name, n, ns, flops.(ns))
+  end)
+end
+
+ns = timed.(fn acc -> T.add(acc, y) end, x, 50)
+report.("add_f32", m, ns, "#{Float.round(12 * m / ns, 1)} GB/s")
