@@ -2,7 +2,7 @@
 //! broadcasting, device agreement and the allocation check.
 
 pub mod conv;
-mod cpu_kernels;
+pub(crate) mod cpu_kernels;
 pub mod create;
 pub mod elementwise;
 pub mod indexing;

@@ -3,7 +3,6 @@
 
 use std::path::Path;
 
-use burn::tensor::activation::gelu;
 use burn::tensor::module::{attention, layer_norm};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
@@ -240,7 +239,7 @@ impl BurnBert {
             let ctx = attention(q, k, v, None, Some(bias.clone()), AttentionModuleOptions::default());
             let ctx = ctx.swap_dims(1, 2).reshape([rows, h]);
             x = layer.attn_norm.forward(layer.attn_out.forward(ctx) + x, eps);
-            let inter = gelu(layer.intermediate.forward(x.clone()));
+            let inter = crate::ops::cpu_kernels::gelu_tensor(layer.intermediate.forward(x.clone()));
             x = layer.out_norm.forward(layer.output.forward(inter) + x, eps);
         }
         let data = x.try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
