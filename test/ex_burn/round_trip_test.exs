@@ -34,7 +34,7 @@ defmodule ExBurn.RoundTripTest do
       t = Tensor.from_binary(bin, @type_, shape: @shape)
       assert Tensor.shape(t) == @shape
       assert Tensor.type(t) == @type_
-      assert Tensor.device(t) == {:cpu, 0}
+      assert Tensor.device(t) == ExBurn.default_device()
       assert Tensor.rank(t) == tuple_size(@shape)
       assert Tensor.size(t) == n
       assert Tensor.to_binary(t) == bin

@@ -352,12 +352,14 @@ mod tests {
     fn a_cancelled_epoch_leaves_the_model_unchanged() {
         let (x, y) = xor();
         let mut t = xor_trainer();
-        let before = t.predict(&x, 4).unwrap().to_bytes().unwrap();
+        // the weights themselves: predictions on a GPU may differ in the last bit between two
+        // calls (autotuning can pick another kernel), so they cannot show "unchanged"
+        let before = t.to_bytes().unwrap();
         let err = t.train_epoch(&x, &y, 1, false, &AtomicBool::new(true)).unwrap_err();
         assert!(matches!(err, ExError::TrainingCancelled), "{err:?}");
         assert!(matches!(err.details()[..], [("kind", Detail::Atom("cancelled"))]), "{:?}", err.details());
         assert_eq!(t.epochs, 0);
-        assert_eq!(t.predict(&x, 4).unwrap().to_bytes().unwrap(), before);
+        assert_eq!(t.to_bytes().unwrap(), before);
     }
 
     #[test]

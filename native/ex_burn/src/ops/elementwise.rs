@@ -59,6 +59,9 @@ fn float_unary(op: UnaryOp, t: Prim) -> ExResult<Prim> {
     if let Some(p) = super::cpu_kernels::unary(op, &t) {
         return Ok(p);
     }
+    if op == UnaryOp::Erf && !std_math(&t) {
+        return Ok(erf(&t));
+    }
     if let Some((_, f)) = FLOAT_UNARY.iter().find(|(name, _)| *name == op) {
         return Ok(f(t));
     }
@@ -175,13 +178,36 @@ fn ln_2x(a: Prim) -> Prim {
     Dispatch::float_add_scalar(Dispatch::float_log(a), fscalar(std::f64::consts::LN_2))
 }
 
-/// Burn's kernel, except ln 2|x| (signed) for huge |x|, where the kernel's x + x/(...) overflows
-/// (Rust's asinh(f64::MAX) is inf).
+/// Whether Burn's kernels for `t` are flex's, i.e. Rust's std math (asinh, atanh careful near 0).
+/// CubeCL's kernels (CUDA, Vulkan, ...) use the textbook formulas, ln(x + sqrt(x^2 + 1)) and
+/// 0.5 ln((1 + x) / (1 - x)), which lose every digit that 1 + x rounds away near 0 (CUDA's f64
+/// atanh(1e-10) came out 8e-8 off).
+fn std_math(t: &Prim) -> bool {
+    matches!(t.kind, burn::backend::DispatchTensorKind::Flex(_))
+}
+
+/// Burn's kernel on the CPU, log1p(a + a^2 / (1 + sqrt(1 + a^2))) (signed) elsewhere, and ln 2|x|
+/// (signed) for huge |x| on every device, where x + x/(...) and a^2 overflow (Rust's
+/// asinh(f64::MAX) is inf).
 fn asinh(x: Prim) -> Prim {
     use Dispatch as D;
     let a = D::float_abs(x.clone());
     let huge = D::float_greater_elem(a.clone(), fscalar(LARGE), BOOL);
+    if !std_math(&x) {
+        return asinh_composite(x);
+    }
     mask(D::float_asinh(x.clone()), huge, with_sign_of(ln_2x(a), &x))
+}
+
+/// asinh from log1p: log1p(a + a^2 / (1 + sqrt(1 + a^2))) signed, ln 2|x| (signed) for huge |x|.
+fn asinh_composite(x: Prim) -> Prim {
+    use Dispatch as D;
+    let a = D::float_abs(x.clone());
+    let huge = D::float_greater_elem(a.clone(), fscalar(LARGE), BOOL);
+    let a2 = mul(&a, &a);
+    let root = D::float_add_scalar(D::float_sqrt(D::float_add_scalar(a2.clone(), fscalar(1.0))), fscalar(1.0));
+    let near = with_sign_of(log1p(D::float_add(a.clone(), D::float_div(a2, root))), &x);
+    mask(near, huge, with_sign_of(ln_2x(a), &x))
 }
 
 /// log1p(u + sqrt(u (u + 2))) with u = x - 1 (exact near 1, where Rust's log of
@@ -200,7 +226,19 @@ fn acosh(x: Prim) -> Prim {
 /// near -1 (Rust's atanh(-(1 - 2^-53)) is -18.37 for -18.71), while 1 - |x| is exact from 0.5
 /// on.
 fn atanh(x: Prim) -> Prim {
+    if !std_math(&x) {
+        return atanh_composite(x);
+    }
     with_sign_of(Dispatch::float_atanh(Dispatch::float_abs(x.clone())), &x)
+}
+
+/// 0.5 log1p(2a / (1 - a)) signed (fdlibm's form; see `std_math`): 1 - a is exact from 0.5 on,
+/// and a > 1 gives a ratio below -1, so log1p's NaN.
+fn atanh_composite(x: Prim) -> Prim {
+    use Dispatch as D;
+    let a = D::float_abs(x.clone());
+    let ratio = D::float_div(D::float_mul_scalar(a.clone(), fscalar(2.0)), rsub(1.0, a));
+    with_sign_of(D::float_mul_scalar(log1p(ratio), fscalar(0.5)), &x)
 }
 
 // fdlibm's erf/erfc (FreeBSD s_erf.c), coefficients highest degree first.
@@ -251,6 +289,17 @@ mod erf_coeffs {
 }
 
 /// (erf(x) - x) / x for |x| < 0.84375: erf(x) = x + x erf_ratio(x) there.
+/// erf off the CPU, where CubeCL's kernel is a short approximation (CUDA: erf(0) = 6e-8, 2 ulps
+/// at 0.5): fdlibm's x + x R(x^2) below 0.84375, 1 - erfc(|x|) (signed) above, where erfc is at
+/// most 0.23 so the subtraction loses nothing.
+fn erf(x: &Prim) -> Prim {
+    use Dispatch as D;
+    let a = D::float_abs(x.clone());
+    let small = D::float_add(x.clone(), mul(x, &erf_ratio(x)));
+    let large = with_sign_of(rsub(1.0, erfc(&a, &erf_ratio(&a))), x);
+    mask(large, below(&a, 0.84375), small)
+}
+
 fn erf_ratio(x: &Prim) -> Prim {
     use erf_coeffs::*;
     let z = mul(x, x);
@@ -497,7 +546,12 @@ fn remainder(a: Prim, b: Prim) -> Prim {
     // fmod(x, +-inf) = x for finite x, where Burn's remainder gives +-inf or NaN. NaN compares
     // false, so NaN operands keep the NaN result.
     let keep = Dispatch::float_lower(Dispatch::float_abs(dividend.clone()), Dispatch::float_abs(b), BOOL);
-    Dispatch::float_mask_where(out, keep, dividend)
+    let out = Dispatch::float_mask_where(out, keep, dividend.clone());
+    // A zero remainder has the dividend's sign (C fmod(-4, 2) = -0). Burn's floored remainder
+    // a - b floor(a / b) gives +0 on cube devices; x * 0 is the dividend's signed zero for every
+    // finite x, and an infinite or NaN dividend never leaves a zero remainder.
+    let zero = Dispatch::float_equal_elem(out.clone(), fscalar(0.0), BOOL);
+    Dispatch::float_mask_where(out, zero, Dispatch::float_mul_scalar(dividend, fscalar(0.0)))
 }
 
 fn arith(op: BinaryOp, a: Prim, b: Prim, ty: NxType) -> ExResult<Prim> {
@@ -554,11 +608,23 @@ fn arith(op: BinaryOp, a: Prim, b: Prim, ty: NxType) -> ExResult<Prim> {
                 BinaryOp::BitwiseOr => Dispatch::bitwise_or(a, b),
                 BinaryOp::BitwiseXor => Dispatch::bitwise_xor(a, b),
                 BinaryOp::LeftShift => Dispatch::bitwise_left_shift(a, b),
-                _ => Dispatch::bitwise_right_shift(a, b),
+                _ if ty.is_unsigned() => Dispatch::bitwise_right_shift(a, b),
+                _ => arithmetic_right_shift(a, b),
             }
         }
         _ => return Err(unknown(op.name(), "binary")),
     })
+}
+
+/// Nx shifts signed integers arithmetically (the sign fills in). CubeCL's CUDA kernel shifts
+/// logically (-16 >> 2 came out 1073741820), so negatives go through !x, which is non-negative
+/// and shifts the same either way: x >> n = !(!x >> n) for x < 0.
+fn arithmetic_right_shift(a: Prim, b: Prim) -> Prim {
+    use Dispatch as D;
+    let negative = D::int_lower_elem(a.clone(), Scalar::Int(0), BOOL);
+    let magnitude = D::int_mask_where(a.clone(), negative.clone(), D::bitwise_not(a));
+    let shifted = D::bitwise_right_shift(magnitude, b);
+    D::int_mask_where(shifted.clone(), negative, D::bitwise_not(shifted))
 }
 
 pub fn binary(op: BinaryOp, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Handle> {
@@ -828,6 +894,45 @@ mod tests {
         let b = f32s(&[inf, -inf, inf, inf, inf, 2.0], &[6]);
         let got: Vec<f64> = floats(&binary(BinaryOp::Remainder, &a, &b, NxType::F(32)).unwrap());
         assert_same(&got, &[-1.5, 2.0, 0.0, f64::NAN, f64::NAN, -0.0]);
+    }
+
+    /// The composites that replace CubeCL's kernels off the CPU (`std_math`), run here on flex
+    /// against Rust's std/libm: erf, asinh, atanh within a few ulps, edges exact.
+    #[test]
+    fn gpu_composites_match_std_math() {
+        let xs: Vec<f64> = (-400..=400).map(|i| i as f64 * 0.0137).chain([1e-10, -1e-10, 1e-300, 5.0, -27.0, 0.84375, 0.8437]).collect();
+        let run = |f: fn(&Prim) -> Prim, x: &[f64]| -> Vec<f64> {
+            let h = f64s(x, &[x.len()]);
+            floats(&Handle::new(f(&h.prim), NxType::F(64), h.shape.clone(), h.device))
+        };
+        let close = |got: &[f64], want: &[f64], ulps: f64, what: &str| {
+            for ((g, w), x) in got.iter().zip(want).zip(&xs) {
+                assert!((g - w).abs() <= ulps * f64::EPSILON * w.abs() + 1e-300, "{what}({x}) = {g:e}, want {w:e}");
+            }
+        };
+        close(&run(erf, &xs), &xs.iter().map(|&x| libm::erf(x)).collect::<Vec<_>>(), 4.0, "erf");
+        close(&run(|p| asinh_composite(p.clone()), &xs), &xs.iter().map(|x| x.asinh()).collect::<Vec<_>>(), 4.0, "asinh");
+        let inside: Vec<f64> = xs.iter().map(|x| x / 6.0).filter(|x| x.abs() < 1.0).collect();
+        let h = f64s(&inside, &[inside.len()]);
+        let got = floats(&Handle::new(atanh_composite(h.prim.clone()), NxType::F(64), h.shape.clone(), h.device));
+        for (g, x) in got.iter().zip(&inside) {
+            let w = x.atanh();
+            assert!((g - w).abs() <= 4.0 * f64::EPSILON * w.abs() + 1e-300, "atanh({x}) = {g:e}, want {w:e}");
+        }
+        let (inf, nan) = (f64::INFINITY, f64::NAN);
+        assert_same(&run(erf, &[0.0, -0.0, inf, -inf, nan]), &[0.0, -0.0, 1.0, -1.0, nan]);
+        let h = f64s(&[1.0, -1.0, -0.0, 1.5, nan], &[5]);
+        let edges = floats(&Handle::new(atanh_composite(h.prim.clone()), NxType::F(64), h.shape.clone(), h.device));
+        assert_same(&edges, &[inf, -inf, -0.0, nan, nan]);
+    }
+
+    /// Signed right shifts fill in the sign whatever the backend's kernel does with negatives.
+    #[test]
+    fn arithmetic_right_shift_of_negatives() {
+        let a = i64s(&[-16, -1, 16, i64::MIN, 7], &[5]);
+        let n = i64s(&[2, 5, 2, 63, 1], &[5]);
+        let got = Handle::new(arithmetic_right_shift(a.prim.clone(), n.prim.clone()), NxType::S(64), vec![5], a.device);
+        assert_eq!(ints(&got), vec![-4, -1, 4, -1, 3]);
     }
 
     /// A composite run in f32 itself, as on a device without f64 math (Vulkan).
