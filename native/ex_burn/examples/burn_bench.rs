@@ -81,31 +81,50 @@ fn peer(op: &str, size: usize, iters: usize) -> f64 {
 /// (timing `a + b` whose result is never read measured nothing on fused backends). For matmul
 /// the accumulating add is a small extra (n² next to n³). One warm-up op (shader compilation,
 /// autotuning) runs before the clock starts.
-fn run_on(device: DeviceRef, op: &str, size: usize, iters: usize) -> f64 {
-    let device = device.burn().expect("device");
-    let (a, b) = operands(&device, op, size);
-    let step = |acc: dispatch::Prim| Dispatch::float_add(acc, if op == "add" { b.clone() } else { apply(op, &a, &b) });
-    let read = |t: dispatch::Prim| dispatch::into_data(t).expect("read back");
-    read(step(a.clone()));
-    let start = Instant::now();
-    let mut acc = a.clone();
-    for _ in 0..iters.max(1) {
-        acc = step(acc);
+/// The device benchmark through the crate's own ops (what the NIF runs: `dot` is cuBLAS on
+/// CUDA): matmul 4096² and 1024² f32 at the default precision, and add of 16M f32. Products are
+/// timed as an accumulator that sums every iteration's product (`timed_handle`); adds are timed
+/// one at a time (`timed_each`), since fusion would merge a chain of adds into one kernel that
+/// reads the operands once.
+fn device_bench(device: DeviceRef) {
+    let f32t = NxType::F(32);
+    let sp = |c: usize| DotSpec { contract: vec![c], batch: vec![] };
+    for (size, iters) in [(4096, 20), (1024, 50)] {
+        let a = Handle::from_bytes(ramp(size * size), vec![size, size], f32t, device).expect("tensor");
+        let ns = timed_handle(&a, iters, |acc| {
+            let p = linalg::dot(&a, &sp(1), &a, &sp(0), f32t).unwrap();
+            ew::binary(BinaryOp::Add, acc, &p, f32t).unwrap()
+        });
+        let tflops = 2.0 * (size as f64).powi(3) / ns / 1e3;
+        println!("BENCH device={device} op=matmul size={size} ms={:.4} {tflops:.2} TFLOP/s", ns / 1e6);
     }
-    read(acc);
-    start.elapsed().as_nanos() as f64 / iters.max(1) as f64
+    let n = 1 << 24;
+    let x = Handle::from_bytes(ramp(n), vec![n], f32t, device).expect("tensor");
+    let ns = timed_each(&x, 50, |acc| ew::binary(BinaryOp::Add, acc, &x, f32t).unwrap());
+    // reads two operands and writes one
+    println!("BENCH device={device} op=add size={n} ms={:.4} {:.1} GB/s", ns / 1e6, 12.0 * n as f64 / ns);
 }
 
-fn device_bench(device: DeviceRef) {
-    for (op, size, iters) in [("matmul", 4096, 20), ("matmul", 1024, 50), ("add", 1 << 24, 50)] {
-        let ns = run_on(device, op, size, iters);
-        let rate = match op {
-            "matmul" => format!("{:.2} TFLOP/s", 2.0 * (size as f64).powi(3) / ns / 1e3),
-            // the accumulating add reads two operands and writes one
-            _ => format!("{:.1} GB/s", 12.0 * size as f64 / ns),
-        };
-        println!("BENCH device={device} op={op} size={size} ms={:.4} {rate}", ns / 1e6);
+/// Mean ns of `step` when every result is read before the next step starts (one element comes
+/// back: `bench/cuda_precision.py` does the same with `.item()`), so each step is its own
+/// kernel: fusion cannot merge iterations, and no copy of the whole result is timed.
+fn timed_each(start: &Handle, iters: usize, step: impl Fn(&Handle) -> Handle) -> f64 {
+    let first = |h: &Handle| {
+        let one = ex_burn::ops::shape::slice(h, vec![0; h.shape.len()], vec![1; h.shape.len()], vec![1; h.shape.len()]).expect("slice");
+        one.to_bytes().expect("read back")
+    };
+    let mut acc = start.clone();
+    for _ in 0..3 {
+        acc = step(&acc);
+        first(&acc);
     }
+    let t0 = Instant::now();
+    let mut acc = start.clone();
+    for _ in 0..iters {
+        acc = step(&acc);
+        first(&acc);
+    }
+    t0.elapsed().as_nanos() as f64 / iters as f64
 }
 
 fn f32s(values: &[f32], shape: &[usize]) -> Handle {
@@ -167,14 +186,24 @@ fn read_f32(dir: &str, name: &str, shape: &[usize], device: DeviceRef) -> Handle
 }
 
 /// Mean ns of `step`, an accumulator fed by every iteration and read back at the end.
+/// Three warm-up steps (kernel compilation, autotuning), then the timed ones; only the sum is
+/// read back (copying a 64 MB accumulator to the host took longer than the work on the H100).
 fn timed_handle(start: &Handle, iters: usize, step: impl Fn(&Handle) -> Handle) -> f64 {
-    step(start).to_bytes().expect("warm-up");
+    let read = |h: &Handle| {
+        let s = reduce::reduce(ReduceOp::Sum, h, None, false, h.ty).expect("sum");
+        s.to_bytes().expect("read back")
+    };
+    let mut acc = start.clone();
+    for _ in 0..3 {
+        acc = step(&acc);
+    }
+    read(&acc);
     let t0 = Instant::now();
     let mut acc = start.clone();
     for _ in 0..iters {
         acc = step(&acc);
     }
-    acc.to_bytes().expect("read back");
+    read(&acc);
     t0.elapsed().as_nanos() as f64 / iters as f64
 }
 
@@ -223,7 +252,9 @@ fn conv_and_mlp(dev: &burn::tensor::Device, label: DeviceRef) {
     use burn::tensor::module::conv2d;
     use burn::tensor::{Distribution, Int, Tensor};
     let timed = |iters: usize, mut step: Box<dyn FnMut() -> Tensor<1>>| {
-        let _ = step().into_data();
+        // three warm-up steps: the optimizer's first step creates its state, so the second runs
+        // other kernels (compiled and autotuned on first use)
+        let _ = (step() + step() + step()).into_data();
         let t0 = Instant::now();
         let mut acc = step();
         for _ in 1..iters {
