@@ -42,7 +42,7 @@ defmodule ExBurn.RoundTripTest do
       # The NIF's own metadata agrees with the struct.
       assert ExBurn.Native.shape(t.ref) == {:ok, @shape}
       assert ExBurn.Native.type(t.ref) == {:ok, @type_}
-      assert ExBurn.Native.device(t.ref) == {:ok, {:cpu, 0}}
+      assert ExBurn.Native.device(t.ref) == {:ok, ExBurn.default_device()}
     end
   end
 

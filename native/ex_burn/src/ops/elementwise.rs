@@ -59,8 +59,12 @@ fn float_unary(op: UnaryOp, t: Prim) -> ExResult<Prim> {
     if let Some(p) = super::cpu_kernels::unary(op, &t) {
         return Ok(p);
     }
-    if op == UnaryOp::Erf && !std_math(&t) {
-        return Ok(erf(&t));
+    if !std_math(&t) {
+        match op {
+            UnaryOp::Erf => return Ok(erf(&t)),
+            UnaryOp::Sigmoid => return Ok(sigmoid(t)),
+            _ => {}
+        }
     }
     if let Some((_, f)) = FLOAT_UNARY.iter().find(|(name, _)| *name == op) {
         return Ok(f(t));
@@ -298,6 +302,18 @@ fn erf(x: &Prim) -> Prim {
     let small = D::float_add(x.clone(), mul(x, &erf_ratio(x)));
     let large = with_sign_of(rsub(1.0, erfc(&a, &erf_ratio(&a))), x);
     mask(large, below(&a, 0.84375), small)
+}
+
+/// sigmoid off the CPU from exp in the tensor's own type: CubeCL's CUDA sigmoid of f64 came
+/// out with f32's precision (0.7310584783554077 at 1.0). 1 / (1 + e^-x) for x >= 0 and
+/// e^x / (1 + e^x) below, so neither exp overflows into a 0/inf or inf/inf.
+fn sigmoid(x: Prim) -> Prim {
+    use Dispatch as D;
+    let e = D::float_exp(D::float_neg(D::float_abs(x.clone())));
+    let one_plus = D::float_add_scalar(e.clone(), fscalar(1.0));
+    let positive = D::float_recip(one_plus.clone());
+    let negative = D::float_div(e, one_plus);
+    mask(negative, D::float_greater_equal_elem(x, fscalar(0.0), BOOL), positive)
 }
 
 fn erf_ratio(x: &Prim) -> Prim {
@@ -911,6 +927,13 @@ mod tests {
             }
         };
         close(&run(erf, &xs), &xs.iter().map(|&x| libm::erf(x)).collect::<Vec<_>>(), 4.0, "erf");
+        let wide: Vec<f64> = xs.iter().map(|x| x * 60.0).collect();
+        let got = run(|p| sigmoid(p.clone()), &wide);
+        for (g, x) in got.iter().zip(&wide) {
+            // other formulas than the composite's: tanh near 0, 1 / (1 + e^-x) in the tail
+            let w = if *x >= -2.0 { 0.5 + 0.5 * (x / 2.0).tanh() } else { 1.0 / (1.0 + (-x).exp()) };
+            assert!((g - w).abs() <= 4.0 * f64::EPSILON * w.abs(), "sigmoid({x}) = {g:e}, want {w:e}");
+        }
         close(&run(|p| asinh_composite(p.clone()), &xs), &xs.iter().map(|x| x.asinh()).collect::<Vec<_>>(), 4.0, "asinh");
         let inside: Vec<f64> = xs.iter().map(|x| x / 6.0).filter(|x| x.abs() < 1.0).collect();
         let h = f64s(&inside, &[inside.len()]);
