@@ -41,7 +41,10 @@ defmodule PretrainedBench do
   def pct(xs, 50) do
     s = Enum.sort(xs)
     n = length(s)
-    if rem(n, 2) == 1, do: Enum.at(s, div(n, 2)), else: (Enum.at(s, div(n, 2) - 1) + Enum.at(s, div(n, 2))) / 2
+
+    if rem(n, 2) == 1,
+      do: Enum.at(s, div(n, 2)),
+      else: (Enum.at(s, div(n, 2) - 1) + Enum.at(s, div(n, 2))) / 2
   end
 
   def pct(xs, q), do: Enum.at(Enum.sort(xs), min(length(xs) - 1, round(q / 100 * (length(xs) - 1))))
@@ -115,7 +118,8 @@ defmodule PretrainedBench do
       end
 
     {[
-       {"embed_batch32", [median_ms: med, p90_ms: pct(times, 90), per_s: 32 / med * 1000, runs: runs, load_ms: load_ms]},
+       {"embed_batch32",
+        [median_ms: med, p90_ms: pct(times, 90), per_s: 32 / med * 1000, runs: runs, load_ms: load_ms]},
        {"embed_batch1", [median_ms: pct(lat, 50), p90_ms: pct(lat, 90), runs: lat_runs]}
      ], vecs}
   end
@@ -173,7 +177,8 @@ defmodule PretrainedBench do
       ms(fn ->
         case kind do
           "embed" ->
-            {ExBurn.Embedding.load!(minilm(), engine: engine, device: {:cpu, 0}), Path.join(minilm(), "model.safetensors")}
+            {ExBurn.Embedding.load!(minilm(), engine: engine, device: {:cpu, 0}),
+             Path.join(minilm(), "model.safetensors")}
 
           "llm" ->
             {ExBurn.LLM.load!(smol(), engine: engine, device: {:cpu, 0}), smol()}
@@ -183,7 +188,16 @@ defmodule PretrainedBench do
     peak = status_kib("VmHWM")
     after_load = status_kib("VmRSS")
     true = model.ref != nil
-    IO.puts(line("rss_#{kind}", base_kib: base, peak_kib: peak, after_kib: after_load, file_bytes: File.stat!(file).size, load_ms: load_ms))
+
+    IO.puts(
+      line("rss_#{kind}",
+        base_kib: base,
+        peak_kib: peak,
+        after_kib: after_load,
+        file_bytes: File.stat!(file).size,
+        load_ms: load_ms
+      )
+    )
   end
 
   def cosine(a, b) do
@@ -212,11 +226,17 @@ System.put_env("RAYON_NUM_THREADS", "#{threads}")
 embed_runs = B.env_int("EXBURN_BENCH_EMBED_RUNS", 20)
 lat_runs = B.env_int("EXBURN_BENCH_LATENCY_RUNS", 64)
 llm_runs = B.env_int("EXBURN_BENCH_LLM_RUNS", 3)
-engines = (System.get_env("EXBURN_BENCH_ENGINES") || "burn,candle") |> String.split(",", trim: true) |> Enum.map(&String.to_atom/1)
-sections = case System.argv() do
-  [] -> ~w(embed llm rss)
-  s -> s
-end
+
+engines =
+  (System.get_env("EXBURN_BENCH_ENGINES") || "burn,candle")
+  |> String.split(",", trim: true)
+  |> Enum.map(&String.to_atom/1)
+
+sections =
+  case System.argv() do
+    [] -> ~w(embed llm rss)
+    s -> s
+  end
 
 started = DateTime.utc_now() |> DateTime.truncate(:second)
 {:ok, lines} = Agent.start_link(fn -> [] end)
@@ -226,10 +246,22 @@ say = fn text ->
   Agent.update(lines, &[text | &1])
 end
 
-say.("pretrained benchmark #{started}; #{:erlang.system_info(:system_architecture)}; " <>
-  "#{System.schedulers_online()} schedulers, nproc #{:erlang.system_info(:logical_processors_available)}; " <>
-  "threads: RAYON_NUM_THREADS=#{threads}, peer #{threads}; git #{System.cmd("git", ["rev-parse", "--short", "HEAD"]) |> elem(0) |> String.trim()}")
-say.("cpu: " <> (File.read!("/proc/cpuinfo") |> String.split("\n") |> Enum.find("", &String.starts_with?(&1, "model name")) |> String.split(":") |> List.last() |> String.trim()))
+say.(
+  "pretrained benchmark #{started}; #{:erlang.system_info(:system_architecture)}; " <>
+    "#{System.schedulers_online()} schedulers, nproc #{:erlang.system_info(:logical_processors_available)}; " <>
+    "threads: RAYON_NUM_THREADS=#{threads}, peer #{threads}; git #{System.cmd("git", ["rev-parse", "--short", "HEAD"]) |> elem(0) |> String.trim()}"
+)
+
+say.(
+  "cpu: " <>
+    (File.read!("/proc/cpuinfo")
+     |> String.split("\n")
+     |> Enum.find("", &String.starts_with?(&1, "model name"))
+     |> String.split(":")
+     |> List.last()
+     |> String.trim())
+)
+
 start_load = B.loadavg()
 say.("load average at start: #{start_load}")
 
@@ -243,7 +275,10 @@ ours = %{}
         say.("  #{engine} embed done (load average #{B.loadavg()})")
         vecs = Map.put(vecs, engine, v)
         Process.put(:vecs, vecs)
-        Enum.reduce(rows, acc, fn {name, kv}, a -> Map.put(a, {engine, name}, Map.new(kv, fn {k, v} -> {to_string(k), v} end)) end)
+
+        Enum.reduce(rows, acc, fn {name, kv}, a ->
+          Map.put(a, {engine, name}, Map.new(kv, fn {k, v} -> {to_string(k), v} end))
+        end)
       else
         acc
       end
@@ -252,7 +287,10 @@ ours = %{}
       if "llm" in sections do
         rows = B.llm_bench(engine, llm_runs)
         say.("  #{engine} llm done (load average #{B.loadavg()})")
-        Enum.reduce(rows, acc, fn {name, kv}, a -> Map.put(a, {engine, name}, Map.new(kv, fn {k, v} -> {to_string(k), v} end)) end)
+
+        Enum.reduce(rows, acc, fn {name, kv}, a ->
+          Map.put(a, {engine, name}, Map.new(kv, fn {k, v} -> {to_string(k), v} end))
+        end)
       else
         acc
       end
@@ -262,17 +300,32 @@ ours = %{}
 
 mid_load = B.loadavg()
 
-peer_sections = Enum.filter(["embed", "llm", "llamacpp"], fn s -> if s == "llamacpp", do: "llm" in sections, else: s in sections end)
-peer_env = [{"EXBURN_BENCH_THREADS", "#{threads}"}, {"EXBURN_BENCH_EMBED_RUNS", "#{embed_runs}"},
-  {"EXBURN_BENCH_LATENCY_RUNS", "#{lat_runs}"}, {"EXBURN_BENCH_LLM_RUNS", "#{llm_runs}"}]
+peer_sections =
+  Enum.filter(["embed", "llm", "llamacpp"], fn s ->
+    if s == "llamacpp", do: "llm" in sections, else: s in sections
+  end)
+
+peer_env = [
+  {"EXBURN_BENCH_THREADS", "#{threads}"},
+  {"EXBURN_BENCH_EMBED_RUNS", "#{embed_runs}"},
+  {"EXBURN_BENCH_LATENCY_RUNS", "#{lat_runs}"},
+  {"EXBURN_BENCH_LLM_RUNS", "#{llm_runs}"}
+]
 
 {peer, skips} =
   if peer_sections == [] do
     {%{}, []}
   else
-    {out, status} = System.cmd("python3", [Path.join(__DIR__, "pretrained_peer.py") | peer_sections], env: peer_env, stderr_to_stdout: true)
+    {out, status} =
+      System.cmd("python3", [Path.join(__DIR__, "pretrained_peer.py") | peer_sections],
+        env: peer_env,
+        stderr_to_stdout: true
+      )
+
     {rows, skips} = B.parse(out)
-    {rows, if(status == 0, do: skips, else: skips ++ ["peer exited #{status}: " <> String.slice(out, -600, 600)])}
+
+    {rows,
+     if(status == 0, do: skips, else: skips ++ ["peer exited #{status}: " <> String.slice(out, -600, 600)])}
   end
 
 say.("  peer done (load average #{B.loadavg()})")
@@ -283,16 +336,28 @@ rss =
 
     ex =
       for kind <- ["embed", "llm"], engine <- engines, into: %{} do
-        {out, _} = System.cmd(mix, ["run", Path.relative_to_cwd(__ENV__.file), "rss_child", kind, "#{engine}"], env: [{"RAYON_NUM_THREADS", "#{threads}"}], stderr_to_stdout: true)
+        {out, _} =
+          System.cmd(mix, ["run", Path.relative_to_cwd(__ENV__.file), "rss_child", kind, "#{engine}"],
+            env: [{"RAYON_NUM_THREADS", "#{threads}"}],
+            stderr_to_stdout: true
+          )
+
         {rows, _} = B.parse(out)
         {{engine, kind}, Map.get(rows, "rss_#{kind}", %{"error" => String.slice(out, -300, 300)})}
       end
 
     py =
       for kind <- ["embed", "llm", "llamacpp"], into: %{} do
-        {out, _} = System.cmd("python3", [Path.join(__DIR__, "pretrained_peer.py"), "rss", kind], env: peer_env, stderr_to_stdout: true)
+        {out, _} =
+          System.cmd("python3", [Path.join(__DIR__, "pretrained_peer.py"), "rss", kind],
+            env: peer_env,
+            stderr_to_stdout: true
+          )
+
         {rows, sk} = B.parse(out)
-        {{:peer, kind}, Map.get(rows, "rss_#{kind}", %{"error" => Enum.join(sk, "; ") <> String.slice(out, -200, 200)})}
+
+        {{:peer, kind},
+         Map.get(rows, "rss_#{kind}", %{"error" => Enum.join(sk, "; ") <> String.slice(out, -200, 200)})}
       end
 
     Map.merge(ex, py)
@@ -327,14 +392,23 @@ if "embed" in sections do
   st1 = peer["embed_batch1"]
 
   if tok = peer["embed_tokens"] do
-    say.("embedding inputs: 32 sentences, #{f1.(tok["min"])}-#{f1.(tok["max"])} tokens (mean #{f1.(tok["mean"])})")
+    say.(
+      "embedding inputs: 32 sentences, #{f1.(tok["min"])}-#{f1.(tok["max"])} tokens (mean #{f1.(tok["mean"])})"
+    )
   end
 
   say.("embedding, batch 32 (one call, 32 sentences): median / p90 ms, embeddings/s")
-  say.("  sentence-transformers: #{f1.(st32 && st32["median_ms"])} / #{f1.(st32 && st32["p90_ms"])} ms, #{f1.(st32 && st32["per_s"])}/s")
+
+  say.(
+    "  sentence-transformers: #{f1.(st32 && st32["median_ms"])} / #{f1.(st32 && st32["p90_ms"])} ms, #{f1.(st32 && st32["per_s"])}/s"
+  )
 
   for e <- engines, r = ours[{e, "embed_batch32"}] do
-    ratio = if st32, do: " throughput ratio vs sentence-transformers " <> verdict.(r["per_s"] / st32["per_s"], :ge, 1.5), else: ""
+    ratio =
+      if st32,
+        do: " throughput ratio vs sentence-transformers " <> verdict.(r["per_s"] / st32["per_s"], :ge, 1.5),
+        else: ""
+
     seed = "seed > 100/s: #{if r["per_s"] > 100, do: "met", else: "MISSED"}"
     say.("  #{e}: #{f1.(r["median_ms"])} / #{f1.(r["p90_ms"])} ms, #{f1.(r["per_s"])}/s;#{ratio}; #{seed}")
   end
@@ -343,7 +417,12 @@ if "embed" in sections do
   say.("  sentence-transformers: #{f2.(st1 && st1["median_ms"])} / #{f2.(st1 && st1["p90_ms"])} ms")
 
   for e <- engines, r = ours[{e, "embed_batch1"}] do
-    ratio = if st1, do: " latency ratio vs sentence-transformers " <> verdict.(r["median_ms"] / st1["median_ms"], :le, 0.7), else: ""
+    ratio =
+      if st1,
+        do:
+          " latency ratio vs sentence-transformers " <> verdict.(r["median_ms"] / st1["median_ms"], :le, 0.7),
+        else: ""
+
     seed = "seed < 50 ms: #{if r["median_ms"] < 50, do: "met", else: "MISSED"}"
     say.("  #{e}: #{f2.(r["median_ms"])} / #{f2.(r["p90_ms"])} ms;#{ratio}; #{seed}")
   end
@@ -351,7 +430,10 @@ if "embed" in sections do
   case vecs do
     %{burn: b, candle: c} ->
       cos = Enum.zip_with(b, c, &B.cosine/2)
-      say.("  agreement: cosine(burn, candle) over the 32 embeddings: min #{:erlang.float_to_binary(Enum.min(cos), decimals: 6)}")
+
+      say.(
+        "  agreement: cosine(burn, candle) over the 32 embeddings: min #{:erlang.float_to_binary(Enum.min(cos), decimals: 6)}"
+      )
 
     _ ->
       :ok
@@ -363,22 +445,38 @@ end
 if "llm" in sections do
   llama = peer["llm_llamacpp"]
   tf = peer["llm_transformers"]
-  say.("LLM, SmolLM2-135M-Instruct Q4_1, 64 new greedy tokens: total ms, first (prefill+1) ms, tok/s, decode tok/s")
 
-  ref_ids = fn r -> r["ids"] |> to_string() |> String.split(",", trim: true) |> Enum.map(&String.to_integer/1) end
+  say.(
+    "LLM, SmolLM2-135M-Instruct Q4_1, 64 new greedy tokens: total ms, first (prefill+1) ms, tok/s, decode tok/s"
+  )
+
+  ref_ids = fn r ->
+    r["ids"] |> to_string() |> String.split(",", trim: true) |> Enum.map(&String.to_integer/1)
+  end
 
   for {name, r} <- [{"llama.cpp", llama}, {"transformers", tf}], r do
-    say.("  #{name}: #{f1.(r["total_ms"])} ms, first #{f1.(r["first_ms"])} ms, #{f1.(r["tok_s"])} tok/s, decode #{f1.(r["decode_tok_s"])} tok/s (prompt #{f1.(r["prompt_tokens"])} tokens, #{f1.(r["new_tokens"])} new)")
+    say.(
+      "  #{name}: #{f1.(r["total_ms"])} ms, first #{f1.(r["first_ms"])} ms, #{f1.(r["tok_s"])} tok/s, decode #{f1.(r["decode_tok_s"])} tok/s (prompt #{f1.(r["prompt_tokens"])} tokens, #{f1.(r["new_tokens"])} new)"
+    )
   end
 
   if info = peer["llamacpp_info"], do: say.("  llama.cpp #{info["version"]}: #{info["system"]}")
 
   for e <- engines, r = ours[{e, "llm"}] do
     {peer_name, peer_r, goal} = if llama, do: {"llama.cpp", llama, 1.0}, else: {"transformers", tf, 2.0}
-    ratio = if peer_r, do: "; tok/s ratio vs #{peer_name} " <> verdict.(r["tok_s"] / peer_r["tok_s"], :ge, goal), else: ""
+
+    ratio =
+      if peer_r,
+        do: "; tok/s ratio vs #{peer_name} " <> verdict.(r["tok_s"] / peer_r["tok_s"], :ge, goal),
+        else: ""
+
     extra = if llama && tf, do: "; vs transformers #{f2.(r["tok_s"] / tf["tok_s"])}", else: ""
     seed = "seed > 10 tok/s: #{if r["tok_s"] > 10, do: "met", else: "MISSED"}"
-    say.("  #{e}: #{f1.(r["total_ms"])} ms, first #{f1.(r["first_ms"])} ms, #{f1.(r["tok_s"])} tok/s, decode #{f1.(r["decode_tok_s"])} tok/s (prompt #{r["prompt_tokens"]} tokens, #{r["new_tokens"]} new)#{ratio}#{extra}; #{seed}")
+
+    say.(
+      "  #{e}: #{f1.(r["total_ms"])} ms, first #{f1.(r["first_ms"])} ms, #{f1.(r["tok_s"])} tok/s, decode #{f1.(r["decode_tok_s"])} tok/s (prompt #{r["prompt_tokens"]} tokens, #{r["new_tokens"]} new)#{ratio}#{extra}; #{seed}"
+    )
+
     ids = ref_ids.(r)
 
     agree =
@@ -396,7 +494,11 @@ if "rss" in sections do
   say.("peak RSS of one load (fresh process): (VmHWM after - VmRSS before) / weight file; goal <= 1.5")
 
   for {{who, kind}, r} <- Enum.sort_by(rss, fn {{w, k}, _} -> {k, to_string(w)} end) do
-    label = if who == :peer, do: %{"embed" => "sentence-transformers", "llm" => "transformers", "llamacpp" => "llama.cpp"}[kind], else: "#{who}"
+    label =
+      if who == :peer,
+        do: %{"embed" => "sentence-transformers", "llm" => "transformers", "llamacpp" => "llama.cpp"}[kind],
+        else: "#{who}"
+
     kind_label = if kind == "llamacpp", do: "llm", else: kind
 
     if r["peak_kib"] do
@@ -404,7 +506,10 @@ if "rss" in sections do
       ratio = delta / r["file_bytes"]
       steady = (r["after_kib"] - r["base_kib"]) * 1024
       v = if who == :peer, do: f2.(ratio), else: verdict.(ratio, :le, 1.5)
-      say.("  #{kind_label} #{label}: peak +#{f1.(delta / 1048576)} MiB (after load +#{f1.(steady / 1048576)} MiB), file #{f1.(r["file_bytes"] / 1048576)} MiB, ratio #{v}, load #{f1.(r["load_ms"])} ms")
+
+      say.(
+        "  #{kind_label} #{label}: peak +#{f1.(delta / 1_048_576)} MiB (after load +#{f1.(steady / 1_048_576)} MiB), file #{f1.(r["file_bytes"] / 1_048_576)} MiB, ratio #{v}, load #{f1.(r["load_ms"])} ms"
+      )
     else
       say.("  #{kind_label} #{label}: not measured: #{inspect(r)}")
     end
