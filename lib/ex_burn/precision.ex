@@ -14,6 +14,8 @@ defmodule ExBurn.Precision do
 
   Set it for the whole VM with `ExBurn.configure!(matmul_precision: :high)`, or for the calls one
   process makes inside a function with `ExBurn.with_matmul_precision(:high, fn -> ... end)`.
+  Programs compiled with `compiler: ExBurn` follow the VM-wide level only: the per-process one
+  reaches `ExBurn.Backend` and `ExBurn.Tensor` calls.
 
   Limits (Burn 0.22.1): convolutions and the dense layers of `ExBurn.Model` training run Burn's
   own CUDA kernels, which round f32 to TF32 whatever this level says.

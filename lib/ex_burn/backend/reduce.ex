@@ -49,23 +49,10 @@ if Code.ensure_loaded?(Nx) do
       native :dot, out, [l, contract_l, batch_l, r, contract_r, batch_r] do
         d = Backend.device_of([l, r])
 
-        answer =
-          case ExBurn.Precision.current() do
-            nil ->
-              Native.dot(ref(l, d), contract_l, batch_l, ref(r, d), contract_r, batch_r, out.type)
+        precision = ExBurn.Precision.current()
 
-            p ->
-              Native.dot_precision(
-                ref(l, d),
-                contract_l,
-                batch_l,
-                ref(r, d),
-                contract_r,
-                batch_r,
-                out.type,
-                p
-              )
-          end
+        answer =
+          Native.dot(ref(l, d), contract_l, batch_l, ref(r, d), contract_r, batch_r, out.type, precision)
 
         Backend.put(out, wrap_native(answer))
       end

@@ -59,9 +59,7 @@ defmodule ExBurn.Tensor.LinAlg do
 
     type = Type.merge(a.type, b.type)
 
-    case ExBurn.Precision.current() do
-      nil -> wrap(Native.dot(a.ref, contract_a, batch_a, b.ref, contract_b, batch_b, type))
-      p -> wrap(Native.dot_precision(a.ref, contract_a, batch_a, b.ref, contract_b, batch_b, type, p))
-    end
+    precision = ExBurn.Precision.current()
+    wrap(Native.dot(a.ref, contract_a, batch_a, b.ref, contract_b, batch_b, type, precision))
   end
 end

@@ -7,6 +7,7 @@ use super::{guard, term};
 use crate::ops::linalg::{self, DotSpec};
 use crate::precision::MatmulPrecision;
 
+/// Nx.dot/6 at an f32 matmul precision: `:highest` | `:high`, or `nil` for the VM-wide level.
 #[rustler::nif(schedule = "DirtyCpu")]
 #[allow(clippy::too_many_arguments)]
 fn dot<'a>(
@@ -18,37 +19,19 @@ fn dot<'a>(
     contract_b: Term<'a>,
     batch_b: Term<'a>,
     out_type: Term<'a>,
-) -> Term<'a> {
-    guard(env, "dot", || {
-        let sa = DotSpec { contract: term::usizes(contract_a, "contract_axes")?, batch: term::usizes(batch_a, "batch_axes")? };
-        let sb = DotSpec { contract: term::usizes(contract_b, "contract_axes")?, batch: term::usizes(batch_b, "batch_axes")? };
-        Ok(TensorOut(linalg::dot(&arg(a)?, &sa, &arg(b)?, &sb, term::decode_type(out_type)?)?))
-    })
-}
-
-/// `dot/7` at a per-call f32 matmul precision (`:highest` | `:high`).
-#[rustler::nif(schedule = "DirtyCpu")]
-#[allow(clippy::too_many_arguments)]
-fn dot_precision<'a>(
-    env: Env<'a>,
-    a: Term<'a>,
-    contract_a: Term<'a>,
-    batch_a: Term<'a>,
-    b: Term<'a>,
-    contract_b: Term<'a>,
-    batch_b: Term<'a>,
-    out_type: Term<'a>,
     precision: Term<'a>,
 ) -> Term<'a> {
     guard(env, "dot", || {
-        let precision = MatmulPrecision::parse(&term::atom(precision, "matmul_precision")?)?;
+        let precision = match term::atom(precision, "matmul_precision")?.as_str() {
+            "nil" => None,
+            name => Some(MatmulPrecision::parse(name)?),
+        };
         let sa = DotSpec { contract: term::usizes(contract_a, "contract_axes")?, batch: term::usizes(batch_a, "batch_axes")? };
         let sb = DotSpec { contract: term::usizes(contract_b, "contract_axes")?, batch: term::usizes(batch_b, "batch_axes")? };
         let out = term::decode_type(out_type)?;
-        Ok(TensorOut(linalg::dot_with(&arg(a)?, &sa, &arg(b)?, &sb, out, Some(precision))?))
+        Ok(TensorOut(linalg::dot_with(&arg(a)?, &sa, &arg(b)?, &sb, out, precision)?))
     })
 }
-
 /// Sets the process-wide f32 matmul precision; answers the previous one.
 #[rustler::nif]
 fn set_matmul_precision<'a>(env: Env<'a>, precision: Term<'a>) -> Term<'a> {
