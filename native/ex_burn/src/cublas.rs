@@ -29,7 +29,7 @@ use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use cudarc::cublas::{result as blas, sys as bsys, CudaBlas};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::precision::MatmulPrecision;
 
@@ -107,14 +107,7 @@ fn library_present() -> bool {
 struct Blas {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
-    /// cuBLAS' workspace, owned here for the handle's lifetime (see `WORKSPACE_BYTES`).
-    _workspace: CudaSlice<u8>,
 }
-
-/// PyTorch gives every cuBLAS handle a workspace of its own (32 MiB on Hopper, its
-/// `CUBLAS_WORKSPACE_CONFIG` default there); without one cuBLAS skips the kernels that need
-/// scratch memory.
-const WORKSPACE_BYTES: usize = 32 << 20;
 
 fn blas_for(index: usize) -> Result<Arc<Mutex<Blas>>, String> {
     static HANDLES: OnceLock<Mutex<HashMap<usize, Arc<Mutex<Blas>>>>> = OnceLock::new();
@@ -131,24 +124,7 @@ fn blas_for(index: usize) -> Result<Arc<Mutex<Blas>>, String> {
         .new_stream()
         .map_err(|e| format!("CUDA stream: {e:?}"))?;
     let blas = CudaBlas::new(stream.clone()).map_err(|e| format!("cublasCreate: {e:?}"))?;
-    let workspace = stream
-        .alloc_zeros::<u8>(WORKSPACE_BYTES)
-        .map_err(|e| format!("cuBLAS workspace: {e:?}"))?;
-    {
-        let (ptr, _sync) = workspace.device_ptr(&stream);
-        // SAFETY: `workspace` lives as long as the handle (both in `Blas`), on the handle's stream.
-        let status = unsafe {
-            bsys::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut c_void, WORKSPACE_BYTES)
-        };
-        if status != bsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(format!("cublasSetWorkspace: {status:?}"));
-        }
-    }
-    let b = Arc::new(Mutex::new(Blas {
-        stream,
-        blas,
-        _workspace: workspace,
-    }));
+    let b = Arc::new(Mutex::new(Blas { stream, blas }));
     map.insert(index, b.clone());
     Ok(b)
 }
@@ -302,67 +278,37 @@ fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeT
     } else {
         (&one32 as *const f32 as _, &zero32 as *const f32 as _)
     };
-    // One matrix product goes to cublasGemmEx, as PyTorch's `mm` does: the strided-batched entry
-    // point with a batch of one picks other (batched) kernels.
-    // SAFETY (both calls): the pointers are live device allocations held by the
-    // `ManagedResource`s above for the whole call, sized for the shapes checked above; the stream
-    // is synchronised before they are released.
-    let done = if batch <= 1 {
-        unsafe {
-            blas::gemm_ex(
-                *blas.blas.handle(),
-                op(b.transposed),
-                op(a.transposed),
-                n as i32,
-                m as i32,
-                k as i32,
-                alpha,
-                rb.resource().ptr as *const c_void,
-                data_type,
-                b.ld,
-                ra.resource().ptr as *const c_void,
-                data_type,
-                a.ld,
-                beta,
-                rc.resource().ptr as *mut c_void,
-                data_type,
-                n.max(1) as i32,
-                compute,
-                bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
-            )
-        }
-        .map_err(|e| format!("cublasGemmEx: {e:?}"))
-    } else {
-        unsafe {
-            blas::gemm_strided_batched_ex(
-                *blas.blas.handle(),
-                op(b.transposed),
-                op(a.transposed),
-                n as i32,
-                m as i32,
-                k as i32,
-                alpha,
-                rb.resource().ptr as *const c_void,
-                data_type,
-                b.ld,
-                b.batch_stride,
-                ra.resource().ptr as *const c_void,
-                data_type,
-                a.ld,
-                a.batch_stride,
-                beta,
-                rc.resource().ptr as *mut c_void,
-                data_type,
-                n.max(1) as i32,
-                (m * n) as i64,
-                batch.max(1) as i32,
-                compute,
-                bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
-            )
-        }
-        .map_err(|e| format!("cublasGemmStridedBatchedEx: {e:?}"))
-    };
-    done?;
+    // SAFETY: the pointers are live device allocations held by the `ManagedResource`s above
+    // for the whole call, sized for the shapes checked above; the stream is synchronised
+    // before they are released.
+    unsafe {
+        blas::gemm_strided_batched_ex(
+            *blas.blas.handle(),
+            op(b.transposed),
+            op(a.transposed),
+            n as i32,
+            m as i32,
+            k as i32,
+            alpha,
+            rb.resource().ptr as *const c_void,
+            data_type,
+            b.ld,
+            b.batch_stride,
+            ra.resource().ptr as *const c_void,
+            data_type,
+            a.ld,
+            a.batch_stride,
+            beta,
+            rc.resource().ptr as *mut c_void,
+            data_type,
+            n.max(1) as i32,
+            (m * n) as i64,
+            batch.max(1) as i32,
+            compute,
+            bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+        )
+        .map_err(|e| format!("cublasGemmStridedBatchedEx: {e:?}"))?;
+    }
     blas.stream.synchronize().map_err(|e| format!("{e:?}"))?;
     drop((ra, rb, rc));
     Ok(out)
