@@ -28,8 +28,6 @@ const FLOAT_UNARY: &[(UnaryOp, UnaryFn)] = &[
     (UnaryOp::Sinh, Dispatch::float_sinh),
     (UnaryOp::Cosh, Dispatch::float_cosh),
     (UnaryOp::Tanh, Dispatch::float_tanh),
-    (UnaryOp::Erf, Dispatch::float_erf),
-    (UnaryOp::Sigmoid, Dispatch::sigmoid),
     (UnaryOp::Floor, Dispatch::float_floor),
     (UnaryOp::Ceil, Dispatch::float_ceil),
 ];
@@ -59,17 +57,15 @@ fn float_unary(op: UnaryOp, t: Prim) -> ExResult<Prim> {
     if let Some(p) = super::cpu_kernels::unary(op, &t) {
         return Ok(p);
     }
-    if !std_math(&t) {
-        match op {
-            UnaryOp::Erf => return Ok(erf(&t)),
-            UnaryOp::Sigmoid => return Ok(sigmoid(t)),
-            _ => {}
-        }
-    }
     if let Some((_, f)) = FLOAT_UNARY.iter().find(|(name, _)| *name == op) {
         return Ok(f(t));
     }
+    let std = std_math(&t);
     Ok(match op {
+        UnaryOp::Erf if std => Dispatch::float_erf(t),
+        UnaryOp::Erf => erf(&t),
+        UnaryOp::Sigmoid if std => Dispatch::sigmoid(t),
+        UnaryOp::Sigmoid => sigmoid(t),
         // expm1 = 2t / (1 - t) with t = tanh(x/2) keeps full precision near 0, where exp(x) - 1
         // cancels; far from 0 the direct form is exact enough and does not overflow early.
         UnaryOp::Expm1 => {
@@ -86,9 +82,9 @@ fn float_unary(op: UnaryOp, t: Prim) -> ExResult<Prim> {
         UnaryOp::Rsqrt => Dispatch::float_recip(Dispatch::float_sqrt(t)),
         UnaryOp::Cbrt => cbrt(t),
         UnaryOp::Erfc => erfc(&t, &erf_ratio(&t)),
-        UnaryOp::Asinh => asinh(t),
+        UnaryOp::Asinh => asinh(t, std),
         UnaryOp::Acosh => acosh(t),
-        UnaryOp::Atanh => atanh(t),
+        UnaryOp::Atanh => atanh(t, std),
         // Nx rounds half away from zero; Burn rounds half to even.
         UnaryOp::Round => {
             let tr = Dispatch::float_trunc(t.clone());
@@ -190,27 +186,20 @@ fn std_math(t: &Prim) -> bool {
     matches!(t.kind, burn::backend::DispatchTensorKind::Flex(_))
 }
 
-/// Burn's kernel on the CPU, log1p(a + a^2 / (1 + sqrt(1 + a^2))) (signed) elsewhere, and ln 2|x|
-/// (signed) for huge |x| on every device, where x + x/(...) and a^2 overflow (Rust's
-/// asinh(f64::MAX) is inf).
-fn asinh(x: Prim) -> Prim {
+/// `std` (Burn's kernel is Rust's std, see `std_math`): that kernel; otherwise
+/// log1p(a + a^2 / (1 + sqrt(1 + a^2))) with a = |x|, signed. ln 2|x| (signed) for huge |x| on
+/// every device, where x + x/(...) and a^2 overflow (Rust's asinh(f64::MAX) is inf).
+fn asinh(x: Prim, std: bool) -> Prim {
     use Dispatch as D;
     let a = D::float_abs(x.clone());
     let huge = D::float_greater_elem(a.clone(), fscalar(LARGE), BOOL);
-    if !std_math(&x) {
-        return asinh_composite(x);
-    }
-    mask(D::float_asinh(x.clone()), huge, with_sign_of(ln_2x(a), &x))
-}
-
-/// asinh from log1p: log1p(a + a^2 / (1 + sqrt(1 + a^2))) signed, ln 2|x| (signed) for huge |x|.
-fn asinh_composite(x: Prim) -> Prim {
-    use Dispatch as D;
-    let a = D::float_abs(x.clone());
-    let huge = D::float_greater_elem(a.clone(), fscalar(LARGE), BOOL);
-    let a2 = mul(&a, &a);
-    let root = D::float_add_scalar(D::float_sqrt(D::float_add_scalar(a2.clone(), fscalar(1.0))), fscalar(1.0));
-    let near = with_sign_of(log1p(D::float_add(a.clone(), D::float_div(a2, root))), &x);
+    let near = if std {
+        D::float_asinh(x.clone())
+    } else {
+        let a2 = mul(&a, &a);
+        let root = D::float_add_scalar(D::float_sqrt(D::float_add_scalar(a2.clone(), fscalar(1.0))), fscalar(1.0));
+        with_sign_of(log1p(D::float_add(a.clone(), D::float_div(a2, root))), &x)
+    };
     mask(near, huge, with_sign_of(ln_2x(a), &x))
 }
 
@@ -226,23 +215,20 @@ fn acosh(x: Prim) -> Prim {
     D::float_mask_fill(out, below(&x, 1.0), fscalar(f64::NAN))
 }
 
-/// Burn's kernel on |x|, then x's sign: the kernel's 0.5 log1p(2x / (1 - x)) rounds 1 - x for x
-/// near -1 (Rust's atanh(-(1 - 2^-53)) is -18.37 for -18.71), while 1 - |x| is exact from 0.5
-/// on.
-fn atanh(x: Prim) -> Prim {
-    if !std_math(&x) {
-        return atanh_composite(x);
-    }
-    with_sign_of(Dispatch::float_atanh(Dispatch::float_abs(x.clone())), &x)
-}
-
-/// 0.5 log1p(2a / (1 - a)) signed (fdlibm's form; see `std_math`): 1 - a is exact from 0.5 on,
-/// and a > 1 gives a ratio below -1, so log1p's NaN.
-fn atanh_composite(x: Prim) -> Prim {
+/// On |x|, then x's sign: 1 - |x| is exact from 0.5 on, where the kernels' 1 - x rounds for x
+/// near -1 (Rust's atanh(-(1 - 2^-53)) is -18.37 for -18.71). `std`: Burn's kernel (Rust's
+/// std); otherwise fdlibm's 0.5 log1p(2a / (1 - a)) (see `std_math`), where a > 1 gives a ratio
+/// below -1, so log1p's NaN.
+fn atanh(x: Prim, std: bool) -> Prim {
     use Dispatch as D;
     let a = D::float_abs(x.clone());
-    let ratio = D::float_div(D::float_mul_scalar(a.clone(), fscalar(2.0)), rsub(1.0, a));
-    with_sign_of(D::float_mul_scalar(log1p(ratio), fscalar(0.5)), &x)
+    let mag = if std {
+        D::float_atanh(a)
+    } else {
+        let ratio = D::float_div(D::float_mul_scalar(a.clone(), fscalar(2.0)), rsub(1.0, a));
+        D::float_mul_scalar(log1p(ratio), fscalar(0.5))
+    };
+    with_sign_of(mag, &x)
 }
 
 // fdlibm's erf/erfc (FreeBSD s_erf.c), coefficients highest degree first.
@@ -937,10 +923,10 @@ mod tests {
             let w = if *x >= -2.0 { 0.5 + 0.5 * (x / 2.0).tanh() } else { 1.0 / (1.0 + (-x).exp()) };
             assert!((g - w).abs() <= 4.0 * f64::EPSILON * w.abs(), "sigmoid({x}) = {g:e}, want {w:e}");
         }
-        close(&run(|p| asinh_composite(p.clone()), &xs), &xs.iter().map(|x| x.asinh()).collect::<Vec<_>>(), 4.0, "asinh");
+        close(&run(|p| asinh(p.clone(), false), &xs), &xs.iter().map(|x| x.asinh()).collect::<Vec<_>>(), 4.0, "asinh");
         let inside: Vec<f64> = xs.iter().map(|x| x / 6.0).filter(|x| x.abs() < 1.0).collect();
         let h = f64s(&inside, &[inside.len()]);
-        let got = floats(&Handle::new(atanh_composite(h.prim.clone()), NxType::F(64), h.shape.clone(), h.device));
+        let got = floats(&Handle::new(atanh(h.prim.clone(), false), NxType::F(64), h.shape.clone(), h.device));
         for (g, x) in got.iter().zip(&inside) {
             let w = x.atanh();
             assert!((g - w).abs() <= 4.0 * f64::EPSILON * w.abs() + 1e-300, "atanh({x}) = {g:e}, want {w:e}");
@@ -948,7 +934,7 @@ mod tests {
         let (inf, nan) = (f64::INFINITY, f64::NAN);
         assert_same(&run(erf, &[0.0, -0.0, inf, -inf, nan]), &[0.0, -0.0, 1.0, -1.0, nan]);
         let h = f64s(&[1.0, -1.0, -0.0, 1.5, nan], &[5]);
-        let edges = floats(&Handle::new(atanh_composite(h.prim.clone()), NxType::F(64), h.shape.clone(), h.device));
+        let edges = floats(&Handle::new(atanh(h.prim.clone(), false), NxType::F(64), h.shape.clone(), h.device));
         assert_same(&edges, &[inf, -inf, -0.0, nan, nan]);
     }
 
