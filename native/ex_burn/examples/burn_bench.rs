@@ -83,15 +83,15 @@ fn peer(op: &str, size: usize, iters: usize) -> f64 {
 /// autotuning) runs before the clock starts.
 /// The device benchmark through the crate's own ops (what the NIF runs: `dot` is cuBLAS on
 /// CUDA): matmul 4096² and 1024² f32 at the default precision, and add of 16M f32. Products are
-/// timed as an accumulator that sums every iteration's product (`timed_handle`); adds are timed
-/// one at a time (`timed_each`), since fusion would merge a chain of adds into one kernel that
+/// timed as an accumulator that sums every iteration's product (`Read::SumAtEnd`); adds are timed
+/// one at a time (`Read::FirstEach`), since fusion would merge a chain of adds into one kernel that
 /// reads the operands once.
 fn device_bench(device: DeviceRef) {
     let f32t = NxType::F(32);
     let sp = |c: usize| DotSpec { contract: vec![c], batch: vec![] };
     for (size, iters) in [(4096, 20), (1024, 50)] {
         let a = Handle::from_bytes(ramp(size * size), vec![size, size], f32t, device).expect("tensor");
-        let ns = timed_handle(&a, iters, |acc| {
+        let ns = timed_handle(&a, iters, Read::SumAtEnd, |acc| {
             let p = linalg::dot(&a, &sp(1), &a, &sp(0), f32t).unwrap();
             ew::binary(BinaryOp::Add, acc, &p, f32t).unwrap()
         });
@@ -100,31 +100,9 @@ fn device_bench(device: DeviceRef) {
     }
     let n = 1 << 24;
     let x = Handle::from_bytes(ramp(n), vec![n], f32t, device).expect("tensor");
-    let ns = timed_each(&x, 50, |acc| ew::binary(BinaryOp::Add, acc, &x, f32t).unwrap());
+    let ns = timed_handle(&x, 50, Read::FirstEach, |acc| ew::binary(BinaryOp::Add, acc, &x, f32t).unwrap());
     // reads two operands and writes one
     println!("BENCH device={device} op=add size={n} ms={:.4} {:.1} GB/s", ns / 1e6, 12.0 * n as f64 / ns);
-}
-
-/// Mean ns of `step` when every result is read before the next step starts (one element comes
-/// back: `bench/cuda_precision.py` does the same with `.item()`), so each step is its own
-/// kernel: fusion cannot merge iterations, and no copy of the whole result is timed.
-fn timed_each(start: &Handle, iters: usize, step: impl Fn(&Handle) -> Handle) -> f64 {
-    let first = |h: &Handle| {
-        let one = ex_burn::ops::shape::slice(h, vec![0; h.shape.len()], vec![1; h.shape.len()], vec![1; h.shape.len()]).expect("slice");
-        one.to_bytes().expect("read back")
-    };
-    let mut acc = start.clone();
-    for _ in 0..3 {
-        acc = step(&acc);
-        first(&acc);
-    }
-    let t0 = Instant::now();
-    let mut acc = start.clone();
-    for _ in 0..iters {
-        acc = step(&acc);
-        first(&acc);
-    }
-    t0.elapsed().as_nanos() as f64 / iters as f64
 }
 
 fn f32s(values: &[f32], shape: &[usize]) -> Handle {
@@ -185,25 +163,39 @@ fn read_f32(dir: &str, name: &str, shape: &[usize], device: DeviceRef) -> Handle
     Handle::from_bytes(bytes, shape.to_vec(), NxType::F(32), device).expect("tensor")
 }
 
-/// Mean ns of `step`, an accumulator fed by every iteration and read back at the end.
-/// Three warm-up steps (kernel compilation, autotuning), then the timed ones; only the sum is
-/// read back (copying a 64 MB accumulator to the host took longer than the work on the H100).
-fn timed_handle(start: &Handle, iters: usize, step: impl Fn(&Handle) -> Handle) -> f64 {
-    let read = |h: &Handle| {
-        let s = reduce::reduce(ReduceOp::Sum, h, None, false, h.ty).expect("sum");
-        s.to_bytes().expect("read back")
+/// How a timing loop makes sure the device did the work it times.
+#[derive(Clone, Copy, PartialEq)]
+enum Read {
+    /// Read back the sum of the accumulator once at the end: every iteration feeds it, and only
+    /// one number comes back (copying a 64 MB accumulator to the host took longer than the work
+    /// on the H100).
+    SumAtEnd,
+    /// Read each step's first element before the next step starts (`bench/cuda_precision.py`
+    /// does the same with `.item()`): each step is its own kernel, since fusion would otherwise
+    /// merge a chain of element-wise steps into one kernel that reads the operands once.
+    FirstEach,
+}
+
+/// Mean ns of `step` over `iters` steps that each feed the next, after three untimed warm-up
+/// steps (kernel compilation, autotuning).
+fn timed_handle(start: &Handle, iters: usize, read: Read, step: impl Fn(&Handle) -> Handle) -> f64 {
+    let run = |n: usize| {
+        let mut acc = start.clone();
+        for _ in 0..n {
+            acc = step(&acc);
+            if read == Read::FirstEach {
+                let rank = acc.shape.len();
+                let one = ex_burn::ops::shape::slice(&acc, vec![0; rank], vec![1; rank], vec![1; rank]).expect("slice");
+                one.to_bytes().expect("read back");
+            }
+        }
+        if read == Read::SumAtEnd {
+            reduce::reduce(ReduceOp::Sum, &acc, None, false, acc.ty).expect("sum").to_bytes().expect("read back");
+        }
     };
-    let mut acc = start.clone();
-    for _ in 0..3 {
-        acc = step(&acc);
-    }
-    read(&acc);
+    run(3);
     let t0 = Instant::now();
-    let mut acc = start.clone();
-    for _ in 0..iters {
-        acc = step(&acc);
-    }
-    read(&acc);
+    run(iters);
     t0.elapsed().as_nanos() as f64 / iters as f64
 }
 
@@ -231,7 +223,7 @@ fn precision_bench(dir: &str, device: DeviceRef) {
         let mm = |x: &Handle, y: &Handle| linalg::dot_with(x, &sp(1), y, &sp(0), ty, Some(precision)).unwrap();
         let c = ew::as_type(&mm(&ta, &tb), f32t).unwrap();
         std::fs::write(format!("{dir}/burn_{case}.bin"), c.to_bytes().unwrap()).unwrap();
-        line(case, timed_handle(&ta, 20, |acc| add(acc, &mm(&ta, &tb))));
+        line(case, timed_handle(&ta, 20, Read::SumAtEnd, |acc| add(acc, &mm(&ta, &tb))));
     }
     // Burn's own matmul kernel (cubek-matmul), for comparison: what `dot` ran before cuBLAS.
     for (case, ty) in [("f32_burnkernel", f32t), ("bf16_burnkernel", bf16t)] {
@@ -242,7 +234,7 @@ fn precision_bench(dir: &str, device: DeviceRef) {
         };
         let c = ew::as_type(&mm(&ta, &tb), f32t).unwrap();
         std::fs::write(format!("{dir}/burn_{case}.bin"), c.to_bytes().unwrap()).unwrap();
-        line(case, timed_handle(&ta, 20, |acc| add(acc, &mm(&ta, &tb))));
+        line(case, timed_handle(&ta, 20, Read::SumAtEnd, |acc| add(acc, &mm(&ta, &tb))));
     }
     conv_and_mlp(&device.burn().expect("device"), device);
 }
