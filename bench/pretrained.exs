@@ -265,37 +265,30 @@ say.(
 start_load = B.loadavg()
 say.("load average at start: #{start_load}")
 
-ours = %{}
+add_rows = fn acc, engine, rows ->
+  Enum.reduce(rows, acc, fn {name, kv}, a ->
+    Map.put(a, {engine, name}, Map.new(kv, fn {k, v} -> {to_string(k), v} end))
+  end)
+end
 
 {ours, vecs} =
-  Enum.reduce(engines, {ours, %{}}, fn engine, {acc, vecs} ->
-    acc =
+  Enum.reduce(engines, {%{}, %{}}, fn engine, {acc, vecs} ->
+    {acc, vecs} =
       if "embed" in sections do
         {rows, v} = B.embed_bench(engine, embed_runs, lat_runs)
         say.("  #{engine} embed done (load average #{B.loadavg()})")
-        vecs = Map.put(vecs, engine, v)
-        Process.put(:vecs, vecs)
-
-        Enum.reduce(rows, acc, fn {name, kv}, a ->
-          Map.put(a, {engine, name}, Map.new(kv, fn {k, v} -> {to_string(k), v} end))
-        end)
+        {add_rows.(acc, engine, rows), Map.put(vecs, engine, v)}
       else
-        acc
+        {acc, vecs}
       end
 
-    acc =
-      if "llm" in sections do
-        rows = B.llm_bench(engine, llm_runs)
-        say.("  #{engine} llm done (load average #{B.loadavg()})")
-
-        Enum.reduce(rows, acc, fn {name, kv}, a ->
-          Map.put(a, {engine, name}, Map.new(kv, fn {k, v} -> {to_string(k), v} end))
-        end)
-      else
-        acc
-      end
-
-    {acc, Process.get(:vecs, vecs)}
+    if "llm" in sections do
+      rows = B.llm_bench(engine, llm_runs)
+      say.("  #{engine} llm done (load average #{B.loadavg()})")
+      {add_rows.(acc, engine, rows), vecs}
+    else
+      {acc, vecs}
+    end
   end)
 
 mid_load = B.loadavg()
