@@ -65,4 +65,68 @@ defmodule ExBurn.MemoryTest do
     Task.await(task, 60_000)
     if before, do: assert(rss() - before < 512 * 1024 * 1024)
   end
+
+  # Major collections of a process that makes `count` 1 MiB tensors and drops each, with the
+  # given gc_after_bytes: GC start events traced from a fresh process.
+  defp major_gcs(setting, count) do
+    bin = :binary.copy(<<0::32>>, 262_144)
+    previous = Application.fetch_env(:ex_burn, :gc_after_bytes)
+    Application.put_env(:ex_burn, :gc_after_bytes, setting)
+
+    try do
+      parent = self()
+
+      pid =
+        spawn(fn ->
+          receive do: (:go -> :ok)
+          for _ <- 1..count, do: Tensor.from_binary(bin, :f32)
+          send(parent, :done)
+        end)
+
+      :erlang.trace(pid, true, [:garbage_collection])
+      send(pid, :go)
+      assert_receive :done, 30_000
+      count_major(0)
+    after
+      case previous do
+        {:ok, value} -> Application.put_env(:ex_burn, :gc_after_bytes, value)
+        :error -> Application.delete_env(:ex_burn, :gc_after_bytes)
+      end
+    end
+  end
+
+  defp count_major(n) do
+    receive do
+      {:trace, _, :gc_major_start, _} -> count_major(n + 1)
+      {:trace, _, _, _} -> count_major(n)
+    after
+      100 -> n
+    end
+  end
+
+  test "a process collects its dead tensors after gc_after_bytes of new ones, not only when its heap fills" do
+    # 40 MiB of tensors: one collection per 4 MiB; turned off, only the heap's own growth
+    # collects (once in this loop)
+    assert major_gcs(4 * 1024 * 1024, 40) >= 10
+    assert major_gcs(:infinity, 40) <= 2
+  end
+
+  test "the gc_after_bytes threshold counts bytes per process and resets after a collection" do
+    Application.put_env(:ex_burn, :gc_after_bytes, 1000)
+
+    try do
+      Process.delete(:ex_burn_unreclaimed_bytes)
+      assert ExBurn.Tensor.Reclaim.note({10, 10}, {:f, 32}) == :ok
+      assert ExBurn.Tensor.Reclaim.note({2, 60}, {:f, 64}) == :collected
+      assert ExBurn.Tensor.Reclaim.note({249}, {:u, 8}) == :ok
+      # 8 bits x 1000 elements reach the threshold exactly
+      assert ExBurn.Tensor.Reclaim.note({751}, {:s, 8}) == :collected
+
+      Application.put_env(:ex_burn, :gc_after_bytes, -1)
+      error = assert_raise ExBurn.Error, fn -> ExBurn.Tensor.Reclaim.note({1}, {:f, 32}) end
+      assert error.details == %{gc_after_bytes: -1}
+    after
+      Application.delete_env(:ex_burn, :gc_after_bytes)
+    end
+  end
 end

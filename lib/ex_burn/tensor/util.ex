@@ -14,6 +14,7 @@ defmodule ExBurn.Tensor.Util do
   def wrap(answer) do
     case Error.unwrap!(answer) do
       {ref, shape, type, device} when is_reference(ref) ->
+        ExBurn.Tensor.Reclaim.note(shape, type)
         %{__struct__: @tensor, ref: ref, shape: shape, type: type, device: device}
 
       other ->
