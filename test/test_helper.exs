@@ -6,7 +6,9 @@ Code.require_file("support/nx_compare.exs", __DIR__)
 exclude =
   for {tag, module} <- [nx: Nx, axon: Axon, telemetry: :telemetry], not Code.ensure_loaded?(module), do: tag
 
-ExUnit.start(exclude: exclude)
+# Tests of what :auto does in a CPU-only build, and in one with a GPU backend compiled in.
+build = if ExBurn.Device.compiled_kinds() == [:cpu], do: :gpu_build, else: :cpu_only_build
+ExUnit.start(exclude: [build | exclude])
 
 defmodule ExBurn.TestHelpers do
   @moduledoc false

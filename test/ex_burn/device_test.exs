@@ -32,6 +32,7 @@ defmodule ExBurn.DeviceTest do
     end
   end
 
+  @tag :cpu_only_build
   test "without GPU backends compiled in, :auto picks the cpu and says why for every kind" do
     assert Device.compiled_kinds() == [:cpu]
     {device, reason} = Device.auto()
@@ -44,6 +45,20 @@ defmodule ExBurn.DeviceTest do
     assert Device.resolve(:auto) == {:cpu, 0}
   end
 
+  @tag :gpu_build
+  test "with a GPU backend compiled in, :auto picks a usable device of the first usable kind and says why" do
+    compiled = Device.compiled_kinds()
+    {device, reason} = Device.auto()
+    usable = Enum.map(ExBurn.devices(), &{&1.kind, &1.index})
+    assert device in usable
+    chosen = if device == {:cpu, 0}, do: "cpu: chosen", else: "#{inspect(device)}: chosen"
+    assert reason =~ chosen
+
+    for kind <- [:cuda, :rocm, :metal, :vulkan], kind not in compiled do
+      assert reason =~ "#{kind}: not compiled in"
+    end
+  end
+
   test "the default comes from EXBURN_DEVICE, else :auto" do
     System.put_env("EXBURN_DEVICE", "cpu:0")
     assert ExBurn.default_device() == {:cpu, 0}
@@ -54,7 +69,7 @@ defmodule ExBurn.DeviceTest do
 
     Device.reset_default()
     System.delete_env("EXBURN_DEVICE")
-    assert ExBurn.default_device() == {:cpu, 0}
+    assert ExBurn.default_device() == Device.resolve(:auto)
   end
 
   test "configure! accepts available devices and refuses missing ones" do
@@ -67,21 +82,25 @@ defmodule ExBurn.DeviceTest do
     assert {:cpu, 0} in error.details.available
     assert ExBurn.default_device() == {:cpu, 0}
 
-    assert ExBurn.configure!(device: :auto) == {:cpu, 0}
+    assert ExBurn.configure!(device: :auto) == Device.resolve(:auto)
   end
 
   test "every device spec form works wherever a device is asked for" do
-    for spec <- [:auto, :cpu, {:cpu, 0}, "cpu", "cpu:0"] do
+    for spec <- [:cpu, {:cpu, 0}, "cpu", "cpu:0"] do
       assert ExBurn.Tensor.zeros({2}, :f32, device: spec) |> ExBurn.Tensor.device() == {:cpu, 0}
     end
+
+    auto = ExBurn.Tensor.zeros({2}, :f32, device: :auto)
+    assert ExBurn.Tensor.device(auto) == Device.resolve(:auto)
 
     error = assert_raise ExBurn.Error, fn -> ExBurn.Tensor.zeros({2}, :f32, device: "tpu") end
     assert {error.op, error.details} == {:zeros, %{device: "tpu"}}
   end
 
   test "a tensor on a missing device is an error, never a crash" do
-    error = assert_raise ExBurn.Error, fn -> ExBurn.Tensor.zeros({2}, :f32, device: {:cuda, 0}) end
+    # no machine here has 99 CUDA devices
+    error = assert_raise ExBurn.Error, fn -> ExBurn.Tensor.zeros({2}, :f32, device: {:cuda, 99}) end
     assert error.reason =~ "not available"
-    assert ExBurn.Tensor.zeros({2}, :f32) |> ExBurn.Tensor.device() == {:cpu, 0}
+    assert ExBurn.Tensor.zeros({2}, :f32) |> ExBurn.Tensor.device() == ExBurn.default_device()
   end
 end

@@ -84,8 +84,8 @@ defmodule ExBurn.RoundTripTest do
   end
 
   test "inspect shows metadata" do
-    t = Tensor.zeros({2, 3}, :bf16)
+    t = Tensor.zeros({2, 3}, :bf16, device: :cpu)
     assert inspect(t) == "#ExBurn.Tensor<bf16[2][3] cpu:0>"
-    assert inspect(Tensor.zeros({}, :s64)) == "#ExBurn.Tensor<s64 cpu:0>"
+    assert inspect(Tensor.zeros({}, :s64, device: :cpu)) == "#ExBurn.Tensor<s64 cpu:0>"
   end
 end
