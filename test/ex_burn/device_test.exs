@@ -46,7 +46,7 @@ defmodule ExBurn.DeviceTest do
   end
 
   @tag :gpu_build
-  test "with a GPU backend compiled in, :auto picks a usable device of the first usable kind and says why" do
+  test "with a GPU backend compiled in, :auto picks a usable device and says why for every kind" do
     compiled = Device.compiled_kinds()
     {device, reason} = Device.auto()
     usable = Enum.map(ExBurn.devices(), &{&1.kind, &1.index})
