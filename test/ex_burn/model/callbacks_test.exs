@@ -29,16 +29,18 @@ defmodule ExBurn.Model.CallbacksTest do
     assert m.halted == :early_stopping and List.last(history).halted == :early_stopping
     assert m.epochs == 4
 
-    # a learning model is not stopped; val_loss is monitored when present
+    # a learning model is not stopped; val_loss is monitored when present. (Patience 10: with
+    # another device's initial weights XOR can sit on a short plateau, as it did on CUDA.)
     {m, history} =
       Model.fit_with_history(model(), {x, y},
         epochs: 30,
         batch_size: 4,
         validation_data: {x, y},
-        callbacks: [Callbacks.early_stopping(3, 1.0e-4)]
+        callbacks: [Callbacks.early_stopping(10, 1.0e-4)]
       )
 
-    assert length(history) == 30 and m.halted == nil
+    assert m.halted == nil
+    assert length(history) == 30
 
     # min_delta larger than any improvement: stops after patience + 1 epochs
     {_m, history} =
@@ -160,7 +162,8 @@ defmodule ExBurn.Model.CallbacksTest do
     task =
       Task.async(fn -> Model.fit_with_history(m, {x, y}, epochs: 50, batch_size: 1, callbacks: [gate]) end)
 
-    assert_receive {:at, 2, _pid}, 5000
+    # generous: on a GPU the first epochs include compiling the kernels (~13 s on the H100)
+    assert_receive {:at, 2, _pid}, 120_000
     assert Model.cancel(m) == :ok
     send(task.pid, :go)
     {m2, history} = Task.await(task)

@@ -54,10 +54,16 @@ defmodule ExBurn.Model.TrainTest do
     results =
       for data <- [{x, y}, {xt, yt}, {xb, yb}] do
         model = Model.fit(xor_model(), data, epochs: 5, batch_size: 2, shuffle: false)
-        Tensor.to_binary(Model.predict(model, xt))
+        Tensor.to_flat_list(Model.predict(model, xt))
       end
 
-    assert length(Enum.uniq(results)) == 1
+    # bit-identical on the CPU; GPU kernels may sum in another order from run to run
+    [first | rest] = results
+    tolerance = if ExBurn.default_device() == {:cpu, 0}, do: 0.0, else: 1.0e-5
+
+    for other <- rest, {a, b} <- Enum.zip(first, other) do
+      assert abs(a - b) <= tolerance * max(abs(a), 1.0), "#{a} vs #{b}"
+    end
   end
 
   @tag :nx
