@@ -29,6 +29,24 @@ fn flex_f64(p: &Prim) -> Option<&[f64]> {
     }
 }
 
+/// The contiguous i64 storage of a flex int tensor.
+fn flex_i64(p: &Prim) -> Option<&[i64]> {
+    match &p.kind {
+        DispatchTensorKind::Flex(BackendTensor::Int(t)) if t.dtype() == DType::I64 => t.as_slice::<i64>(),
+        _ => None,
+    }
+}
+
+/// Whether every entry of a contiguous s64 flex tensor is in `0..bound`, in one pass over
+/// memory (as an unsigned compare, which also catches negatives) on rayon's pool. Burn's path
+/// builds two comparison masks, ors them and reduces: about 2.8 ms for 1M indices against
+/// 0.1 ms here.
+pub fn indices_in_bounds(p: &Prim, bound: usize) -> Option<bool> {
+    let xs = flex_i64(p)?;
+    let out = |c: &[i64]| c.iter().any(|&v| v as u64 >= bound as u64);
+    Some(if xs.len() < PAR_MIN { !out(xs) } else { !xs.par_chunks(PAR_MIN).any(out) })
+}
+
 /// Sum of a slice in f64, with eight independent accumulators (so the loop vectorises: one
 /// running sum would serialise every add on its latency).
 fn sum_f64<T: Copy + Into<f64>>(xs: &[T]) -> f64 {
@@ -259,6 +277,25 @@ mod tests {
         }
         assert_eq!(&ours[n..n + 4], &[0.0, -0.0, 40.0, -0.0]);
         assert_eq!(ours[n + 4], f32::INFINITY);
+    }
+
+    #[test]
+    fn index_bounds_are_checked_in_one_pass_with_negatives_out() {
+        let ints = |v: Vec<i64>| dispatch::from_data(TensorData::new(v.clone(), [v.len()]), &burn::tensor::Device::flex());
+        let n = 3 * PAR_MIN + 7;
+        let mut xs: Vec<i64> = (0..n as i64).map(|i| i % 10).collect();
+        assert_eq!(indices_in_bounds(&ints(xs.clone()), 10), Some(true));
+        assert_eq!(indices_in_bounds(&ints(xs.clone()), 9), Some(false));
+        xs[n - 1] = -1; // in the tail chunk
+        assert_eq!(indices_in_bounds(&ints(xs.clone()), 10), Some(false));
+        xs[n - 1] = i64::MIN;
+        assert_eq!(indices_in_bounds(&ints(xs), 10), Some(false));
+        assert_eq!(indices_in_bounds(&ints(vec![0, 1, 2]), 3), Some(true));
+        assert_eq!(indices_in_bounds(&ints(vec![0, 3]), 3), Some(false));
+        assert_eq!(indices_in_bounds(&ints(vec![]), 0), Some(true));
+        assert_eq!(indices_in_bounds(&ints(vec![0]), 0), Some(false));
+        // not an s64 flex tensor: the caller keeps Burn's path
+        assert_eq!(indices_in_bounds(&flex(vec![0.0], &[1]), 1), None);
     }
 
     #[test]

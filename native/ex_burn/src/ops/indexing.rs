@@ -147,10 +147,16 @@ fn checked_indices(idx: &Handle, bound: usize) -> ExResult<Prim> {
         return Err(ExError::invalid(format!("indices must be integers, got {}", idx.ty)));
     }
     let p = cast_to(idx, NxType::S(64));
-    let low = Dispatch::int_lower_elem(p.clone(), Scalar::Int(0), BOOL);
-    let high = Dispatch::int_greater_equal_elem(p.clone(), Scalar::Int(bound as i64), BOOL);
-    let bad = dispatch::into_data(Dispatch::bool_any(Dispatch::bool_or(low, high)))?;
-    if bad.as_bytes().iter().any(|b| *b != 0) {
+    let in_bounds = match super::cpu_kernels::indices_in_bounds(&p, bound) {
+        Some(ok) => ok,
+        None => {
+            let low = Dispatch::int_lower_elem(p.clone(), Scalar::Int(0), BOOL);
+            let high = Dispatch::int_greater_equal_elem(p.clone(), Scalar::Int(bound as i64), BOOL);
+            let bad = dispatch::into_data(Dispatch::bool_any(Dispatch::bool_or(low, high)))?;
+            bad.as_bytes().iter().all(|b| *b == 0)
+        }
+    };
+    if !in_bounds {
         return Err(ExError::invalid_with("index out of bounds", vec![("bound", Detail::Int(bound as i128))]));
     }
     Ok(p)
