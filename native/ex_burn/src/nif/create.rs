@@ -3,7 +3,7 @@
 use rustler::{Binary, Encoder, Env, Term};
 
 use super::resource::{self, BinaryOut, TensorOut};
-use super::{atoms, guard, term};
+use super::{atoms, guard, schedule, term};
 use crate::error::ExError;
 use crate::ops::create;
 use crate::tensor::Handle;
@@ -19,8 +19,19 @@ fn from_binary<'a>(env: Env<'a>, data: Term<'a>, shape: Term<'a>, ty: Term<'a>, 
     })
 }
 
-#[rustler::nif(schedule = "DirtyCpu")]
+/// In place when it reads at most `INLINE_MAX` elements of a CPU tensor (nif::schedule).
+#[rustler::nif]
 fn to_binary<'a>(env: Env<'a>, t: Term<'a>, limit: Term<'a>) -> Term<'a> {
+    let limit_n = term::opt_usize(limit, "limit").ok().flatten();
+    let inline = resource::arg(t).is_ok_and(|h| {
+        h.device.kind == crate::device::DeviceKind::Cpu && limit_n.unwrap_or(h.numel()).min(h.numel()) <= schedule::INLINE_MAX
+    });
+    schedule::run(env, &[t, limit], inline, to_binary_body, c"to_binary", to_binary_dirty)
+}
+schedule::dirty_trampoline!(to_binary_dirty, to_binary_body);
+
+fn to_binary_body<'a>(env: Env<'a>, args: &[Term<'a>]) -> Term<'a> {
+    let &[t, limit] = args else { unreachable!("to_binary/2") };
     guard(env, "to_binary", || {
         let h = resource::arg(t)?;
         Ok(BinaryOut::new(&create::read(&h, term::opt_usize(limit, "limit")?)?))

@@ -3,7 +3,8 @@
 //! Each NIF returns `{:ok, value}` or `{:error, {op, reason, details}}`, which Elixir turns into
 //! `ExBurn.Error`. Arguments are decoded by hand (`term`) so a malformed one is such an error too,
 //! naming the argument, rather than rustler's bare `ArgumentError`. Everything that computes runs
-//! on a dirty CPU scheduler.
+//! on a dirty CPU scheduler, except element-wise ops and reads on small CPU tensors, which
+//! `schedule` runs in place.
 
 mod compiler;
 mod conv;
@@ -16,6 +17,7 @@ mod model;
 mod pretrained;
 mod reduce;
 mod resource;
+mod schedule;
 mod shape;
 mod term;
 mod window;

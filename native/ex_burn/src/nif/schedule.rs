@@ -1,0 +1,88 @@
+//! Where a NIF runs: small CPU work on the calling scheduler, everything else on a dirty one.
+//!
+//! A dirty NIF costs two thread hand-overs per call (to a dirty scheduler and back), about as
+//! much as an element-wise op on a few thousand CPU elements. For an add of {2, 10} (plus the
+//! read-back of its first element) they were most of the 4-5 us a call took, against PyTorch's
+//! 2.7 us. So the NIFs listed here are regular NIFs that run the work in place when it is
+//! certainly short (CPU tensors of at most `INLINE_MAX` elements: well under the BEAM's 1 ms
+//! budget for a regular NIF even for f64 transcendental functions) and otherwise hand the same
+//! call to a dirty CPU scheduler with `enif_schedule_nif`.
+
+use std::ffi::CStr;
+
+use rustler::sys::{ErlNifEnv, ErlNifTerm, ERL_NIF_DIRTY_JOB_CPU_BOUND};
+use rustler::{Env, Term};
+
+use crate::device::DeviceKind;
+use crate::tensor::Handle;
+
+/// The most elements a NIF works on in place (inputs and result).
+pub const INLINE_MAX: usize = 4096;
+
+/// Whether an op over `inputs` (broadcast together) is short enough to run in place.
+pub fn small_on_cpu(inputs: &[&Handle]) -> bool {
+    if inputs.iter().any(|h| h.device.kind != DeviceKind::Cpu || h.numel() > INLINE_MAX) {
+        return false;
+    }
+    // the broadcast result: each trailing-aligned axis takes its largest extent
+    let rank = inputs.iter().map(|h| h.rank()).max().unwrap_or(0);
+    let out: usize = (0..rank)
+        .map(|i| inputs.iter().map(|h| if i < h.rank() { h.shape[h.rank() - 1 - i] } else { 1 }).max().unwrap_or(1))
+        .product();
+    out <= INLINE_MAX
+}
+
+/// The body of a NIF that may run on either scheduler.
+pub type Body = for<'a> fn(Env<'a>, &[Term<'a>]) -> Term<'a>;
+
+/// Runs `body` here when `inline`, else reschedules the call as `name` on a dirty CPU
+/// scheduler, where `trampoline` (made by `dirty_trampoline!` for the same body) runs it.
+pub fn run<'a>(
+    env: Env<'a>,
+    args: &[Term<'a>],
+    inline: bool,
+    body: Body,
+    name: &'static CStr,
+    trampoline: unsafe extern "C" fn(*mut ErlNifEnv, i32, *const ErlNifTerm) -> ErlNifTerm,
+) -> Term<'a> {
+    if inline {
+        return body(env, args);
+    }
+    let argv: Vec<ErlNifTerm> = args.iter().map(|t| t.as_c_arg()).collect();
+    // SAFETY: the terms belong to this call's environment; enif_schedule_nif copies them and
+    // the value it returns must be this NIF's return value, which it is.
+    unsafe {
+        let raw = rustler::sys::enif_schedule_nif(
+            env.as_c_arg(),
+            name.as_ptr(),
+            ERL_NIF_DIRTY_JOB_CPU_BOUND as i32,
+            trampoline,
+            argv.len() as i32,
+            argv.as_ptr(),
+        );
+        Term::new(env, raw)
+    }
+}
+
+/// An `extern "C"` NIF function running `$body` (a `Body`), for `run` to reschedule to.
+/// Panics are caught inside the body (`guard`), so none crosses the C boundary; the catch
+/// here is a last resort that answers `badarg` rather than aborting the VM.
+macro_rules! dirty_trampoline {
+    ($name:ident, $body:path) => {
+        unsafe extern "C" fn $name(
+            env: *mut rustler::sys::ErlNifEnv,
+            argc: i32,
+            argv: *const rustler::sys::ErlNifTerm,
+        ) -> rustler::sys::ErlNifTerm {
+            let lifetime = ();
+            let env = rustler::Env::new(&lifetime, env);
+            let args: Vec<rustler::Term> =
+                std::slice::from_raw_parts(argv, argc as usize).iter().map(|t| rustler::Term::new(env, *t)).collect();
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $body(env, &args))) {
+                Ok(term) => term.as_c_arg(),
+                Err(_) => rustler::sys::enif_make_badarg(env.as_c_arg()),
+            }
+        }
+    };
+}
+pub(crate) use dirty_trampoline;
