@@ -170,10 +170,21 @@ fn par_map<T: Copy + Send + Sync + burn::tensor::Element>(xs: &[T], shape: Vec<u
 }
 
 /// A float unary op of `std_unary`'s list over a large contiguous f32/f64 flex tensor, split
-/// over rayon's pool. Small tensors stay on flex's own (single-threaded) loop.
+/// over rayon's pool. Small tensors stay on flex's own (single-threaded) loop, except f32 `exp`,
+/// which takes the vectorised kernel at every size.
 pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
-    let (f32_op, f64_op) = std_unary(op)?;
     let shape = dispatch::dims(x);
+    // f32 exp at any size: the vectorised kernel (cpu_exp), whose results equal glibc's expf
+    if let (UnaryOp::Exp, Some(xs)) = (op, flex_f32(x)) {
+        let mut out = vec![0.0f32; xs.len()];
+        if xs.len() < 2 * PAR_MIN {
+            super::cpu_exp::exp_f32(xs, &mut out);
+        } else {
+            out.par_chunks_mut(PAR_MIN).zip(xs.par_chunks(PAR_MIN)).for_each(|(o, c)| super::cpu_exp::exp_f32(c, o));
+        }
+        return Some(dispatch::from_data(TensorData::new(out, shape), &burn::tensor::Device::flex()));
+    }
+    let (f32_op, f64_op) = std_unary(op)?;
     if let Some(xs) = flex_f32(x).filter(|xs| xs.len() >= 2 * PAR_MIN) {
         Some(par_map(xs, shape, f32_op))
     } else {
@@ -226,19 +237,27 @@ mod tests {
     fn parallel_unary_maps_equal_flex_bit_for_bit() {
         let xs = specials(3 * PAR_MIN + 5);
         let x = flex(xs, &[3 * PAR_MIN + 5]);
+        // (f32 exp is cpu_exp's, tested there against exp in f64; here: the split changes nothing)
+        let exp_whole = {
+            let xs = flex_f32(&x).unwrap();
+            let mut out = vec![0.0; xs.len()];
+            crate::ops::cpu_exp::exp_f32(xs, &mut out);
+            out
+        };
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert!(bits(&values(unary(UnaryOp::Exp, &x).unwrap())) == bits(&exp_whole));
         for (op, flex_op) in [
-            (UnaryOp::Exp, Dispatch::float_exp as fn(Prim) -> Prim),
-            (UnaryOp::Tanh, Dispatch::float_tanh),
+            (UnaryOp::Tanh, Dispatch::float_tanh as fn(Prim) -> Prim),
             (UnaryOp::Log, Dispatch::float_log),
             (UnaryOp::Sin, Dispatch::float_sin),
         ] {
             let ours = values(unary(op, &x).expect("large contiguous f32 takes the kernel"));
             let theirs = values(flex_op(x.clone()));
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&ours), bits(&theirs), "{op:?}");
         }
-        // small tensors and unlisted ops stay on flex
-        assert!(unary(UnaryOp::Exp, &flex(vec![1.0; 10], &[10])).is_none());
+        // small tensors and unlisted ops stay on flex (f32 exp excepted: cpu_exp at any size)
+        assert!(unary(UnaryOp::Tanh, &flex(vec![1.0; 10], &[10])).is_none());
+        assert_eq!(values(unary(UnaryOp::Exp, &flex(vec![1.0; 10], &[10])).unwrap()), vec![1.0f32.exp(); 10]);
         assert!(unary(UnaryOp::Erf, &x).is_none());
     }
 
