@@ -15,17 +15,19 @@ defmodule ExBurn.Model.CallbacksTest do
 
   test "early stopping halts after `patience` epochs without improvement" do
     {x, y} = xor()
-    # learning rate 0: the loss is exactly the same every epoch (a plateau)
+    # learning rate 0: the loss stays the same every epoch (a plateau). Exactly on the CPU; a
+    # GPU's reductions may differ in the last bits from run to run, hence min_delta 1e-6.
     {m, history} =
       Model.fit_with_history(model(learning_rate: 0.0), {x, y},
         epochs: 20,
         batch_size: 4,
         shuffle: false,
-        callbacks: [Callbacks.early_stopping(3, 0.0)]
+        callbacks: [Callbacks.early_stopping(3, 1.0e-6)]
       )
 
     assert Enum.map(history, & &1.epoch) == [1, 2, 3, 4]
-    assert length(Enum.uniq(Enum.map(history, & &1.loss))) == 1
+    [first | rest] = Enum.map(history, & &1.loss)
+    assert Enum.all?(rest, &(abs(&1 - first) < 1.0e-6))
     assert m.halted == :early_stopping and List.last(history).halted == :early_stopping
     assert m.epochs == 4
 
@@ -196,7 +198,9 @@ defmodule ExBurn.Model.CallbacksTest do
     Model.cancel(m)
     {us, {m2, history}} = Task.await(task, 30_000)
     assert history == [] and m2.halted == :cancelled and m2.epochs == 0
-    assert us < 10_000_000
+    # 100 epochs of 50k batches would take many minutes; on a GPU the first batch alone
+    # compiles kernels for ~13 s (cancel is seen between batches)
+    assert us < 60_000_000
     assert Tensor.to_binary(Model.predict(m2, x)) == before
   end
 

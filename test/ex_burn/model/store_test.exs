@@ -19,6 +19,19 @@ defmodule ExBurn.Model.StoreTest do
 
   defp bytes(model), do: Tensor.to_binary(Model.predict(model, elem(xor(), 0)))
 
+  # Predictions of two model instances with the same weights: identical on the CPU; on CUDA the
+  # dense layers run Burn's TF32 kernels, and the kernel autotuning picks may differ per
+  # instance (2e-4 apart measured on the H100), so there they agree to TF32 precision.
+  defp assert_same_predictions(a, b) do
+    if a.device == {:cpu, 0} do
+      assert bytes(a) == bytes(b)
+    else
+      pa = Tensor.to_flat_list(Model.predict(a, elem(xor(), 0)))
+      pb = Tensor.to_flat_list(Model.predict(b, elem(xor(), 0)))
+      for {u, v} <- Enum.zip(pa, pb), do: assert(abs(u - v) <= 2.0e-3 * max(abs(u), 1.0), "#{u} vs #{v}")
+    end
+  end
+
   test "save -> load -> predict gives byte-identical outputs", %{tmp_dir: dir} do
     model = trained()
     path = Path.join(dir, "xor.model")
@@ -26,7 +39,11 @@ defmodule ExBurn.Model.StoreTest do
     assert File.ls!(dir) == ["xor.model"], "no temporary file is left behind"
 
     assert {:ok, loaded} = Model.load(path)
-    assert bytes(loaded) == bytes(model)
+    assert_same_predictions(loaded, model)
+    # the weights themselves come back exactly, on every device
+    assert Model.save(loaded, Path.join(dir, "again.model")) == :ok
+    assert File.read!(Path.join(dir, "again.model")) == File.read!(path)
+    File.rm!(Path.join(dir, "again.model"))
 
     assert {loaded.spec, loaded.config, loaded.seed, loaded.epochs} ==
              {model.spec, model.config, model.seed, 50}
@@ -37,7 +54,7 @@ defmodule ExBurn.Model.StoreTest do
     fresh = Model.compile(model.spec, loss: :cross_entropy, learning_rate: 0.05, seed: 99)
     assert bytes(fresh) != bytes(model)
     assert {:ok, into} = Model.load(fresh, path)
-    assert bytes(into) == bytes(model)
+    assert_same_predictions(into, model)
 
     # a loaded model keeps training
     {x, y} = xor()
@@ -46,7 +63,7 @@ defmodule ExBurn.Model.StoreTest do
     # overwrite in place
     assert Model.save(loaded, path) == :ok
     assert {:ok, again} = Model.load(path)
-    assert bytes(again) == bytes(loaded)
+    assert_same_predictions(again, loaded)
   end
 
   test "corrupt, truncated, foreign and missing files are ExBurn.Error", %{tmp_dir: dir} do

@@ -57,9 +57,11 @@ defmodule ExBurn.Model.TrainTest do
         Tensor.to_flat_list(Model.predict(model, xt))
       end
 
-    # bit-identical on the CPU; GPU kernels may sum in another order from run to run
+    # bit-identical on the CPU. On CUDA the model's dense layers run Burn's TF32 kernels
+    # (~5e-4 relative; only `dot` goes to cuBLAS) and autotuning may pick another kernel per
+    # run: 3e-4 apart was measured on the H100.
     [first | rest] = results
-    tolerance = if ExBurn.default_device() == {:cpu, 0}, do: 0.0, else: 1.0e-5
+    tolerance = if ExBurn.default_device() == {:cpu, 0}, do: 0.0, else: 2.0e-3
 
     for other <- rest, {a, b} <- Enum.zip(first, other) do
       assert abs(a - b) <= tolerance * max(abs(a), 1.0), "#{a} vs #{b}"
