@@ -91,35 +91,66 @@ impl Isa for IsaAvx512 {
     const AVX512: bool = true;
 }
 
-/// `wide!(fn name(args) -> R = body::<T..>;)` defines `fn name(level: Simd, args) -> R` running
-/// `body::<T.., Isa>(args)` compiled for `level` (capped at what `simd()` found, so any level is
-/// safe to ask for; tests ask for each). `body` must be `#[inline(always)]`: it is inlined into
-/// each `#[target_feature]` copy and vectorised there. (A closure passed to one generic
-/// target-feature function does not work: LLVM vectorises the closure for SSE2 before inlining.)
+/// `wide!(fn name<G: Bound..>(args) -> R = body::<G..>;)` defines `fn name<G..>(level: Simd,
+/// args) -> R` running `body::<G.., Isa>(args)` compiled for `level` (capped at what `simd()`
+/// found, so any level is safe to ask for; tests ask for each). `body` must be
+/// `#[inline(always)]`: it is inlined into each `#[target_feature]` copy and vectorised there. (A
+/// closure handed to one generic target-feature function does not do: LLVM had already
+/// vectorised the closure for SSE2 when it inlined it, and the 1M sum stayed at 111 us.)
 macro_rules! wide {
-    ($(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:ident $(::<$($g:ty),*>)?;) => {
+    ($(#[$meta:meta])* fn $name:ident $(<$($gp:ident: $gb:path),*>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:ident;) => {
         $(#[$meta])*
-        fn $name(level: Simd, $($arg: $ty),*) $(-> $ret)? {
+        fn $name$(<$($gp: $gb),*>)?(level: Simd, $($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
-            unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
-                $body::<$($($g,)*)? IsaAvx512>($($arg),*)
+            unsafe fn avx512$(<$($gp: $gb),*>)?($($arg: $ty),*) $(-> $ret)? {
+                $body::<$($($gp,)*)? IsaAvx512>($($arg),*)
             }
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                $body::<$($($g,)*)? IsaAvx2>($($arg),*)
+            unsafe fn avx2$(<$($gp: $gb),*>)?($($arg: $ty),*) $(-> $ret)? {
+                $body::<$($($gp,)*)? IsaAvx2>($($arg),*)
             }
             match level.min(simd()) {
                 // SAFETY: `simd()` found these features on this CPU.
                 #[cfg(target_arch = "x86_64")]
-                Simd::Avx512 => unsafe { avx512($($arg),*) },
+                Simd::Avx512 => unsafe { avx512$(::<$($gp),*>)?($($arg),*) },
                 #[cfg(target_arch = "x86_64")]
-                Simd::Avx2 => unsafe { avx2($($arg),*) },
-                _ => $body::<$($($g,)*)? IsaBase>($($arg),*),
+                Simd::Avx2 => unsafe { avx2$(::<$($gp),*>)?($($arg),*) },
+                _ => $body::<$($($gp,)*)? IsaBase>($($arg),*),
             }
         }
     };
+}
+
+/// f32 and f64, the element types of our float kernels.
+trait Float:
+    Copy
+    + Default
+    + PartialOrd
+    + Send
+    + Sync
+    + Into<f64>
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + burn::tensor::Element
+{
+    const NEG_INFINITY: Self;
+    fn is_nan(self) -> bool;
+}
+impl Float for f32 {
+    const NEG_INFINITY: f32 = f32::NEG_INFINITY;
+    fn is_nan(self) -> bool {
+        self.is_nan()
+    }
+}
+impl Float for f64 {
+    const NEG_INFINITY: f64 = f64::NEG_INFINITY;
+    fn is_nan(self) -> bool {
+        self.is_nan()
+    }
 }
 
 /// Independent f64 accumulators of a sum. 64 lets LLVM's loop vectoriser keep 8 AVX-512 (16 AVX2)
@@ -165,45 +196,21 @@ fn add_row<T: Copy + Into<f64>, S: Isa>(acc: &mut [f64], row: &[T]) {
     }
 }
 
-wide!(fn sum_f32(xs: &[f32]) -> f64 = sum_lanes::<f32>;);
-wide!(fn sum_f64(xs: &[f64]) -> f64 = sum_lanes::<f64>;);
-wide!(fn add_row_f32(acc: &mut [f64], row: &[f32]) = add_row::<f32>;);
-wide!(fn add_row_f64(acc: &mut [f64], row: &[f64]) = add_row::<f64>;);
+wide!(fn sum_wide<T: Float>(xs: &[T]) -> f64 = sum_lanes;);
+wide!(fn add_row_wide<T: Float>(acc: &mut [f64], row: &[T]) = add_row;);
 
-/// The element types our sums read, with their dispatched kernels.
-trait Summand: Copy + Into<f64> + Send + Sync {
-    fn sum(level: Simd, xs: &[Self]) -> f64;
-    fn add_row(level: Simd, acc: &mut [f64], row: &[Self]);
-}
-impl Summand for f32 {
-    fn sum(level: Simd, xs: &[f32]) -> f64 {
-        sum_f32(level, xs)
-    }
-    fn add_row(level: Simd, acc: &mut [f64], row: &[f32]) {
-        add_row_f32(level, acc, row)
-    }
-}
-impl Summand for f64 {
-    fn sum(level: Simd, xs: &[f64]) -> f64 {
-        sum_f64(level, xs)
-    }
-    fn add_row(level: Simd, acc: &mut [f64], row: &[f64]) {
-        add_row_f64(level, acc, row)
-    }
-}
-
-fn par_sum<T: Summand>(level: Simd, xs: &[T]) -> f64 {
+fn par_sum<T: Float>(level: Simd, xs: &[T]) -> f64 {
     if xs.len() < PAR_MIN {
-        return T::sum(level, xs);
+        return sum_wide(level, xs);
     }
     // partial sums collected and added in order: rayon's own `sum` adds them in whatever order
     // its tasks finish, which would move the last bits of an f64 sum from run to run
-    let parts: Vec<f64> = xs.par_chunks(PAR_MIN).map(|c| T::sum(level, c)).collect();
+    let parts: Vec<f64> = xs.par_chunks(PAR_MIN).map(|c| sum_wide(level, c)).collect();
     parts.into_iter().sum()
 }
 
 /// `rows` sums of `cols` consecutive values (a reduction over trailing axes).
-fn row_sums<T: Summand>(level: Simd, xs: &[T], cols: usize) -> Vec<f64> {
+fn row_sums<T: Float>(level: Simd, xs: &[T], cols: usize) -> Vec<f64> {
     if xs.len() < PAR_MIN || cols >= xs.len() / 2 {
         return xs.chunks(cols).map(|r| par_sum(level, r)).collect();
     }
@@ -213,7 +220,7 @@ fn row_sums<T: Summand>(level: Simd, xs: &[T], cols: usize) -> Vec<f64> {
     let mut out = vec![0.0f64; xs.len() / cols];
     out.par_chunks_mut(per_task).zip(xs.par_chunks(per_task * cols)).for_each(|(o, x)| {
         for (o, r) in o.iter_mut().zip(x.chunks(cols)) {
-            *o = T::sum(level, r);
+            *o = sum_wide(level, r);
         }
     });
     out
@@ -221,23 +228,23 @@ fn row_sums<T: Summand>(level: Simd, xs: &[T], cols: usize) -> Vec<f64> {
 
 /// `cols` sums down `rows` rows (a reduction over leading axes): each task owns a band of columns
 /// and adds the rows into it, so the inner loop runs along memory and vectorises.
-fn col_sums<T: Summand>(level: Simd, xs: &[T], cols: usize) -> Vec<f64> {
+fn col_sums<T: Float>(level: Simd, xs: &[T], cols: usize) -> Vec<f64> {
     let rows = xs.len() / cols;
     let band = if xs.len() < PAR_MIN { cols } else { (cols / rayon::current_num_threads().max(1)).max(256).min(cols) };
     let mut out = vec![0.0f64; cols];
     out.par_chunks_mut(band).enumerate().for_each(|(b, acc)| {
         let start = b * band;
         for r in 0..rows {
-            T::add_row(level, acc, &xs[r * cols + start..r * cols + start + acc.len()]);
+            add_row_wide(level, acc, &xs[r * cols + start..r * cols + start + acc.len()]);
         }
     });
     out
 }
 
-/// Nx's sum (`mean`: divided by the count) of an f32 or f64 tensor on the CPU over a leading or
-/// trailing block of its axes (all axes included), accumulated in f64 as Nx.BinaryBackend does
-/// and rounded once to the input's type. The result is flat (`kept` elements).
-pub fn sum(x: &Prim, shape: &[usize], axes: &[usize], mean: bool) -> Option<Prim> {
+/// A reduction over `axes` of `shape` as our kernels take it: `(kept, reduced, trailing)` where
+/// the axes are a leading or a trailing block (all axes are both), `None` otherwise or when
+/// nothing is reduced.
+fn axis_block(shape: &[usize], axes: &[usize]) -> Option<(usize, usize, bool)> {
     let rank = shape.len();
     let mut sorted = axes.to_vec();
     sorted.sort_unstable();
@@ -256,7 +263,14 @@ pub fn sum(x: &Prim, shape: &[usize], axes: &[usize], mean: bool) -> Option<Prim
     if reduced == 0 || n == 0 {
         return None;
     }
-    let kept = n / reduced;
+    Some((n / reduced, reduced, trailing))
+}
+
+/// Nx's sum (`mean`: divided by the count) of an f32 or f64 tensor on the CPU over a leading or
+/// trailing block of its axes (all axes included), accumulated in f64 as Nx.BinaryBackend does
+/// and rounded once to the input's type. The result is flat (`kept` elements).
+pub fn sum(x: &Prim, shape: &[usize], axes: &[usize], mean: bool) -> Option<Prim> {
+    let (kept, reduced, trailing) = axis_block(shape, axes)?;
     let run = |sums: Vec<f64>| -> Vec<f64> {
         sums.into_iter()
             .map(|s| {
@@ -278,6 +292,286 @@ pub fn sum(x: &Prim, shape: &[usize], axes: &[usize], mean: bool) -> Option<Prim
         return None;
     };
     Some(dispatch::from_data(sums, &burn::tensor::Device::flex()))
+}
+
+/// The running maximum `acc` taking `x`: Nx's max, where NaN ranks above everything (BinaryBackend
+/// compares with Erlang's term order, in which the atom :nan is above every number and
+/// :infinity), so a NaN sticks: no `x > NaN`, and NaN is taken as soon as it is seen. Between
+/// -0.0 and 0.0 the one met first stays, as in flex's loop (order-dependent in both).
+#[inline(always)]
+fn max_step<T: Float>(acc: T, x: T) -> T {
+    if x > acc || x.is_nan() { x } else { acc }
+}
+
+/// The maximum of a slice (`-inf` for an empty one) over `LANES` running maxima, the tail padded
+/// with -inf.
+#[inline(always)]
+fn max_lanes<T: Float, S: Isa>(xs: &[T]) -> T {
+    let mut acc = [T::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = max_step(*a, x);
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(rest) {
+        *a = max_step(*a, x);
+    }
+    // halving, like the sums: a fold over the 64 lanes would be a serial chain of compares,
+    // 70 ns a row, as long as the vectorised pass over a 1024-long row
+    let mut w = LANES;
+    while w > 1 {
+        w /= 2;
+        for i in 0..w {
+            acc[i] = max_step(acc[i], acc[i + w]);
+        }
+    }
+    acc[0]
+}
+
+/// `acc[i] = max(acc[i], row[i])` (one row of a maximum down the columns).
+#[inline(always)]
+fn max_row<T: Float, S: Isa>(acc: &mut [T], row: &[T]) {
+    for (a, &x) in acc.iter_mut().zip(row) {
+        *a = max_step(*a, x);
+    }
+}
+
+wide!(fn max_wide<T: Float>(xs: &[T]) -> T = max_lanes;);
+wide!(fn max_row_wide<T: Float>(acc: &mut [T], row: &[T]) = max_row;);
+
+/// Maxima over a leading or trailing block (or all) of the axes of contiguous values, on rayon's
+/// pool as the sums are.
+fn block_max<T: Float>(level: Simd, xs: &[T], kept: usize, reduced: usize, trailing: bool) -> Vec<T> {
+    if kept == 1 {
+        if xs.len() < PAR_MIN {
+            return vec![max_wide(level, xs)];
+        }
+        let parts: Vec<T> = xs.par_chunks(PAR_MIN).map(|c| max_wide(level, c)).collect();
+        return vec![parts.into_iter().fold(T::NEG_INFINITY, max_step)];
+    }
+    if trailing {
+        if xs.len() < PAR_MIN || reduced >= xs.len() / 2 {
+            return xs.chunks(reduced).map(|r| block_max(level, r, 1, r.len(), true)[0]).collect();
+        }
+        let per_task = (PAR_MIN / reduced).max(1);
+        let mut out = vec![T::NEG_INFINITY; kept];
+        out.par_chunks_mut(per_task).zip(xs.par_chunks(per_task * reduced)).for_each(|(o, x)| {
+            for (o, r) in o.iter_mut().zip(x.chunks(reduced)) {
+                *o = max_wide(level, r);
+            }
+        });
+        return out;
+    }
+    let cols = kept;
+    let band = if xs.len() < PAR_MIN { cols } else { (cols / rayon::current_num_threads().max(1)).max(256).min(cols) };
+    let mut out = vec![T::NEG_INFINITY; cols];
+    out.par_chunks_mut(band).enumerate().for_each(|(b, acc)| {
+        let start = b * band;
+        for r in 0..reduced {
+            max_row_wide(level, acc, &xs[r * cols + start..r * cols + start + acc.len()]);
+        }
+    });
+    out
+}
+
+/// Nx's reduce_max of an f32 or f64 tensor on the CPU over a leading or trailing block of its
+/// axes (all included), NaN where a NaN is reduced. The result is flat.
+pub fn reduce_max(x: &Prim, shape: &[usize], axes: &[usize]) -> Option<Prim> {
+    let (kept, reduced, trailing) = axis_block(shape, axes)?;
+    let level = simd();
+    let data = if let Some(xs) = flex_f32(x) {
+        TensorData::new(block_max(level, xs, kept, reduced, trailing), [kept])
+    } else {
+        TensorData::new(block_max(level, flex_f64(x)?, kept, reduced, trailing), [kept])
+    };
+    Some(dispatch::from_data(data, &burn::tensor::Device::flex()))
+}
+
+/// The four arithmetic ops `arith` runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Arith {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+trait ArithOp: Send + Sync {
+    fn apply<T: Float>(a: T, b: T) -> T;
+}
+struct AddOp;
+struct SubOp;
+struct MulOp;
+struct DivOp;
+impl ArithOp for AddOp {
+    #[inline(always)]
+    fn apply<T: Float>(a: T, b: T) -> T {
+        a + b
+    }
+}
+impl ArithOp for SubOp {
+    #[inline(always)]
+    fn apply<T: Float>(a: T, b: T) -> T {
+        a - b
+    }
+}
+impl ArithOp for MulOp {
+    #[inline(always)]
+    fn apply<T: Float>(a: T, b: T) -> T {
+        a * b
+    }
+}
+impl ArithOp for DivOp {
+    #[inline(always)]
+    fn apply<T: Float>(a: T, b: T) -> T {
+        a / b
+    }
+}
+
+/// One operand over a run of the output: as many values, or one value for the whole run.
+#[derive(Clone, Copy)]
+enum Arg<'a, T> {
+    Run(&'a [T]),
+    One(T),
+}
+
+#[inline(always)]
+fn arith_run<T: Float, O: ArithOp, S: Isa>(a: Arg<T>, b: Arg<T>, out: &mut [MaybeUninit<T>]) {
+    match (a, b) {
+        (Arg::Run(a), Arg::Run(b)) => {
+            for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+                o.write(O::apply(x, y));
+            }
+        }
+        (Arg::Run(a), Arg::One(y)) => {
+            for (o, &x) in out.iter_mut().zip(a) {
+                o.write(O::apply(x, y));
+            }
+        }
+        (Arg::One(x), Arg::Run(b)) => {
+            for (o, &y) in out.iter_mut().zip(b) {
+                o.write(O::apply(x, y));
+            }
+        }
+        (Arg::One(x), Arg::One(y)) => {
+            let v = O::apply(x, y);
+            for o in out.iter_mut() {
+                o.write(v);
+            }
+        }
+    }
+}
+
+wide!(fn arith_wide<T: Float, O: ArithOp>(a: Arg<T>, b: Arg<T>, out: &mut [MaybeUninit<T>]) = arith_run;);
+
+/// How an operand of an elementwise op covers the output, seen as rows of `cols` values: every
+/// value (`Full`), one value per row (`PerRow`: an {R, 1} operand), or one row for every row
+/// (`Shared`: a {C} or {1, C} operand). A scalar is one value for one row of everything.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Cover {
+    Full,
+    PerRow(usize),
+    Shared(usize),
+}
+
+/// `shape`'s cover of `out` under Nx broadcasting, `None` for other broadcasts (an outer
+/// product's {R, 1} with {1, C}, middle axes).
+fn cover(shape: &[usize], out: &[usize]) -> Option<Cover> {
+    if shape.len() > out.len() {
+        return None;
+    }
+    let mut s = vec![1; out.len() - shape.len()];
+    s.extend_from_slice(shape);
+    if s == out {
+        return Some(Cover::Full);
+    }
+    let numel = |d: &[usize]| d.iter().product::<usize>();
+    // the first axis where the operand stops matching the output
+    let k = s.iter().zip(out).take_while(|(a, b)| a == b).count();
+    if s[k..].iter().all(|&d| d == 1) {
+        return Some(Cover::PerRow(numel(&out[k..])));
+    }
+    // the operand's leading ones, then the output's own trailing axes
+    let j = s.iter().take_while(|&&d| d == 1).count();
+    if s[j..] == out[j..] {
+        return Some(Cover::Shared(numel(&out[j..])));
+    }
+    None
+}
+
+/// Below this many output elements arith leaves the op to flex (nothing to win).
+const ARITH_MIN: usize = 1 << 12;
+/// Rows shorter than this (a {N, 3} + {3}) would cost a dispatch per few values: flex's.
+const ARITH_MIN_ROW: usize = 64;
+
+/// An operand's values for output elements lo..hi, all in one row of `cols`.
+fn arg_for<T: Float>(xs: &[T], c: Cover, cols: usize, lo: usize, hi: usize) -> Arg<'_, T> {
+    let row = lo / cols;
+    match c {
+        Cover::Full => Arg::Run(&xs[lo..hi]),
+        Cover::PerRow(_) => Arg::One(xs[row]),
+        Cover::Shared(_) => Arg::Run(&xs[lo - row * cols..hi - row * cols]),
+    }
+}
+
+fn arith_typed<T: Float, O: ArithOp>(level: Simd, a: &[T], ca: Cover, b: &[T], cb: Cover, n: usize) -> Option<Vec<T>> {
+    let cols = match (ca, cb) {
+        (Cover::Full, Cover::Full) => n,
+        (Cover::Full, Cover::PerRow(c) | Cover::Shared(c)) | (Cover::PerRow(c) | Cover::Shared(c), Cover::Full) => c,
+        _ => return None,
+    };
+    if cols < ARITH_MIN_ROW {
+        return None;
+    }
+    // output elements start.. into `o`, a run per row piece
+    let fill = |start: usize, o: &mut [MaybeUninit<T>]| {
+        let end = start + o.len();
+        let mut i = start;
+        while i < end {
+            let stop = end.min((i / cols + 1) * cols);
+            arith_wide::<T, O>(level, arg_for(a, ca, cols, i, stop), arg_for(b, cb, cols, i, stop), &mut o[i - start..stop - start]);
+            i = stop;
+        }
+    };
+    let mut out: Vec<T> = Vec::with_capacity(n);
+    let spare = &mut out.spare_capacity_mut()[..n];
+    if n < PAR_MIN {
+        fill(0, spare);
+    } else {
+        let chunk = PAR_MIN / 4;
+        spare.par_chunks_mut(chunk).enumerate().for_each(|(c, o)| fill(c * chunk, o));
+    }
+    // SAFETY: the chunks cover 0..n and each run writes all of its output slice.
+    unsafe { out.set_len(n) };
+    Some(out)
+}
+
+/// `a op b` with Nx broadcasting of two contiguous f32 (or two f64) flex tensors into `out`, on
+/// rayon's pool: same shapes, a per-row operand ({R, C} - {R, 1}: softmax's and layer norm's
+/// subtract and divide) or a shared row ({R, C} * {C}), either side. Flex does these on one
+/// thread (and broadcast division at a third of the speed). IEEE arithmetic rounds the same
+/// anywhere, so the values are flex's. `None` for small outputs, short rows, other broadcasts.
+pub fn arith(op: Arith, a: &Prim, a_shape: &[usize], b: &Prim, b_shape: &[usize], out: &[usize]) -> Option<Prim> {
+    let n: usize = out.iter().product();
+    if n < ARITH_MIN {
+        return None;
+    }
+    let (ca, cb) = (cover(a_shape, out)?, cover(b_shape, out)?);
+    fn go<T: Float>(op: Arith, a: &[T], ca: Cover, b: &[T], cb: Cover, n: usize) -> Option<Vec<T>> {
+        match op {
+            Arith::Add => arith_typed::<T, AddOp>(simd(), a, ca, b, cb, n),
+            Arith::Sub => arith_typed::<T, SubOp>(simd(), a, ca, b, cb, n),
+            Arith::Mul => arith_typed::<T, MulOp>(simd(), a, ca, b, cb, n),
+            Arith::Div => arith_typed::<T, DivOp>(simd(), a, ca, b, cb, n),
+        }
+    }
+    let data = match (flex_f32(a), flex_f32(b)) {
+        (Some(a), Some(b)) => TensorData::new(go(op, a, ca, b, cb, n)?, out.to_vec()),
+        _ => TensorData::new(go(op, flex_f64(a)?, ca, flex_f64(b)?, cb, n)?, out.to_vec()),
+    };
+    Some(dispatch::from_data(data, &burn::tensor::Device::flex()))
 }
 
 /// The std function flex applies per element for `op`, for f32 and f64: the parallel map below
@@ -664,15 +958,15 @@ mod tests {
             let bound = xs.iter().map(|&x| (x as f64).abs()).sum::<f64>() * 1e-15;
             for level in levels() {
                 // one summation order whatever the level: bit-identical results
-                assert_eq!(sum_f32(level, &xs).to_bits(), sum_f32(Simd::Base, &xs).to_bits(), "{level:?} n = {n}");
-                assert_eq!(sum_f64(level, &xd).to_bits(), sum_f64(Simd::Base, &xd).to_bits(), "{level:?} n = {n}");
-                assert!((sum_f32(level, &xs) - want).abs() <= bound, "{level:?} n = {n}");
-                assert!((sum_f64(level, &xd) - want_d).abs() <= bound * 1.01, "{level:?} n = {n}");
+                assert_eq!(sum_wide(level, &xs).to_bits(), sum_wide(Simd::Base, &xs).to_bits(), "{level:?} n = {n}");
+                assert_eq!(sum_wide(level, &xd).to_bits(), sum_wide(Simd::Base, &xd).to_bits(), "{level:?} n = {n}");
+                assert!((sum_wide(level, &xs) - want).abs() <= bound, "{level:?} n = {n}");
+                assert!((sum_wide(level, &xd) - want_d).abs() <= bound * 1.01, "{level:?} n = {n}");
                 assert!((par_sum(level, &xs) - want).abs() <= bound, "{level:?} n = {n}");
             }
         }
         for level in levels() {
-            let s = |v: &[f32]| sum_f32(level, v);
+            let s = |v: &[f32]| sum_wide(level, v);
             let mut v = vec![1.0f32; 131];
             v[77] = f32::INFINITY;
             assert_eq!(s(&v), f64::INFINITY);
@@ -698,5 +992,128 @@ mod tests {
                 assert_eq!(row_sums(level, &xs, c), row_sums(Simd::Base, &xs, c));
             }
         }
+    }
+
+    /// Nx's max over a slice, one value at a time: NaN if any, else the largest.
+    fn max_ref(xs: &[f32]) -> f32 {
+        if xs.iter().any(|x| x.is_nan()) {
+            f32::NAN
+        } else {
+            xs.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x))
+        }
+    }
+
+    fn same_float(a: f32, b: f32) -> bool {
+        (a.is_nan() && b.is_nan()) || a == b
+    }
+
+    #[test]
+    fn maxima_propagate_nan_and_match_a_scalar_fold_at_every_level_and_size() {
+        for n in (0..=150).chain([1000, PAR_MIN + 5, 2 * PAR_MIN + 77]) {
+            let mut xs: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.59).sin() * 100.0 - 50.0).collect();
+            for level in levels() {
+                assert!(same_float(max_wide(level, &xs), max_ref(&xs)), "{level:?} n = {n}");
+                assert!(same_float(block_max(level, &xs, 1, n.max(1), true).first().copied().unwrap_or(f32::NEG_INFINITY), max_ref(&xs)), "{level:?} n = {n}");
+            }
+            if n > 3 {
+                // a NaN anywhere (here in the tail, then in the body) wins; -inf everywhere stays -inf
+                xs[n - 1] = f32::NAN;
+                xs[n / 2] = f32::INFINITY;
+                for level in levels() {
+                    assert!(max_wide(level, &xs).is_nan(), "{level:?} n = {n}");
+                }
+                xs[n - 1] = 0.0;
+                xs[1] = f32::NAN;
+                for level in levels() {
+                    assert!(max_wide(level, &xs).is_nan(), "{level:?} n = {n}");
+                    assert_eq!(max_wide(level, &vec![f32::NEG_INFINITY; n]), f32::NEG_INFINITY);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reduce_max_over_blocks_matches_flex_and_nx_nan() {
+        for (r, c) in [(1, 1), (3, 7), (1024, 1024), (5, 3 * PAR_MIN + 1), (2 * PAR_MIN + 1, 3), (70, 65)] {
+            let mut xs: Vec<f32> = (0..r * c).map(|i| ((i as f32) * 0.211).cos() * 9.0).collect();
+            let x = flex(xs.clone(), &[r, c]);
+            let flex_rows = values(Dispatch::float_max_dim(x.clone(), 1));
+            let flex_cols = values(Dispatch::float_max_dim(x.clone(), 0));
+            assert_eq!(values(reduce_max(&x, &[r, c], &[1]).unwrap()), flex_rows, "rows of {r}x{c}");
+            assert_eq!(values(reduce_max(&x, &[r, c], &[0]).unwrap()), flex_cols, "cols of {r}x{c}");
+            assert_eq!(values(reduce_max(&x, &[r, c], &[0, 1]).unwrap()), vec![max_ref(&xs)]);
+            for level in levels() {
+                assert_eq!(block_max(level, &xs, r, c, true), flex_rows);
+                assert_eq!(block_max(level, &xs, c, r, false), flex_cols);
+            }
+            // NaN in row r-1, column c-1
+            xs[r * c - 1] = f32::NAN;
+            let x = flex(xs.clone(), &[r, c]);
+            let rows = values(reduce_max(&x, &[r, c], &[1]).unwrap());
+            let cols = values(reduce_max(&x, &[r, c], &[0]).unwrap());
+            assert!(rows[r - 1].is_nan() && rows[..r - 1] == flex_rows[..r - 1]);
+            assert!(cols[c - 1].is_nan() && cols[..c - 1] == flex_cols[..c - 1]);
+            assert!(values(reduce_max(&x, &[r, c], &[0, 1]).unwrap())[0].is_nan());
+        }
+        assert!(reduce_max(&flex(vec![0.0; 8], &[2, 2, 2]), &[2, 2, 2], &[1]).is_none());
+    }
+
+    #[test]
+    fn arith_broadcasts_rows_and_equals_flex_bit_for_bit() {
+        let special = [0.0f32, -0.0, 1.0, -1.0, f32::INFINITY, f32::NEG_INFINITY, 1e-40, 3.0e38, f32::MIN_POSITIVE];
+        let data = |n: usize, seed: f32| -> Vec<f32> { (0..n).map(|i| if i % 13 == 5 { special[(i / 13) % special.len()] } else { ((i as f32) * seed).sin() * 7.0 }).collect() };
+        let cases: &[(&[usize], &[usize])] = &[
+            (&[64, 100], &[64, 100]),
+            (&[1024, 1024], &[1024, 1]),
+            (&[1024, 1], &[1024, 1024]),
+            (&[300, 257], &[257]),
+            (&[257], &[300, 257]),
+            (&[40, 1, 300], &[1, 300]),
+            (&[2, 3, 700], &[2, 1, 1]),
+            (&[2, 3, 700], &[3, 700]),
+            (&[5000], &[]),
+            (&[], &[77, 100]),
+            (&[1, 1], &[1, 9000]),
+            (&[PAR_MIN + 3], &[PAR_MIN + 3]),
+        ];
+        let ops: [(Arith, fn(Prim, Prim) -> Prim); 4] = [(Arith::Add, Dispatch::float_add), (Arith::Sub, Dispatch::float_sub), (Arith::Mul, Dispatch::float_mul), (Arith::Div, Dispatch::float_div)];
+        for (sa, sb) in cases {
+            let out = crate::ops::broadcast_shape(sa, sb).unwrap();
+            let (va, vb) = (data(sa.iter().product(), 0.37), data(sb.iter().product(), 0.113));
+            let (a, b) = (flex(va.clone(), sa), flex(vb.clone(), sb));
+            let expand = |p: Prim, s: &[usize]| {
+                let mut padded = vec![1; out.len() - s.len()];
+                padded.extend_from_slice(s);
+                dispatch::expand(dispatch::reshape(p, &padded), &out)
+            };
+            for (op, flex_op) in ops {
+                let ours = values(arith(op, &a, sa, &b, sb, &out).unwrap_or_else(|| panic!("{op:?} {sa:?} {sb:?} takes the kernel")));
+                let theirs = values(flex_op(expand(a.clone(), sa), expand(b.clone(), sb)));
+                assert_eq!(ours.len(), theirs.len());
+                for (i, (x, y)) in ours.iter().zip(&theirs).enumerate() {
+                    assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "{op:?} {sa:?} {sb:?} at {i}: {x} vs {y}");
+                }
+            }
+        }
+        // every level through the typed kernel, against scalar arithmetic
+        let (r, c) = (97, 131);
+        let (va, vb) = (data(r * c, 0.37), data(r, 0.71));
+        for level in levels() {
+            let got = arith_typed::<f32, DivOp>(level, &va, Cover::Full, &vb, Cover::PerRow(c), r * c).unwrap();
+            let want: Vec<f32> = va.iter().enumerate().map(|(i, &x)| x / vb[i / c]).collect();
+            assert!(got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())), "{level:?}");
+            let got = arith_typed::<f32, SubOp>(level, &vb[..c.min(r)], Cover::Shared(c.min(r)), &va, Cover::Full, r * c);
+            assert!(got.is_some());
+        }
+        // f64 too
+        let x = dispatch::from_data(TensorData::new((0..8192).map(|i| i as f64 * 0.5).collect::<Vec<_>>(), [64, 128]), &burn::tensor::Device::flex());
+        let y = dispatch::from_data(TensorData::new((0..64).map(|i| i as f64 + 1.0).collect::<Vec<_>>(), [64, 1]), &burn::tensor::Device::flex());
+        let got = dispatch::into_data(arith(Arith::Div, &x, &[64, 128], &y, &[64, 1], &[64, 128]).unwrap()).unwrap().try_to_vec::<f64>().unwrap();
+        assert!(got.iter().enumerate().all(|(i, &v)| v == (i as f64 * 0.5) / ((i / 128) as f64 + 1.0)));
+        // small outputs, short rows, outer products and mixed dtypes stay on flex
+        assert!(arith(Arith::Add, &flex(vec![1.0; 10], &[10]), &[10], &flex(vec![1.0; 10], &[10]), &[10], &[10]).is_none());
+        assert!(arith(Arith::Add, &flex(vec![1.0; 3000 * 3], &[3000, 3]), &[3000, 3], &flex(vec![1.0; 3], &[3]), &[3], &[3000, 3]).is_none());
+        assert!(arith(Arith::Mul, &flex(vec![1.0; 100], &[100, 1]), &[100, 1], &flex(vec![1.0; 100], &[1, 100]), &[1, 100], &[100, 100]).is_none());
+        assert!(arith(Arith::Mul, &flex(vec![1.0; 8192], &[8192]), &[8192], &y, &[64, 1], &[64, 8192]).is_none());
     }
 }
