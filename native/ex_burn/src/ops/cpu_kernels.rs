@@ -2,7 +2,8 @@
 //! times what the work needs. Each reads a contiguous flex tensor's storage directly, splits the
 //! work over rayon's pool (the one flex uses) and returns `None` for anything it does not cover
 //! (another device, a strided view, another dtype), so callers keep Burn's path as the fallback.
-//! Written against Burn's public API so each could move upstream into burn-flex.
+//! Written against Burn's public API so each could move upstream into burn-flex. Inner loops are
+//! compiled for AVX-512, AVX2+FMA and baseline x86-64 and picked at run time (`wide!`).
 
 use burn::backend::{BackendTensor, DType, DispatchTensorKind, TensorData};
 use rayon::prelude::*;
@@ -39,6 +40,8 @@ fn flex_f64(p: &Prim) -> Option<&[f64]> {
 // ---------------------------------------------------------------------------------------------
 
 /// The instruction-set levels `wide!` compiles for, narrowest first (so `min` caps a request).
+/// Off x86-64 only `Base` exists in practice.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 pub(crate) enum Simd {
     Base,
@@ -71,12 +74,15 @@ pub(crate) fn simd() -> Simd {
 /// What a kernel body may ask about the level it is being compiled for (the last type parameter
 /// `wide!` passes): most bodies ignore it; `exp` needs FMA (mul_add is a slow libm call
 /// without it) and uses AVX-512 permutes instead of a gather for its table.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 trait Isa {
     const FMA: bool;
     const AVX512: bool;
 }
 struct IsaBase;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct IsaAvx2;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct IsaAvx512;
 impl Isa for IsaBase {
     const FMA: bool = false;
