@@ -226,6 +226,7 @@ fn par_tasks(n: usize, task: &(dyn Fn(usize) + Sync)) {
     struct Shared {
         next: AtomicUsize,
         done: AtomicUsize,
+        panicked: std::sync::atomic::AtomicBool,
         n: usize,
         task: *const (dyn Fn(usize) + Sync),
     }
@@ -240,39 +241,35 @@ fn par_tasks(n: usize, task: &(dyn Fn(usize) + Sync)) {
                 return;
             }
             // SAFETY: see `Shared`; i < n, so `par_tasks` is still waiting for this task.
-            unsafe { (*s.task)(i) };
-            s.done.fetch_add(1, Ordering::Release);
-        }
-    }
-    /// Waits, also when a task of the caller's panics, for the tasks helpers have claimed: they
-    /// borrow the caller's buffers.
-    struct Wait<'a>(&'a Shared);
-    impl Drop for Wait<'_> {
-        fn drop(&mut self) {
-            // a panicking caller leaves its own task unfinished, and stops further claims
-            let pending = if std::thread::panicking() { self.0.next.swap(usize::MAX / 2, Ordering::Relaxed).min(self.0.n) - 1 } else { self.0.n };
-            let mut spins = 0u32;
-            while self.0.done.load(Ordering::Acquire) < pending {
-                // a helper is mid-task (claimed tasks are being run): short waits
-                if spins < 2000 {
-                    std::hint::spin_loop();
-                    spins += 1;
-                } else {
-                    std::thread::yield_now();
-                }
+            // A panic is caught and re-raised on the caller once every task is done: unwinding
+            // here would leave the caller waiting (or, in a rayon job, abort the VM), and the
+            // caller must not unwind while helpers still write into its buffers.
+            let task = std::panic::AssertUnwindSafe(|| unsafe { (*s.task)(i) });
+            if std::panic::catch_unwind(task).is_err() {
+                s.panicked.store(true, Ordering::Relaxed);
             }
+            s.done.fetch_add(1, Ordering::Release);
         }
     }
     // SAFETY: only the lifetime is erased; see `Shared`.
     let task: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(task as *const (dyn Fn(usize) + Sync + '_)) };
-    let shared = std::sync::Arc::new(Shared { next: AtomicUsize::new(0), done: AtomicUsize::new(0), n, task });
-    let wait = Wait(&shared);
+    let shared = std::sync::Arc::new(Shared { next: AtomicUsize::new(0), done: AtomicUsize::new(0), panicked: Default::default(), n, task });
     for _ in 0..helpers {
         let s = shared.clone();
         rayon::spawn(move || drain(&s));
     }
     drain(&shared);
-    drop(wait);
+    // the tasks helpers claimed are running: short waits
+    let mut spins = 0u32;
+    while shared.done.load(Ordering::Acquire) < n {
+        if spins < 2000 {
+            std::hint::spin_loop();
+            spins += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    assert!(!shared.panicked.load(Ordering::Relaxed), "a parallel CPU kernel task panicked");
 }
 
 /// A raw pointer the tasks of `par_chunks_for` share (each writes its own piece).
@@ -1238,5 +1235,15 @@ mod tests {
             par_chunks_for(&mut out, chunk, work, |i, piece| piece.iter_mut().for_each(|v| *v = i));
             assert!(out.iter().enumerate().all(|(j, &v)| v == j / chunk), "{len} {chunk}");
         }
+        // a panicking task (on whichever thread) panics the caller, after every task is done
+        let ran = AtomicUsize::new(0);
+        let r = std::panic::catch_unwind(|| {
+            par_tasks(64, &|i| {
+                ran.fetch_add(1, Ordering::Relaxed);
+                assert!(i != 40, "task 40");
+            })
+        });
+        assert!(r.is_err());
+        assert_eq!(ran.load(Ordering::Relaxed), 64);
     }
 }
