@@ -644,6 +644,20 @@ pub fn binary(op: BinaryOp, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Hand
     if numel(&shape) == 0 {
         return empty(shape, out_ty, device);
     }
+    // f32/f64 arithmetic on the CPU: parallel, broadcasting rows without expanding them
+    if device.kind == crate::device::DeviceKind::Cpu && matches!(ty, NxType::F(32) | NxType::F(64)) {
+        use super::cpu_kernels::{arith, Arith};
+        let kernel_op = match op {
+            BinaryOp::Add => Some(Arith::Add),
+            BinaryOp::Subtract => Some(Arith::Sub),
+            BinaryOp::Multiply => Some(Arith::Mul),
+            BinaryOp::Divide => Some(Arith::Div),
+            _ => None,
+        };
+        if let Some(prim) = kernel_op.and_then(|k| arith(k, &a.prim, &a.shape, &b.prim, &b.shape, &shape)) {
+            return Ok(Handle::new(prim, ty, shape, device));
+        }
+    }
     let pa = dispatch::cast(broadcast_prim(a, &shape), ty.dtype());
     let pb = dispatch::cast(broadcast_prim(b, &shape), ty.dtype());
     let prim = if op.is_comparison() {

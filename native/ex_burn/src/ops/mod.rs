@@ -2,7 +2,6 @@
 //! broadcasting, device agreement and the allocation check.
 
 pub mod conv;
-pub(crate) mod cpu_exp;
 pub(crate) mod cpu_kernels;
 pub mod create;
 pub mod elementwise;

@@ -80,6 +80,13 @@ pub fn reduce(op: ReduceOp, h: &Handle, axes: Option<Vec<usize>>, keep: bool, ou
             return Ok(Handle::new(dispatch::reshape(prim, &shape), out, shape, h.device));
         }
     }
+    // f32/f64 maxima on the CPU (softmax's first step): one parallel pass, NaN as Nx ranks it.
+    if op == ReduceOp::ReduceMax && matches!(out, NxType::F(32) | NxType::F(64)) && h.device.kind == crate::device::DeviceKind::Cpu {
+        let x = cast_to(h, out);
+        if let Some(prim) = super::cpu_kernels::reduce_max(&x, &h.shape, &axes) {
+            return Ok(Handle::new(dispatch::reshape(prim, &shape), out, shape, h.device));
+        }
+    }
     // Narrow floats accumulate in f64 (as Nx.BinaryBackend does): f32 running sums drift by
     // several ulps on long axes. Max/min are exact in any width.
     let widen = matches!(op, ReduceOp::Sum | ReduceOp::Product | ReduceOp::Mean)
