@@ -201,7 +201,15 @@ defmodule ExBurn.Model.CallbacksTest do
     # 100 epochs of 50k batches would take many minutes; on a GPU the first batch alone
     # compiles kernels for ~13 s (cancel is seen between batches)
     assert us < 60_000_000
-    assert Tensor.to_binary(Model.predict(m2, x)) == before
+    now = Tensor.to_binary(Model.predict(m2, x))
+
+    if m2.device == {:cpu, 0} do
+      assert now == before
+    else
+      # a GPU runs the dense layers on Burn's TF32 kernels, and the first calls of a shape run
+      # while autotuning still picks one (1 ulp apart measured on the H100)
+      for {u, v} <- Enum.zip(floats(now), floats(before)), do: assert(abs(u - v) <= 2.0e-3 * max(abs(u), 1.0))
+    end
   end
 
   @tag :telemetry
@@ -226,4 +234,6 @@ defmodule ExBurn.Model.CallbacksTest do
       apply(:telemetry, :detach, ["exburn-test-#{inspect(ref)}"])
     end
   end
+
+  defp floats(bin), do: for(<<v::float-32-native <- bin>>, do: v)
 end

@@ -97,8 +97,13 @@ fn batch_rows(h: &Handle, idx: &[i64]) -> ExResult<DispatchTensor> {
 impl Trainer {
     pub fn new(specs: Vec<LayerSpec>, input: Vec<usize>, int_input: bool, config: TrainConfig, device: DeviceRef, seed: u64) -> ExResult<Self> {
         let burn_device = device.burn()?;
-        burn_device.seed(seed);
-        let (net, infos) = net::build(&specs, &input, int_input, &burn_device.clone().autodiff())?;
+        let mut infos = Vec::new();
+        let net = super::init::seeded(&burn_device, seed, || {
+            net::build(&specs, &input, int_input, &burn_device.clone().autodiff()).map(|(net, i)| {
+                infos = i;
+                net
+            })
+        })?;
         let optim = optimizer(&config);
         Ok(Trainer { specs, input, int_input, config, device, infos, epochs: 0, net, optim, scheduler: None, rng: seed | 1 })
     }
@@ -323,6 +328,38 @@ mod tests {
 
     fn argmax_rows(h: &Handle) -> Vec<i64> {
         ints(&crate::ops::reduce::arg_reduce(crate::ops::vocab::ArgReduceOp::Argmax, h, Some(1), false, false, NxType::S(64)).unwrap())
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_weights_while_other_threads_seed_and_draw() {
+        // (records also hold random parameter ids, so the weights are compared through predict)
+        let (x, _) = xor();
+        let weights = |t: Trainer| floats(&t.predict(&x, 4).unwrap());
+        let want = weights(xor_trainer());
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let noise = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let config = TrainConfig { loss: LossKind::CrossEntropy, ..TrainConfig::default() };
+                    let specs = vec![LayerSpec::Dense { units: 64, bias: true }];
+                    let t = Trainer::new(specs, vec![32], false, config, crate::testing::device(), 7).unwrap();
+                    t.to_bytes().unwrap();
+                }
+            })
+        };
+        // lazily drawn weights would come from whatever state the other thread left
+        let got: Vec<bool> = (0..20)
+            .map(|_| {
+                let t = xor_trainer();
+                // the other thread seeds and draws in between (lazily drawn weights would take that state)
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                weights(t) == want
+            })
+            .collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        noise.join().unwrap();
+        assert!(got.iter().all(|&same| same), "{got:?}");
     }
 
     #[test]
