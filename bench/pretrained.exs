@@ -26,13 +26,17 @@
 #
 # Options (environment): EXBURN_BENCH_EMBED_RUNS (20), EXBURN_BENCH_LATENCY_RUNS (64),
 # EXBURN_BENCH_LLM_RUNS (3), EXBURN_BENCH_THREADS (2), EXBURN_BENCH_ENGINES ("burn,candle"),
-# EXBURN_BENCH_OUT (the results file; default bench/results/pretrained_<date>.txt; "-" for none).
+# EXBURN_BENCH_OUT (the results file; default bench/results/pretrained_<date>.txt; "-" for none),
+# EXBURN_BENCH_DEVICE (the device ExBurn's engines load on, as EXBURN_DEVICE takes it: "cpu",
+# "cuda:0"; default cpu) and EXBURN_BENCH_TORCH_DEVICE (the peer's torch device, default "cpu").
 # No case asserts a time: this prints figures, ratios and the load average beside them.
 
 defmodule PretrainedBench do
   @models Path.expand(System.get_env("EXBURN_MODELS_DIR") || "~/models")
   def minilm, do: Path.join(@models, "embeddings/all-minilm-l6-v2")
   def smol, do: Path.join(@models, "llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+  def device, do: ExBurn.Device.resolve(System.get_env("EXBURN_BENCH_DEVICE") || "cpu")
 
   def env_int(name, default), do: String.to_integer(System.get_env(name) || "#{default}")
 
@@ -104,7 +108,7 @@ defmodule PretrainedBench do
 
   def embed_bench(engine, runs, lat_runs) do
     texts = sentences()
-    {load_ms, model} = ms(fn -> ExBurn.Embedding.load!(minilm(), engine: engine, device: {:cpu, 0}) end)
+    {load_ms, model} = ms(fn -> ExBurn.Embedding.load!(minilm(), engine: engine, device: device()) end)
     for _ <- 1..3, do: ExBurn.Embedding.embed!(model, texts)
     times = for _ <- 1..runs, do: elem(ms(fn -> ExBurn.Embedding.embed!(model, texts) end), 0)
     med = pct(times, 50)
@@ -126,7 +130,7 @@ defmodule PretrainedBench do
 
   def llm_bench(engine, runs) do
     p = prompt()
-    {load_ms, model} = ms(fn -> ExBurn.LLM.load!(smol(), engine: engine, device: {:cpu, 0}) end)
+    {load_ms, model} = ms(fn -> ExBurn.LLM.load!(smol(), engine: engine, device: device()) end)
     opts = [max_tokens: 64, greedy: true]
     gen = fn -> ExBurn.LLM.generate!(model, p, opts) end
 
@@ -177,11 +181,11 @@ defmodule PretrainedBench do
       ms(fn ->
         case kind do
           "embed" ->
-            {ExBurn.Embedding.load!(minilm(), engine: engine, device: {:cpu, 0}),
+            {ExBurn.Embedding.load!(minilm(), engine: engine, device: device()),
              Path.join(minilm(), "model.safetensors")}
 
           "llm" ->
-            {ExBurn.LLM.load!(smol(), engine: engine, device: {:cpu, 0}), smol()}
+            {ExBurn.LLM.load!(smol(), engine: engine, device: device()), smol()}
         end
       end)
 
@@ -260,6 +264,10 @@ say.(
      |> String.split(":")
      |> List.last()
      |> String.trim())
+)
+
+say.(
+  "device: ExBurn #{ExBurn.Device.format(B.device())}, peer torch #{System.get_env("EXBURN_BENCH_TORCH_DEVICE") || "cpu"}"
 )
 
 start_load = B.loadavg()

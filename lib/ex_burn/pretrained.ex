@@ -7,7 +7,8 @@ defmodule ExBurn.Pretrained do
 
     * `:burn` - Burn on the chosen device (any device ExBurn runs on). GGUF weights are
       dequantised to f32.
-    * `:candle` - Candle on the CPU. GGUF weights stay quantised.
+    * `:candle` - Candle on the CPU (its only device here: without `:device` it takes the CPU
+      whatever the default device is; another device is an error). GGUF weights stay quantised.
     * `:auto` (the default) - Burn on the chosen device, then Candle, the order of seed 001.
       When Burn cannot load the model, or a call on it fails for a reason that is not the
       caller's input, the model switches to Candle for that call and the ones after it. Every
@@ -62,7 +63,7 @@ defmodule ExBurn.Pretrained do
   def load(kind, name_or_path, opts, load_nif) do
     with :ok <- keyword(opts),
          {:ok, engine} <- engine(opts),
-         {:ok, device} <- device(opts),
+         {:ok, device} <- device(opts, engine),
          {:ok, path, name} <- resolve(kind, name_or_path, opts) do
       model = %{path: path, name: name, device: device, auto: engine == :auto}
 
@@ -198,7 +199,11 @@ defmodule ExBurn.Pretrained do
     end
   end
 
-  defp device(opts) do
+  # Candle is built for the CPU only: without an explicit :device it takes the CPU rather than the
+  # default device (which may be a GPU); an explicit other device is still an error.
+  defp device(opts, :candle), do: device(Keyword.put_new(opts, :device, {:cpu, 0}), :burn)
+
+  defp device(opts, _engine) do
     {:ok, ExBurn.Device.resolve(Keyword.get(opts, :device, ExBurn.Device.default()))}
   rescue
     e in Error -> {:error, e}

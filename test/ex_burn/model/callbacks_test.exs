@@ -15,19 +15,20 @@ defmodule ExBurn.Model.CallbacksTest do
 
   test "early stopping halts after `patience` epochs without improvement" do
     {x, y} = xor()
-    # learning rate 0: the loss stays the same every epoch (a plateau). Exactly on the CPU; a
-    # GPU's reductions may differ in the last bits from run to run, hence min_delta 1e-6.
+    # learning rate 0: the loss stays the same every epoch (a plateau). Exactly on the CPU; on a
+    # GPU the first epoch runs while kernel autotuning still picks among TF32 kernels, so its
+    # loss may differ from later ones by ~1e-4 (measured on the H100), hence min_delta 1e-3.
     {m, history} =
       Model.fit_with_history(model(learning_rate: 0.0), {x, y},
         epochs: 20,
         batch_size: 4,
         shuffle: false,
-        callbacks: [Callbacks.early_stopping(3, 1.0e-6)]
+        callbacks: [Callbacks.early_stopping(3, 1.0e-3)]
       )
 
     assert Enum.map(history, & &1.epoch) == [1, 2, 3, 4]
     [first | rest] = Enum.map(history, & &1.loss)
-    assert Enum.all?(rest, &(abs(&1 - first) < 1.0e-6))
+    assert Enum.all?(rest, &(abs(&1 - first) < 1.0e-3))
     assert m.halted == :early_stopping and List.last(history).halted == :early_stopping
     assert m.epochs == 4
 
