@@ -55,13 +55,16 @@ defmodule ExBurn.Serving.ServerTest do
 
     results = concurrently(64, 4, fn i -> {i, Server.run(server, input.(i))} end)
     assert length(results) == 256
+    # a batch row and a one-row call take different kernels: f32 rounding on the CPU, TF32 on a
+    # GPU's dense layers (1.6e-5 apart measured on the H100)
+    tolerance = if model.device == {:cpu, 0}, do: 1.0e-5, else: 2.0e-3
 
     for {i, result} <- results do
       assert {:ok, row} = result
       expected = model |> Model.predict([input.(i)]) |> Tensor.to_flat_list()
       got = Tensor.to_flat_list(row)
       assert Tensor.shape(row) == {3}
-      for {g, e} <- Enum.zip(got, expected), do: assert_in_delta(g, e, 1.0e-5)
+      for {g, e} <- Enum.zip(got, expected), do: assert_in_delta(g, e, tolerance)
     end
   end
 
@@ -159,7 +162,8 @@ defmodule ExBurn.Serving.ServerTest do
     Process.exit(hd(pids), :kill)
 
     # The first request may have run alone (batch_timeout 0); either way the survivors answer.
-    for i <- 2..4, do: assert_receive({:result, ^i, {:ok, _}}, 2_000)
+    # (generous: on a GPU the first add compiles its kernel, seconds on the H100)
+    for i <- 2..4, do: assert_receive({:result, ^i, {:ok, _}}, 60_000)
     assert Process.alive?(server)
     assert {:ok, row} = Server.run(server, [41])
     assert Tensor.to_flat_list(row) == [42]

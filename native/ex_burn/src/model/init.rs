@@ -7,25 +7,29 @@
 //! thread may have re-seeded the generator or drawn from it, and two models compiled with the
 //! same seed train differently. Found on the H100, where concurrent tests made XOR models with
 //! seed 42 end 0.39 and 0.11 apart. Here seeding, building and drawing every parameter happen
-//! under one lock.
+//! under one lock. On GPUs Burn's fusion queues the random ops and takes their seeds only when
+//! the queue runs, so the draw is complete only after a device sync, also under the lock.
 
 use std::sync::Mutex;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{Bool, Device, Int, Tensor};
 
+use crate::error::{ExError, ExResult};
+
 /// Held from seeding until every parameter has been drawn.
 static SEEDED: Mutex<()> = Mutex::new(());
 
 /// Builds a module with `build` on `device` after seeding the device's generator with `seed`,
 /// and initialises all its parameters before another seeded build may start.
-pub fn seeded<M: Module, E>(device: &Device, seed: u64, build: impl FnOnce() -> Result<M, E>) -> Result<M, E> {
+pub fn seeded<M: Module>(device: &Device, seed: u64, build: impl FnOnce() -> ExResult<M>) -> ExResult<M> {
     // a poisoned lock only means another build panicked (caught at the NIF boundary); the
     // generator is re-seeded below either way
     let _guard = SEEDED.lock().unwrap_or_else(|p| p.into_inner());
     device.seed(seed);
     let module = build()?;
     module.visit(&mut Materialize);
+    device.sync().map_err(|e| ExError::Execution(format!("initialising the weights: {e:?}")))?;
     Ok(module)
 }
 
