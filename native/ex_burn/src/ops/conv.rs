@@ -152,7 +152,13 @@ pub fn conv(x: &Handle, k: &Handle, spec: &ConvSpec, out: NxType) -> ExResult<Ha
     };
     let y = match n {
         1 => Dispatch::conv1d(px, pk, None, options::<1>(spec, &padding, groups)),
-        2 => Dispatch::conv2d(px, pk, None, options::<2>(spec, &padding, groups)),
+        2 => {
+            let opts = options::<2>(spec, &padding, groups);
+            match super::cpu_conv::conv2d(&px, &pk, &opts) {
+                Some(y) => y,
+                None => Dispatch::conv2d(px, pk, None, opts),
+            }
+        }
         _ => Dispatch::conv3d(px, pk, None, options::<3>(spec, &padding, groups)),
     };
     let y = dispatch::permute(y, &inv);

@@ -17,7 +17,7 @@ use crate::ops::vocab::UnaryOp;
 const PAR_MIN: usize = 1 << 15;
 
 /// The contiguous f32 storage of a flex float tensor.
-fn flex_f32(p: &Prim) -> Option<&[f32]> {
+pub(crate) fn flex_f32(p: &Prim) -> Option<&[f32]> {
     match &p.kind {
         DispatchTensorKind::Flex(BackendTensor::Float(t)) if t.dtype() == DType::F32 => t.as_slice::<f32>(),
         _ => None,
@@ -306,7 +306,7 @@ impl<T> SharedMut<T> {
 
 /// `f(i, piece)` for each `chunk`-long piece of `out` (the last may be shorter), through
 /// `par_tasks`; one thread below `PAR_MIN` elements of work (`work`, in values read).
-fn par_chunks_for<T: Send>(out: &mut [T], chunk: usize, work: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+pub(crate) fn par_chunks_for<T: Send>(out: &mut [T], chunk: usize, work: usize, f: impl Fn(usize, &mut [T]) + Sync) {
     let (len, chunk) = (out.len(), chunk.max(1));
     if work < PAR_MIN {
         out.chunks_mut(chunk).enumerate().for_each(|(i, piece)| f(i, piece));

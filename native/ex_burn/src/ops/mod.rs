@@ -2,6 +2,7 @@
 //! broadcasting, device agreement and the allocation check.
 
 pub mod conv;
+pub(crate) mod cpu_conv;
 pub(crate) mod cpu_kernels;
 pub mod create;
 pub mod elementwise;
