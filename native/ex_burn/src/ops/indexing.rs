@@ -175,7 +175,10 @@ pub fn take(h: &Handle, idx: &Handle, axis: usize) -> ExResult<Handle> {
         return empty(shape, h.ty, device);
     }
     let flat = dispatch::reshape(checked_indices(idx, h.shape[axis])?, &[idx.numel()]);
-    let prim = by_kind!(h.prim.clone(), float_select, int_select, axis, flat);
+    let prim = match super::cpu_gather::take(&h.prim, &flat, axis) {
+        Some(p) => p,
+        None => by_kind!(h.prim.clone(), float_select, int_select, axis, flat),
+    };
     Ok(Handle::new(dispatch::reshape(prim, &shape), h.ty, shape, device))
 }
 
