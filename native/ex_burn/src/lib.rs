@@ -5,6 +5,7 @@
 //! only decodes terms, calls the core and encodes results.
 
 pub mod alloc;
+pub mod cpu_target;
 pub mod compiler;
 #[cfg(feature = "cuda")]
 pub mod cublas;

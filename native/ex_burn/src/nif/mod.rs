@@ -58,6 +58,15 @@ fn op_name(op: Term, fallback: &str) -> String {
 }
 
 fn load(_env: Env, _info: Term) -> bool {
+    let missing = crate::cpu_target::missing_here();
+    if !missing.is_empty() {
+        eprintln!(
+            "ExBurn: this native library was built for x86-64-v3 but the CPU lacks {}; rebuild it with \
+             RUSTFLAGS=\"-C target-cpu=x86-64\" mix compile",
+            missing.join(", ")
+        );
+        return false;
+    }
     crate::error::install_panic_hook();
     crate::alloc::tune();
     true
