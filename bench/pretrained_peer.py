@@ -188,6 +188,10 @@ def bench_llamacpp():
 
     def gen(n):
         out, t_first = [], None
+        # llama-cpp-python keeps the last call's KV cache and skips the prompt it still holds
+        # (generate's prefix match), which left llama.cpp's prefill out of its times; the other
+        # engines start every call from an empty cache, so this one does too
+        llm.reset()
         t0 = time.perf_counter()
         for t in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
             if t_first is None:

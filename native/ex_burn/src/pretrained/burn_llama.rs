@@ -1,5 +1,6 @@
-//! Llama-family decoder on the Burn engine, from a GGUF file whose tensors are dequantised to
-//! f32 at load.
+//! Llama-family decoder on the Burn engine, from a GGUF file. On the CPU the linear layers and
+//! the embedding keep the file's Q4_0/Q4_1/Q8_0 blocks (`qmatmul`); elsewhere, and for other
+//! formats, tensors are dequantised to f32 at load.
 //!
 //! llama.cpp's converter permutes the rows of Q and K so that GGUF Llama models use the
 //! interleaved-pair rotary embedding (pairs `(2i, 2i+1)` rotate together), as candle's
@@ -14,7 +15,9 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
+use super::qmatmul::QStack;
 use super::weights::{f32_tensor, Gguf};
+use crate::ops::cpu_kernels::flex_f32;
 use super::{CausalLm, LmSession};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::error::{catch, ExError, ExResult};
@@ -117,15 +120,67 @@ impl LlamaConfig {
     }
 }
 
+/// A linear layer `x @ Wᵀ` without bias.
+enum Linear {
+    /// Dequantised and transposed for `x @ W`: `[in, out]`.
+    Dense(Tensor<2>),
+    /// The file's blocks, `[out, in]`, on the CPU.
+    Quant(Arc<QStack>),
+}
+
+impl Linear {
+    /// The matrices `parts` (each `[rows, cols]`) stacked along their rows: kept quantised when
+    /// `quantised` and every part's format allows, else dequantised.
+    fn load(g: &mut Gguf, parts: &[(String, usize)], cols: usize, dev: &Device, quantised: bool) -> ExResult<Linear> {
+        if quantised {
+            let mut q = Vec::with_capacity(parts.len());
+            for (name, rows) in parts {
+                match g.quantised(name, *rows, cols)? {
+                    Some(m) => q.push(m),
+                    None => break,
+                }
+            }
+            if q.len() == parts.len() {
+                if let Some(stack) = QStack::new(q) {
+                    return Ok(Linear::Quant(Arc::new(stack)));
+                }
+            }
+        }
+        let mut dense = Vec::with_capacity(parts.len());
+        for (name, rows) in parts {
+            dense.push(g.tensor(name, [*rows, cols], dev)?);
+        }
+        Ok(Linear::Dense(Tensor::cat(dense, 0).transpose()))
+    }
+
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        match self {
+            Linear::Dense(w) => x.matmul(w.clone()),
+            Linear::Quant(w) => {
+                let ([m, _], dev) = (x.dims(), x.device());
+                let p = x.into_dispatch();
+                let out = match flex_f32(&p) {
+                    Some(xs) => w.matmul(xs, m),
+                    None => {
+                        let xs = Tensor::<2>::from_dispatch(p).into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 activations");
+                        w.matmul(&xs, m)
+                    }
+                };
+                f32_tensor(out, [m, w.rows()], &dev)
+            }
+        }
+    }
+}
+
 struct Block {
     attn_norm: Tensor<1>,
-    /// Q, K and V stacked, transposed for `x @ W`: `[hidden, (heads + 2 kv_heads) * head_dim]`.
-    qkv_t: Tensor<2>,
-    out_t: Tensor<2>,
+    /// Q, K and V stacked: `(heads + 2 kv_heads) * head_dim` outputs.
+    qkv: Linear,
+    out: Linear,
     ffn_norm: Tensor<1>,
-    /// Gate and up stacked, transposed: `[hidden, 2 * ffn]`.
-    gate_up_t: Tensor<2>,
-    down_t: Tensor<2>,
+    /// Gate and up stacked: `2 * ffn` outputs.
+    gate_up: Linear,
+    down: Linear,
 }
 
 pub struct Weights {
@@ -134,11 +189,11 @@ pub struct Weights {
     /// Whether the device's attention kernel takes fewer K/V heads than query heads (flex does);
     /// elsewhere K/V heads are repeated first.
     native_gqa: bool,
-    embed: Tensor<2>,
+    embed: Linear,
     blocks: Vec<Block>,
     out_norm: Tensor<1>,
-    /// `[hidden, vocab]` view of the output projection (tied to the embedding when absent).
-    output_t: Tensor<2>,
+    /// The output projection (the embedding when the file has none: tied).
+    output: Linear,
     /// `[context, rope_dim / 2]` tables.
     cos: Tensor<2>,
     sin: Tensor<2>,
@@ -155,16 +210,18 @@ pub fn load(gguf: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
 
 impl BurnLlama {
     pub fn load(path: &Path, device: &DeviceRef) -> ExResult<BurnLlama> {
-        Self::load_with(path, device, device.kind == DeviceKind::Cpu)
+        let cpu = device.kind == DeviceKind::Cpu;
+        Self::load_with(path, device, cpu, cpu)
     }
 
-    /// `native_gqa: false` repeats K/V heads before attention, as non-CPU devices need; tests
-    /// use it to check that path on the CPU.
-    pub(crate) fn load_with(path: &Path, device: &DeviceRef, native_gqa: bool) -> ExResult<BurnLlama> {
+    /// `native_gqa: false` repeats K/V heads before attention, as non-CPU devices need;
+    /// `quantised: false` dequantises every weight, as there. Tests use both to check those
+    /// paths on the CPU.
+    pub(crate) fn load_with(path: &Path, device: &DeviceRef, native_gqa: bool, quantised: bool) -> ExResult<BurnLlama> {
         let mut g = Gguf::open(path)?;
         let cfg = LlamaConfig::read(&g)?;
         let dev = device.burn()?;
-        let w = catch(|| Weights::load(&mut g, cfg, dev, native_gqa))?;
+        let w = catch(|| Weights::load(&mut g, cfg, dev, native_gqa, quantised))?;
         Ok(BurnLlama { w: Arc::new(w) })
     }
 
@@ -174,29 +231,33 @@ impl BurnLlama {
 }
 
 impl Weights {
-    fn load(g: &mut Gguf, cfg: LlamaConfig, dev: Device, native_gqa: bool) -> ExResult<Weights> {
+    fn load(g: &mut Gguf, cfg: LlamaConfig, dev: Device, native_gqa: bool, quantised: bool) -> ExResult<Weights> {
         let (h, f, dh) = (cfg.embedding_length, cfg.feed_forward_length, cfg.head_dim());
         let (q_rows, kv_rows) = (cfg.head_count * dh, cfg.head_count_kv * dh);
-        let embed = g.tensor("token_embd.weight", [cfg.vocab_size, h], &dev)?;
+        let linear = |g: &mut Gguf, parts: &[(&str, usize)], cols: usize| {
+            let parts: Vec<(String, usize)> = parts.iter().map(|(n, r)| (n.to_string(), *r)).collect();
+            Linear::load(g, &parts, cols, &dev, quantised)
+        };
+        let embed = linear(g, &[("token_embd.weight", cfg.vocab_size)], h)?;
         let mut blocks = Vec::with_capacity(cfg.block_count);
         for l in 0..cfg.block_count {
-            let mut t = |name: &str, rows: usize, cols: usize| g.tensor(&format!("blk.{l}.{name}.weight"), [rows, cols], &dev);
-            let qkv = Tensor::cat(vec![t("attn_q", q_rows, h)?, t("attn_k", kv_rows, h)?, t("attn_v", kv_rows, h)?], 0);
-            let out = t("attn_output", h, q_rows)?;
-            let gate_up = Tensor::cat(vec![t("ffn_gate", f, h)?, t("ffn_up", f, h)?], 0);
-            let down = t("ffn_down", h, f)?;
-            blocks.push(Block {
-                attn_norm: g.tensor(&format!("blk.{l}.attn_norm.weight"), [h], &dev)?,
-                qkv_t: qkv.transpose(),
-                out_t: out.transpose(),
-                ffn_norm: g.tensor(&format!("blk.{l}.ffn_norm.weight"), [h], &dev)?,
-                gate_up_t: gate_up.transpose(),
-                down_t: down.transpose(),
-            });
+            let n = |name: &str| format!("blk.{l}.{name}.weight");
+            let qkv = linear(g, &[(&n("attn_q"), q_rows), (&n("attn_k"), kv_rows), (&n("attn_v"), kv_rows)], h)?;
+            let out = linear(g, &[(&n("attn_output"), h)], q_rows)?;
+            let gate_up = linear(g, &[(&n("ffn_gate"), f), (&n("ffn_up"), f)], h)?;
+            let down = linear(g, &[(&n("ffn_down"), h)], f)?;
+            let (attn_norm, ffn_norm) = (g.tensor(&n("attn_norm"), [h], &dev)?, g.tensor(&n("ffn_norm"), [h], &dev)?);
+            blocks.push(Block { attn_norm, qkv, out, ffn_norm, gate_up, down });
         }
         let out_norm = g.tensor("output_norm.weight", [h], &dev)?;
-        let output_t =
-            if g.contains("output.weight") { g.tensor("output.weight", [cfg.vocab_size, h], &dev)? } else { embed.clone() }.transpose();
+        let output = if g.contains("output.weight") {
+            linear(g, &[("output.weight", cfg.vocab_size)], h)?
+        } else {
+            match &embed {
+                Linear::Dense(e) => Linear::Dense(e.clone()),
+                Linear::Quant(e) => Linear::Quant(Arc::clone(e)),
+            }
+        };
 
         // θ_i = base^(-2i / rope_dim), divided by `rope_freqs.weight`'s factors where the file has
         // them (Llama 3.1-style scaling, as llama.cpp applies them); angle = position · θ_i, in f64.
@@ -210,7 +271,7 @@ impl Weights {
             |f: fn(f64) -> f64| -> Vec<f32> { (0..ctx).flat_map(|p| inv.iter().map(move |t| f(p as f64 * scale * t) as f32)).collect() };
         let cos = f32_tensor(angles(f64::cos), [ctx, half], &dev);
         let sin = f32_tensor(angles(f64::sin), [ctx, half], &dev);
-        Ok(Weights { cfg, device: dev, native_gqa, embed, blocks, out_norm, output_t, cos, sin })
+        Ok(Weights { cfg, device: dev, native_gqa, embed, blocks, out_norm, output, cos, sin })
     }
 
     fn rms_norm(&self, x: Tensor<2>, w: &Tensor<1>) -> Tensor<2> {
@@ -256,12 +317,24 @@ impl Weights {
         let cfg = &self.cfg;
         let (s, h, dh) = (tokens.len(), cfg.embedding_length, cfg.head_dim());
         let (nh, nkv) = (cfg.head_count, cfg.head_count_kv);
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [s]), (&self.device, DType::I32));
-        let mut x = self.embed.clone().select(0, ids);
+        let mut x = match &self.embed {
+            // held as `[in, out]` = `[hidden, vocab]`: transposing back is a free view of the rows
+            Linear::Dense(e) => {
+                let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+                let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [s]), (&self.device, DType::I32));
+                e.clone().transpose().select(0, ids)
+            }
+            Linear::Quant(e) => {
+                let mut rows = vec![0f32; s * h];
+                for (&t, row) in tokens.iter().zip(rows.chunks_exact_mut(h)) {
+                    e.dequantise_row(t as usize, row);
+                }
+                f32_tensor(rows, [s, h], &self.device)
+            }
+        };
         let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: s > 1 };
         for (block, slot) in self.blocks.iter().zip(cache.iter_mut()) {
-            let qkv = self.rms_norm(x.clone(), &block.attn_norm).matmul(block.qkv_t.clone());
+            let qkv = block.qkv.forward(self.rms_norm(x.clone(), &block.attn_norm));
             let split = |from: usize, heads: usize| -> Tensor<4> {
                 qkv.clone().slice([0..s, from..from + heads * dh]).reshape([1, s, heads, dh]).swap_dims(1, 2)
             };
@@ -275,15 +348,15 @@ impl Weights {
             *slot = Some((k.clone(), v.clone()));
             let ctx = attention(q, self.repeat_kv(k), self.repeat_kv(v), None, None, options);
             let ctx = ctx.swap_dims(1, 2).reshape([s, nh * dh]);
-            x = x + ctx.matmul(block.out_t.clone());
+            x = x + block.out.forward(ctx);
             let f = cfg.feed_forward_length;
-            let gu = self.rms_norm(x.clone(), &block.ffn_norm).matmul(block.gate_up_t.clone());
+            let gu = block.gate_up.forward(self.rms_norm(x.clone(), &block.ffn_norm));
             let gate = gu.clone().slice([0..s, 0..f]);
             let up = gu.slice([0..s, f..2 * f]);
-            x = x + (silu(gate) * up).matmul(block.down_t.clone());
+            x = x + block.down.forward(silu(gate) * up);
         }
         let last = x.slice([s - 1..s, 0..h]);
-        let logits = self.rms_norm(last, &self.out_norm).matmul(self.output_t.clone());
+        let logits = self.output.forward(self.rms_norm(last, &self.out_norm));
         let data = logits.try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
         data.try_into_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))
     }
@@ -455,6 +528,36 @@ mod tests {
         assert!(err_text(s.forward(&[], prompt.len())).contains("at least one token"));
     }
 
+    /// The CPU's quantised layers against every weight dequantised (the path other devices
+    /// take), on a prompt long enough for the 4-row groups and their remainder, then two cached
+    /// steps.
+    #[test]
+    fn pretrained_burn_llama_quantised_layers_equal_dequantised() {
+        let Some(path) = smollm_path() else { return };
+        let dev = crate::testing::device();
+        if dev.kind != DeviceKind::Cpu {
+            return;
+        }
+        let quant = BurnLlama::load_with(&path, &dev, true, true).unwrap();
+        let dense = BurnLlama::load_with(&path, &dev, true, false).unwrap();
+        let kinds = |m: &BurnLlama| {
+            let b = &m.w.blocks[0];
+            [&m.w.embed, &b.qkv, &b.out, &b.gate_up, &b.down, &m.w.output].map(|l| matches!(l, Linear::Quant(_)))
+        };
+        assert_eq!(kinds(&quant), [true; 6]);
+        assert_eq!(kinds(&dense), [false; 6]);
+        let prompt: Vec<u32> = vec![1, 504, 3458, 282, 4649, 314, 253, 1345, 28, 216, 506, 4491, 30, 2];
+        let (mut q, mut d) = (quant.session().unwrap(), dense.session().unwrap());
+        for (tokens, pos) in [(&prompt[..], 0), (&[41u32][..], prompt.len()), (&[7u32][..], prompt.len() + 1)] {
+            let (a, b) = (q.forward(tokens, pos).unwrap(), d.forward(tokens, pos).unwrap());
+            let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            println!("burn llama: quantised vs dequantised layers at position {pos}: max logit difference {diff:e} (logits up to {scale})");
+            assert!(diff < 1e-3 * scale.max(1.0), "{diff} at position {pos}");
+            assert_eq!(argmax(&a), argmax(&b));
+        }
+    }
+
     #[test]
     fn pretrained_burn_llama_timing() {
         let Some(path) = smollm_path() else { return };
@@ -575,7 +678,7 @@ mod tests {
             assert!(diff < 1e-4, "{diff}");
             assert!(err_text(t.forward(&[1; 29], 4)).contains("exceeds the model's context length 32"));
             // K/V heads repeated before attention (the non-CPU path) give the same logits.
-            let repeated = BurnLlama::load_with(&path, &dev, false).unwrap();
+            let repeated = BurnLlama::load_with(&path, &dev, false, true).unwrap();
             let mut r = repeated.session().unwrap();
             r.forward(&[1, 2, 3], 0).unwrap();
             let d = r.forward(&[4], 3).unwrap();
@@ -619,7 +722,7 @@ mod tests {
         s.forward(&prompt[..599], 0).unwrap();
         let stepped = s.forward(&prompt[599..], 599).unwrap();
         assert!(diff(&whole, &stepped) < 1e-4, "{}", diff(&whole, &stepped));
-        let repeated = BurnLlama::load_with(&path, &dev, false).unwrap().session().unwrap().forward(&prompt, 0).unwrap();
+        let repeated = BurnLlama::load_with(&path, &dev, false, true).unwrap().session().unwrap().forward(&prompt, 0).unwrap();
         assert!(diff(&whole, &repeated) < 1e-4, "{}", diff(&whole, &repeated));
 
         // The same file truncated.

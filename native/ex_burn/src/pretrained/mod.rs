@@ -16,6 +16,7 @@ pub mod files;
 pub mod generate;
 pub mod gguf;
 pub mod pooling;
+pub mod qmatmul;
 #[cfg(test)]
 mod reference_tests;
 #[cfg(test)]

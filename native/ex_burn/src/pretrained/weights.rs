@@ -18,6 +18,7 @@ use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensors};
 
 use super::errors::{self, err, kind, path_detail};
+use super::qmatmul::{QFormat, QMatrix};
 use crate::error::{Detail, ExError, ExResult};
 
 fn io_error(path: &Path, e: std::io::Error) -> ExError {
@@ -290,6 +291,23 @@ impl Gguf {
     /// The tensor `name` as an f32 Burn tensor on `device`, checked against `shape`.
     pub fn tensor<const D: usize>(&mut self, name: &str, shape: [usize; D], device: &Device) -> ExResult<Tensor<D>> {
         Ok(f32_tensor(self.values(name, &shape)?, shape, device))
+    }
+
+    /// The `[rows, cols]` matrix `name` in its GGML blocks, when `qmatmul` decodes its format
+    /// (`None` otherwise: the caller dequantises).
+    pub fn quantised(&mut self, name: &str, rows: usize, cols: usize) -> ExResult<Option<QMatrix>> {
+        let info = self.content.tensor_infos.get(name).ok_or_else(|| missing_tensor(&self.path, name))?;
+        check_shape(&self.path, name, info.shape.dims(), &[rows, cols])?;
+        let Some(format) = QFormat::from_ggml(info.ggml_dtype) else { return Ok(None) };
+        if !cols.is_multiple_of(info.ggml_dtype.block_size()) {
+            return Ok(None);
+        }
+        let mut raw = vec![0u8; Self::byte_len(info.ggml_dtype, rows * cols)];
+        let start = self.content.tensor_data_offset + info.offset;
+        let read_err = |e: std::io::Error| errors::io(&self.path, e);
+        self.file.seek(SeekFrom::Start(start)).map_err(read_err)?;
+        self.file.read_exact(&mut raw).map_err(read_err)?;
+        Ok(QMatrix::new(format, rows, cols, raw))
     }
 }
 

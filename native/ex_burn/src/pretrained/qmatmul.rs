@@ -1,0 +1,514 @@
+//! GGUF-quantised linear layers for the Burn engine on the CPU: the weights stay in their GGML
+//! blocks (Q4_0, Q4_1, Q8_0) and `x @ Wᵀ` decodes each block in registers.
+//!
+//! Why: decoding one token reads every weight once. Dequantised to f32, SmolLM2-135M is 540 MB
+//! per token, so the Burn engine was bound by memory bandwidth (about 65 tokens/s on 2 cores)
+//! and held 560 MiB for a 98 MB file. In Q4_1 the same weights are 85 MB. candle's own
+//! Q4_1 dot product has no SIMD path (`k_quants.rs` vectorises Q4_0, Q8_0 and the K-quants), and
+//! it quantises the activations to 8 bits as llama.cpp does. Here the activations stay f32: each
+//! block of 32 weights `w = d·q + m` gives `d·Σ q·x + m·Σ x`, the same sum the dequantised
+//! matmul computes up to f32 rounding, so the outputs match the f32 path's tests.
+//!
+//! Formats other than these three, and other devices, keep the dequantised f32 tensors.
+
+use burn::tensor::f16;
+use candle_core::quantized::GgmlDType;
+
+use crate::ops::cpu_kernels::{par_chunks_for, simd, Simd};
+
+/// Values per GGML block, for every format here.
+const BLOCK: usize = 32;
+
+/// The GGML block formats this kernel decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QFormat {
+    /// `d: f16, qs: [u8; 16]`, `w = d·(q − 8)` with 4-bit `q`.
+    Q4_0,
+    /// `d: f16, m: f16, qs: [u8; 16]`, `w = d·q + m`.
+    Q4_1,
+    /// `d: f16, qs: [i8; 32]`, `w = d·q`.
+    Q8_0,
+}
+
+impl QFormat {
+    pub fn from_ggml(t: GgmlDType) -> Option<QFormat> {
+        match t {
+            GgmlDType::Q4_0 => Some(QFormat::Q4_0),
+            GgmlDType::Q4_1 => Some(QFormat::Q4_1),
+            GgmlDType::Q8_0 => Some(QFormat::Q8_0),
+            _ => None,
+        }
+    }
+
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            QFormat::Q4_0 => 18,
+            QFormat::Q4_1 => 20,
+            QFormat::Q8_0 => 34,
+        }
+    }
+
+    /// A block's scale `d` and offset `m`, and where its quants start.
+    #[inline(always)]
+    fn header(self, b: &[u8]) -> (f32, f32, usize) {
+        let half = |i: usize| f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32();
+        match self {
+            QFormat::Q4_0 => {
+                let d = half(0);
+                (d, -8.0 * d, 2)
+            }
+            QFormat::Q4_1 => (half(0), half(2), 4),
+            QFormat::Q8_0 => (half(0), 0.0, 2),
+        }
+    }
+
+    /// The 32 quants of a block as f32, unscaled (GGML order: low nibbles are values 0..16,
+    /// high nibbles 16..32).
+    #[inline(always)]
+    fn quants(self, b: &[u8], at: usize, out: &mut [f32; BLOCK]) {
+        match self {
+            QFormat::Q4_0 | QFormat::Q4_1 => {
+                for j in 0..16 {
+                    out[j] = (b[at + j] & 0x0f) as f32;
+                    out[j + 16] = (b[at + j] >> 4) as f32;
+                }
+            }
+            QFormat::Q8_0 => {
+                for j in 0..BLOCK {
+                    out[j] = b[at + j] as i8 as f32;
+                }
+            }
+        }
+    }
+}
+
+/// A row-major `[rows, cols]` matrix in GGML blocks (PyTorch's `[out_features, in_features]`).
+pub struct QMatrix {
+    pub format: QFormat,
+    pub rows: usize,
+    pub cols: usize,
+    data: Vec<u8>,
+}
+
+impl QMatrix {
+    /// `None` when the bytes do not hold `rows` rows of `cols / 32` blocks.
+    pub fn new(format: QFormat, rows: usize, cols: usize, data: Vec<u8>) -> Option<QMatrix> {
+        (cols % BLOCK == 0 && data.len() == rows * (cols / BLOCK) * format.block_bytes()).then_some(QMatrix { format, rows, cols, data })
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.cols / BLOCK * self.format.block_bytes()
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        let n = self.row_bytes();
+        &self.data[r * n..(r + 1) * n]
+    }
+
+    /// Row `r` dequantised into `out` (`cols` values): an embedding lookup.
+    pub fn dequantise_row(&self, r: usize, out: &mut [f32]) {
+        let (row, bb, f) = (self.row(r), self.format.block_bytes(), self.format);
+        let mut q = [0f32; BLOCK];
+        for (b, chunk) in row.chunks_exact(bb).zip(out.chunks_exact_mut(BLOCK)) {
+            let (d, m, at) = f.header(b);
+            f.quants(b, at, &mut q);
+            for (o, q) in chunk.iter_mut().zip(q) {
+                *o = d * q + m;
+            }
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// Matrices with the same number of columns stacked along their rows, one matmul for all (Q,
+/// K and V; gate and up). Parts keep their own formats.
+pub struct QStack {
+    parts: Vec<QMatrix>,
+    cols: usize,
+    rows: usize,
+}
+
+impl QStack {
+    /// `None` when the parts' columns differ or there are none.
+    pub fn new(parts: Vec<QMatrix>) -> Option<QStack> {
+        let cols = parts.first()?.cols;
+        parts.iter().all(|p| p.cols == cols).then(|| QStack { rows: parts.iter().map(|p| p.rows).sum(), cols, parts })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// `x @ Wᵀ` for `x` of `m` rows of `cols` values: `m` rows of `rows` values.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let (k, n) = (self.cols, self.rows);
+        assert_eq!(x.len(), m * k, "qmatmul: x holds {} values, not {m} rows of {k}", x.len());
+        if m == 0 || n == 0 {
+            return vec![0.0; m * n];
+        }
+        let nb = k / BLOCK;
+        // Σx per block, for the offsets `m` of Q4_0/Q4_1
+        let xsum: Vec<f32> = x.chunks_exact(BLOCK).map(|c| c.iter().sum()).collect();
+        // computed transposed, `[n, m]`, so each task owns a run of weight rows. Tasks of about
+        // 128K multiply-adds: SmolLM2 decoding on 2 cores ran at 110, 163 and 190 tokens/s with
+        // 16K, 64K and 128K (fewer hand-offs between the threads; 256K was no better)
+        let mut out_t = vec![0f32; n * m];
+        let tile = ((1 << 17) / (k * m).max(1)).clamp(1, 256);
+        let level = simd();
+        par_chunks_for(&mut out_t, tile * m, n * k * m.min(4), |t, piece| {
+            let first = t * tile;
+            for (i, dst) in piece.chunks_exact_mut(m).enumerate() {
+                let (w, row) = self.locate(first + i);
+                let mut r = 0;
+                while r < m {
+                    let take = (m - r).min(4);
+                    let xs = &x[r * k..(r + take) * k];
+                    let sums = &xsum[r * nb..(r + take) * nb];
+                    row_dots(level, w.format, w.row(row), xs, sums, k, &mut dst[r..r + take]);
+                    r += take;
+                }
+            }
+        });
+        if m == 1 {
+            return out_t;
+        }
+        let mut out = vec![0f32; m * n];
+        for (j, col) in out_t.chunks_exact(m).enumerate() {
+            for (i, v) in col.iter().enumerate() {
+                out[i * n + j] = *v;
+            }
+        }
+        out
+    }
+
+    /// Stacked row `r` dequantised into `out` (`cols` values): an embedding lookup.
+    pub fn dequantise_row(&self, r: usize, out: &mut [f32]) {
+        let (part, row) = self.locate(r);
+        part.dequantise_row(row, out)
+    }
+
+    /// The part holding stacked row `r`, and the row within it.
+    fn locate(&self, mut r: usize) -> (&QMatrix, usize) {
+        for p in &self.parts {
+            if r < p.rows {
+                return (p, r);
+            }
+            r -= p.rows;
+        }
+        unreachable!("row beyond the stack")
+    }
+}
+
+/// `out[i] = Σ_j w[j]·x_i[j]` for one weight row and `out.len()` (1 to 4) rows `x_i` of `k`
+/// values; `sums` holds each x row's per-block sums.
+fn row_dots(level: Simd, f: QFormat, w: &[u8], xs: &[f32], sums: &[f32], k: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level >= Simd::Avx512 {
+        // SAFETY: AVX-512 (F, BW) with AVX2 and FMA were detected on this CPU (`simd`).
+        unsafe {
+            match out.len() {
+                1 => avx512::row_dots::<1>(f, w, xs, sums, k, out),
+                2 => avx512::row_dots::<2>(f, w, xs, sums, k, out),
+                3 => avx512::row_dots::<3>(f, w, xs, sums, k, out),
+                _ => avx512::row_dots::<4>(f, w, xs, sums, k, out),
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level >= Simd::Avx2 {
+        // SAFETY: AVX2 and FMA were detected on this CPU (`simd`).
+        unsafe {
+            match out.len() {
+                1 => avx2::row_dots::<1>(f, w, xs, sums, k, out),
+                2 => avx2::row_dots::<2>(f, w, xs, sums, k, out),
+                3 => avx2::row_dots::<3>(f, w, xs, sums, k, out),
+                _ => avx2::row_dots::<4>(f, w, xs, sums, k, out),
+            }
+        }
+        return;
+    }
+    let _ = level;
+    row_dots_scalar(f, w, xs, sums, k, out)
+}
+
+fn row_dots_scalar(f: QFormat, w: &[u8], xs: &[f32], sums: &[f32], k: usize, out: &mut [f32]) {
+    let (bb, nb) = (f.block_bytes(), k / BLOCK);
+    let mut q = [0f32; BLOCK];
+    out.fill(0.0);
+    for (b, block) in w.chunks_exact(bb).enumerate() {
+        let (d, m, at) = f.header(block);
+        f.quants(block, at, &mut q);
+        for (i, o) in out.iter_mut().enumerate() {
+            let x = &xs[i * k + b * BLOCK..i * k + (b + 1) * BLOCK];
+            let dot: f32 = q.iter().zip(x).map(|(q, x)| q * x).sum();
+            *o += d * dot + m * sums[i * nb + b];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{QFormat, BLOCK};
+    use std::arch::x86_64::*;
+
+    /// A block's 32 quants as four vectors of 8 f32. Each byte is widened once and both of its
+    /// nibbles taken in the 32-bit lanes: two byte shuffles per block instead of six, which had
+    /// been the limit (shuffles issue on fewer ports than shifts and conversions).
+    #[inline(always)]
+    unsafe fn quants(f: QFormat, p: *const u8) -> [__m256; 4] {
+        match f {
+            QFormat::Q4_0 | QFormat::Q4_1 => {
+                let v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+                let v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8) as *const __m128i));
+                let mask = _mm256_set1_epi32(0x0f);
+                let f = _mm256_cvtepi32_ps;
+                [f(_mm256_and_si256(v0, mask)), f(_mm256_and_si256(v1, mask)), f(_mm256_srli_epi32(v0, 4)), f(_mm256_srli_epi32(v1, 4))]
+            }
+            QFormat::Q8_0 => {
+                let f = |o: usize| _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(o) as *const __m128i));
+                let f = |o: usize| _mm256_cvtepi32_ps(f(o));
+                [f(0), f(8), f(16), f(24)]
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn row_dots<const R: usize>(f: QFormat, w: &[u8], xs: &[f32], sums: &[f32], k: usize, out: &mut [f32]) {
+        let (bb, nb) = (f.block_bytes(), k / BLOCK);
+        debug_assert!(w.len() == nb * bb && xs.len() == R * k && sums.len() == R * nb && out.len() == R);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut offs = [0f32; R];
+        let xp = xs.as_ptr();
+        for b in 0..nb {
+            let block = &w[b * bb..(b + 1) * bb];
+            let (d, m, at) = f.header(block);
+            let q = quants(f, block.as_ptr().add(at));
+            let dv = _mm256_set1_ps(d);
+            for r in 0..R {
+                let x = xp.add(r * k + b * BLOCK);
+                let mut p = _mm256_mul_ps(q[0], _mm256_loadu_ps(x));
+                p = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(x.add(8)), p);
+                p = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x.add(16)), p);
+                p = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x.add(24)), p);
+                acc[r] = _mm256_fmadd_ps(dv, p, acc[r]);
+                offs[r] += m * *sums.get_unchecked(r * nb + b);
+            }
+        }
+        for r in 0..R {
+            let v = acc[r];
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+            out[r] = _mm_cvtss_f32(s) + offs[r];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{QFormat, BLOCK};
+    use std::arch::x86_64::*;
+
+    /// A block's 32 quants as two vectors of 16 f32: one byte shuffle per block.
+    #[inline(always)]
+    unsafe fn quants(f: QFormat, p: *const u8) -> [__m512; 2] {
+        match f {
+            QFormat::Q4_0 | QFormat::Q4_1 => {
+                let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+                let lo = _mm512_and_si512(v, _mm512_set1_epi32(0x0f));
+                [_mm512_cvtepi32_ps(lo), _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4))]
+            }
+            QFormat::Q8_0 => {
+                let f = |o: usize| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(o) as *const __m128i)));
+                [f(0), f(16)]
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    pub(super) unsafe fn row_dots<const R: usize>(f: QFormat, w: &[u8], xs: &[f32], sums: &[f32], k: usize, out: &mut [f32]) {
+        let (bb, nb) = (f.block_bytes(), k / BLOCK);
+        debug_assert!(w.len() == nb * bb && xs.len() == R * k && sums.len() == R * nb && out.len() == R);
+        // two accumulators per row (even and odd blocks): one row alone is otherwise a chain of
+        // dependent FMAs, one per block
+        let mut acc = [[_mm512_setzero_ps(); R]; 2];
+        let mut offs = [[0f32; R]; 2];
+        let xp = xs.as_ptr();
+        // a function, not a closure: closures do not inherit `target_feature`, and the
+        // intrinsics would become calls
+        #[inline(always)]
+        unsafe fn step<const R: usize>(f: QFormat, w: &[u8], xp: *const f32, sums: &[f32], k: usize, b: usize, acc: &mut [__m512; R], offs: &mut [f32; R]) {
+            let (bb, nb) = (f.block_bytes(), k / BLOCK);
+            let block = w.get_unchecked(b * bb..(b + 1) * bb);
+            let (d, m, at) = f.header(block);
+            let q = quants(f, block.as_ptr().add(at));
+            let (q0, q1) = (_mm512_mul_ps(q[0], _mm512_set1_ps(d)), _mm512_mul_ps(q[1], _mm512_set1_ps(d)));
+            for r in 0..R {
+                let x = xp.add(r * k + b * BLOCK);
+                acc[r] = _mm512_fmadd_ps(q1, _mm512_loadu_ps(x.add(16)), _mm512_fmadd_ps(q0, _mm512_loadu_ps(x), acc[r]));
+                offs[r] += m * *sums.get_unchecked(r * nb + b);
+            }
+        }
+        let [even, odd] = &mut acc;
+        let [even_offs, odd_offs] = &mut offs;
+        let mut b = 0;
+        while b + 1 < nb {
+            step(f, w, xp, sums, k, b, even, even_offs);
+            step(f, w, xp, sums, k, b + 1, odd, odd_offs);
+            b += 2;
+        }
+        if b < nb {
+            step(f, w, xp, sums, k, b, even, even_offs);
+        }
+        for r in 0..R {
+            out[r] = _mm512_reduce_add_ps(_mm512_add_ps(even[r], odd[r])) + (even_offs[r] + odd_offs[r]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{ggml_file, GgmlDType};
+
+    /// Random blocks of a format, scales of both signs and special values included.
+    fn random_blocks(f: QFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed;
+        let mut next = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (s >> 33) as u32
+        };
+        let mut out = Vec::new();
+        for _ in 0..rows * cols / BLOCK {
+            let mut half = |out: &mut Vec<u8>| {
+                let v = (next() % 2000) as f32 / 1000.0 - 1.0;
+                out.extend(f16::from_f32(v * 0.05).to_bits().to_le_bytes());
+            };
+            half(&mut out);
+            if f == QFormat::Q4_1 {
+                half(&mut out);
+            }
+            let n = f.block_bytes() - out.len() % f.block_bytes();
+            for _ in 0..n {
+                out.push(next() as u8);
+            }
+        }
+        out
+    }
+
+    /// The reference: candle dequantises the blocks; the product is summed in f64.
+    fn reference(f: QFormat, data: &[u8], rows: usize, cols: usize, x: &[f32], m: usize) -> Vec<f64> {
+        let dtype = match f {
+            QFormat::Q4_0 => GgmlDType::Q4_0,
+            QFormat::Q4_1 => GgmlDType::Q4_1,
+            QFormat::Q8_0 => GgmlDType::Q8_0,
+        };
+        let dev = candle_core::Device::Cpu;
+        let w = ggml_file::qtensor_from_ggml(dtype, data, vec![rows, cols], &dev).unwrap().dequantize(&dev).unwrap();
+        let w: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
+        let mut out = vec![0f64; m * rows];
+        for i in 0..m {
+            for j in 0..rows {
+                out[i * rows + j] = (0..cols).map(|c| w[j * cols + c] as f64 * x[i * cols + c] as f64).sum();
+            }
+        }
+        out
+    }
+
+    fn inputs(m: usize, k: usize) -> Vec<f32> {
+        (0..m * k).map(|i| ((i as f32) * 0.37).sin() * 2.0).collect()
+    }
+
+    #[test]
+    fn quantised_matmul_equals_candles_dequantised_product() {
+        for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0] {
+            // odd row counts (tiles and the 4-row groups end part-way), m from 1 to 9
+            for (rows, cols, m) in [(1, 32, 1), (7, 64, 1), (33, 96, 2), (300, 576, 3), (5, 128, 4), (61, 160, 5), (1000, 64, 9)] {
+                let data = random_blocks(f, rows, cols, (rows * 31 + cols) as u64);
+                let q = QStack::new(vec![QMatrix::new(f, rows, cols, data.clone()).unwrap()]).unwrap();
+                let x = inputs(m, cols);
+                let want = reference(f, &data, rows, cols, &x, m);
+                for level in [Simd::Base, Simd::Avx2.min(simd()), simd()] {
+                    let mut got = vec![0f32; m * rows];
+                    for i in 0..m {
+                        for j in 0..rows {
+                            let xs = &x[i * cols..(i + 1) * cols];
+                            let sums: Vec<f32> = xs.chunks(BLOCK).map(|c| c.iter().sum()).collect();
+                            row_dots(level, f, q.parts[0].row(j), xs, &sums, cols, &mut got[i * rows + j..i * rows + j + 1]);
+                        }
+                    }
+                    let full = q.matmul(&x, m);
+                    for (idx, w) in want.iter().enumerate() {
+                        let tol = 1e-5 * (1.0 + w.abs()) * (cols as f64).sqrt();
+                        assert!((got[idx] as f64 - w).abs() <= tol, "{f:?} {rows}x{cols} m={m} {level:?} [{idx}]: {} vs {w}", got[idx]);
+                        assert!((full[idx] as f64 - w).abs() <= tol, "{f:?} {rows}x{cols} m={m} matmul [{idx}]: {} vs {w}", full[idx]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn stacked_parts_of_different_formats_and_rows_dequantise_like_candle() {
+        let (cols, m) = (64, 3);
+        let parts: Vec<(QFormat, usize)> = vec![(QFormat::Q4_1, 5), (QFormat::Q8_0, 3), (QFormat::Q4_0, 300)];
+        let datas: Vec<Vec<u8>> = parts.iter().enumerate().map(|(i, (f, r))| random_blocks(*f, *r, cols, i as u64 + 7)).collect();
+        let stack =
+            QStack::new(parts.iter().zip(&datas).map(|((f, r), d)| QMatrix::new(*f, *r, cols, d.clone()).unwrap()).collect()).unwrap();
+        assert_eq!((stack.rows(), stack.cols()), (308, 64));
+        let x = inputs(m, cols);
+        let got = stack.matmul(&x, m);
+        let mut col = 0;
+        for ((f, r), d) in parts.iter().zip(&datas) {
+            let want = reference(*f, d, *r, cols, &x, m);
+            for i in 0..m {
+                for j in 0..*r {
+                    let (g, w) = (got[i * 308 + col + j] as f64, want[i * r + j]);
+                    assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{f:?} row {j} of x row {i}: {g} vs {w}");
+                }
+            }
+            // rows dequantise to candle's values exactly
+            let m0 = QMatrix::new(*f, *r, cols, d.clone()).unwrap();
+            let dev = candle_core::Device::Cpu;
+            let dtype = match f {
+                QFormat::Q4_0 => GgmlDType::Q4_0,
+                QFormat::Q4_1 => GgmlDType::Q4_1,
+                QFormat::Q8_0 => GgmlDType::Q8_0,
+            };
+            let w: Vec<f32> =
+                ggml_file::qtensor_from_ggml(dtype, d, vec![*r, cols], &dev).unwrap().dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+            let mut row = vec![0f32; cols];
+            for j in [0, r - 1] {
+                m0.dequantise_row(j, &mut row);
+                assert_eq!(row, w[j * cols..(j + 1) * cols], "{f:?} row {j}");
+            }
+            col += r;
+        }
+    }
+
+    #[test]
+    fn special_inputs_propagate_and_bad_shapes_are_refused() {
+        let data = random_blocks(QFormat::Q4_1, 2, 64, 3);
+        let q = QStack::new(vec![QMatrix::new(QFormat::Q4_1, 2, 64, data.clone()).unwrap()]).unwrap();
+        let mut x = inputs(1, 64);
+        x[5] = f32::NAN;
+        assert!(q.matmul(&x, 1).iter().all(|v| v.is_nan()));
+        x[5] = f32::INFINITY;
+        assert!(q.matmul(&x, 1).iter().all(|v| !v.is_finite()));
+        assert!(q.matmul(&[], 0).is_empty());
+        assert!(QMatrix::new(QFormat::Q4_1, 2, 48, data.clone()).is_none());
+        assert!(QMatrix::new(QFormat::Q4_1, 3, 64, data).is_none());
+        let other = QMatrix::new(QFormat::Q8_0, 1, 32, random_blocks(QFormat::Q8_0, 1, 32, 1)).unwrap();
+        let first = QMatrix::new(QFormat::Q8_0, 1, 64, random_blocks(QFormat::Q8_0, 1, 64, 1)).unwrap();
+        assert!(QStack::new(vec![first, other]).is_none());
+        assert!(QStack::new(vec![]).is_none());
+    }
+}
