@@ -5,8 +5,9 @@ defmodule ExBurn.Pretrained do
 
   ## Engines
 
-    * `:burn` - Burn on the chosen device (any device ExBurn runs on). GGUF weights are
-      dequantised to f32.
+    * `:burn` - Burn on the chosen device (any device ExBurn runs on). On the CPU, Q4_0, Q4_1
+      and Q8_0 GGUF weights stay quantised (decoded inside the matrix products, activations in
+      f32); other types, and all weights on other devices, are dequantised to f32.
     * `:candle` - Candle on the CPU (its only device here: without `:device` it takes the CPU
       whatever the default device is; another device is an error). GGUF weights stay quantised.
     * `:auto` (the default) - Burn on the chosen device, then Candle, the order of seed 001.
