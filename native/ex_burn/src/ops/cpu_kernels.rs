@@ -888,15 +888,75 @@ pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
 
 /// The exact (erf) GELU, `x/2 (1 + erf(x/√2))`, of a contiguous f32 flex tensor in one pass on
 /// rayon's pool: Burn composes it from five tensor ops, each a single-threaded pass over memory
-/// (a quarter of a BERT forward on the CPU). Written as `x/2 erfc(-x/√2)` (libm, as flex's erf),
-/// which keeps full precision for negative x where `1 + erf` cancels.
+/// (a quarter of a BERT forward on the CPU). Written as `x/2 erfc(-x/√2)`, which keeps full
+/// precision for negative x where `1 + erf` cancels.
 pub fn gelu(x: &Prim) -> Option<Prim> {
-    fn f(x: f32) -> f32 {
-        0.5 * x * libm::erfcf(-x * std::f32::consts::FRAC_1_SQRT_2)
-    }
     let xs = flex_f32(x)?;
-    Some(par_map(xs, dispatch::dims(x), f))
+    let out = par_map_slices(xs, |x, o| gelu_f32_into(simd(), x, o));
+    Some(dispatch::from_data(TensorData::new(out, dispatch::dims(x)), &burn::tensor::Device::flex()))
 }
+
+/// Numerical Recipes' `erfcc` (Chebyshev fit, §6.2): `erfc(a) = t exp(-a² + P(t))`, `t = 1/(1 +
+/// a/2)`, relative error below 1.05e-7 for every a ≥ 0 (checked in f64 on [0, 10]); `P`'s
+/// coefficients from the constant term up.
+const ERFC_P: [f32; 10] =
+    [-1.265_512_2, 1.000_023_7, 0.374_091_96, 0.096_784_18, -0.186_288_06, 0.278_868_07, -1.135_203_98, 1.488_515_87, -0.822_152_23, 0.170_872_77];
+
+/// GELU of eight values through `erfc` above and `expf8`: straight-line code the compiler
+/// vectorises (libm's `erfcf` branches per value: 5 ms of a 30 ms BERT layer on 2 cores).
+/// `-a²` is split into its rounded value and the rounding error (`fma`), the error applied as
+/// `exp(-lo) ≈ 1 - lo`.
+#[inline(always)]
+fn gelu8<S: Isa>(x: &[f32; 8]) -> [f32; 8] {
+    let mut arg = [0f32; 8];
+    let mut t = [0f32; 8];
+    let mut lo = [0f32; 8];
+    for i in 0..8 {
+        let a = x[i].abs() * std::f32::consts::FRAC_1_SQRT_2;
+        t[i] = 1.0 / a.mul_add(0.5, 1.0);
+        let p = ERFC_P.iter().rev().fold(0f32, |p, c| p.mul_add(t[i], *c));
+        let hi = a * a;
+        lo[i] = a.mul_add(a, -hi);
+        arg[i] = p - hi;
+    }
+    let e = expf8::<S>(&arg);
+    let mut out = [0f32; 8];
+    for i in 0..8 {
+        // erfc(|x|/√2); 0 where it underflows (also keeps ±Inf from 0 · Inf)
+        let a = x[i].abs() * std::f32::consts::FRAC_1_SQRT_2;
+        let c = if a > 10.5 { 0.0 } else { t[i] * e[i] * (1.0 - lo[i]) };
+        // Φ(x) = erfc(-x/√2)/2: 1 - c/2 for x ≥ 0, c/2 below
+        let phi = if x[i] >= 0.0 { c.mul_add(-0.5, 1.0) } else { 0.5 * c };
+        out[i] = x[i] * phi;
+    }
+    out
+}
+
+/// GELU over a slice: `gelu8` where the level has FMA, else libm's `erfcf` per value.
+#[inline(always)]
+fn gelu_f32_slice<S: Isa>(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
+    if !S::FMA {
+        for (o, &x) in out.iter_mut().zip(xs) {
+            o.write(0.5 * x * libm::erfcf(-x * std::f32::consts::FRAC_1_SQRT_2));
+        }
+        return;
+    }
+    let mut outs = out.chunks_exact_mut(8);
+    let mut ins = xs.chunks_exact(8);
+    for (o, x) in (&mut outs).zip(&mut ins) {
+        for (o, y) in o.iter_mut().zip(gelu8::<S>(x.try_into().unwrap())) {
+            o.write(y);
+        }
+    }
+    let rest = ins.remainder();
+    let mut pad = [0f32; 8];
+    pad[..rest.len()].copy_from_slice(rest);
+    for (o, y) in outs.into_remainder().iter_mut().zip(gelu8::<S>(&pad)) {
+        o.write(y);
+    }
+}
+
+wide!(fn gelu_f32_into(xs: &[f32], out: &mut [MaybeUninit<f32>]) = gelu_f32_slice;);
 
 /// `gelu` on a Burn tensor, falling back to Burn's composition off the CPU or for other dtypes.
 pub fn gelu_tensor<const D: usize>(t: burn::tensor::Tensor<D>) -> burn::tensor::Tensor<D> {
