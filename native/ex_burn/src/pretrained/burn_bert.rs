@@ -228,15 +228,18 @@ impl BurnBert {
         let pos = self.position.clone().slice([0..s, 0..h]).unsqueeze::<3>().expand([b, s, h]).reshape([rows, h]);
         let mut x = self.emb_norm.forward(word + types + pos, eps);
 
-        // transformers' extended attention mask: (1 - mask) * finfo(f32).min, added to the scores.
-        let bias: Vec<f32> = batch.mask.iter().map(|&m| if m != 0 { 0.0 } else { f32::MIN }).collect();
-        let bias = f32_tensor(bias, [b, 1, 1, s], &self.device).expand([b, 1, s, s]);
+        // transformers' extended attention mask: (1 - mask) * finfo(f32).min, added to the scores;
+        // none when no position is masked (one text, or texts of equal length), where it adds 0
+        let bias = batch.mask.contains(&0).then(|| {
+            let bias: Vec<f32> = batch.mask.iter().map(|&m| if m != 0 { 0.0 } else { f32::MIN }).collect();
+            f32_tensor(bias, [b, 1, 1, s], &self.device).expand([b, 1, s, s])
+        });
         let heads = |t: Tensor<2>| t.reshape([b, s, nh, dh]).swap_dims(1, 2);
         for layer in &self.layers {
             let qkv = layer.qkv.forward(x.clone());
             let part = |i: usize| heads(qkv.clone().slice([0..rows, i * h..(i + 1) * h]));
             let (q, k, v) = (part(0), part(1), part(2));
-            let ctx = attention(q, k, v, None, Some(bias.clone()), AttentionModuleOptions::default());
+            let ctx = attention(q, k, v, None, bias.clone(), AttentionModuleOptions::default());
             let ctx = ctx.swap_dims(1, 2).reshape([rows, h]);
             x = layer.attn_norm.forward(layer.attn_out.forward(ctx) + x, eps);
             let inter = crate::ops::cpu_kernels::gelu_tensor(layer.intermediate.forward(x.clone()));
