@@ -731,6 +731,14 @@ mod tests {
             let d = r.forward(&[4], 3).unwrap();
             let diff = b.iter().zip(&d).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
             assert!(diff < 1e-5, "{diff}");
+            // Every weight dequantised (the other devices' path) against the mix of quantised
+            // layers (Q8_0 embedding, Q4_1 blocks) and f32 ones (rows of 8) this file loads into.
+            let dense = BurnLlama::load_with(&path, &dev, true, false).unwrap();
+            let mut r = dense.session().unwrap();
+            r.forward(&[1, 2, 3], 0).unwrap();
+            let d = r.forward(&[4], 3).unwrap();
+            let diff = b.iter().zip(&d).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(diff < 1e-4, "{diff}");
         }
 
         // Rope frequency factors of 2 rotate like linear position scaling by a factor of 2.
