@@ -29,6 +29,10 @@ pub enum QFormat {
     Q4_1,
     /// `d: f16, qs: [i8; 32]`, `w = d·q`.
     Q8_0,
+    /// Plain f32 rows (blocks of 32 values, nothing to decode): the same kernel serves f32
+    /// weights where few activation rows make a general matmul's packing of the weights its
+    /// main cost (`matmul_f32`).
+    F32,
 }
 
 impl QFormat {
@@ -46,6 +50,7 @@ impl QFormat {
             QFormat::Q4_0 => 18,
             QFormat::Q4_1 => 20,
             QFormat::Q8_0 => 34,
+            QFormat::F32 => 4 * BLOCK,
         }
     }
 
@@ -60,6 +65,7 @@ impl QFormat {
             }
             QFormat::Q4_1 => (half(0), half(2), 4),
             QFormat::Q8_0 => (half(0), 0.0, 2),
+            QFormat::F32 => (1.0, 0.0, 0),
         }
     }
 
@@ -77,6 +83,11 @@ impl QFormat {
             QFormat::Q8_0 => {
                 for j in 0..BLOCK {
                     out[j] = b[at + j] as i8 as f32;
+                }
+            }
+            QFormat::F32 => {
+                for j in 0..BLOCK {
+                    out[j] = f32::from_le_bytes(b[at + 4 * j..at + 4 * j + 4].try_into().unwrap());
                 }
             }
         }
@@ -149,39 +160,10 @@ impl QStack {
 
     /// `x @ Wᵀ` for `x` of `m` rows of `cols` values: `m` rows of `rows` values.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let (k, n) = (self.cols, self.rows);
-        assert_eq!(x.len(), m * k, "qmatmul: x holds {} values, not {m} rows of {k}", x.len());
-        if m == 0 || n == 0 {
-            return vec![0.0; m * n];
-        }
-        // computed transposed, `[n, m]`, so each task owns a run of weight rows. Tasks of about
-        // 128K multiply-adds: SmolLM2 decoding on 2 cores ran at 110, 163 and 190 tokens/s with
-        // 16K, 64K and 128K (fewer hand-offs between the threads; 256K was no better)
-        let mut out_t = vec![0f32; n * m];
-        let tile = ((1 << 17) / (k * m).max(1)).clamp(1, 256);
-        let level = simd();
-        par_chunks_for(&mut out_t, tile * m, n * k * m.min(ROWS), |t, piece| {
-            let first = t * tile;
-            for (i, dst) in piece.chunks_exact_mut(m).enumerate() {
-                let (w, row) = self.locate(first + i);
-                let mut r = 0;
-                while r < m {
-                    let take = (m - r).min(ROWS);
-                    row_dots(level, w.format, w.row(row), &x[r * k..(r + take) * k], k, &mut dst[r..r + take]);
-                    r += take;
-                }
-            }
-        });
-        if m == 1 {
-            return out_t;
-        }
-        let mut out = vec![0f32; m * n];
-        for (j, col) in out_t.chunks_exact(m).enumerate() {
-            for (i, v) in col.iter().enumerate() {
-                out[i * n + j] = *v;
-            }
-        }
-        out
+        matmul_rows(self.rows, self.cols, x, m, |r| {
+            let (w, row) = self.locate(r);
+            (w.format, w.row(row))
+        })
     }
 
     /// Stacked row `r` dequantised into `out` (`cols` values): an embedding lookup.
@@ -200,6 +182,53 @@ impl QStack {
         }
         unreachable!("row beyond the stack")
     }
+}
+
+/// `x @ Wᵀ` for f32 `w` of `rows` rows of `cols` values (PyTorch's `[out, in]`, row-major) and
+/// `x` of `m` rows: `m` rows of `rows` values; `None` unless `cols` is a multiple of 32.
+pub fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], m: usize) -> Option<Vec<f32>> {
+    if !cols.is_multiple_of(BLOCK) || w.len() != rows * cols {
+        return None;
+    }
+    let bytes: &[u8] = bytemuck::cast_slice(w);
+    let row_bytes = cols * 4;
+    Some(matmul_rows(rows, cols, x, m, |r| (QFormat::F32, &bytes[r * row_bytes..(r + 1) * row_bytes])))
+}
+
+/// The parallel driver: `n` weight rows of `k` values, row `r` as `row(r)`'s format and bytes.
+fn matmul_rows<'a>(n: usize, k: usize, x: &[f32], m: usize, row: impl Fn(usize) -> (QFormat, &'a [u8]) + Sync) -> Vec<f32> {
+    assert_eq!(x.len(), m * k, "qmatmul: x holds {} values, not {m} rows of {k}", x.len());
+    if m == 0 || n == 0 {
+        return vec![0.0; m * n];
+    }
+    // computed transposed, `[n, m]`, so each task owns a run of weight rows. Tasks of about
+    // 128K multiply-adds: SmolLM2 decoding on 2 cores ran at 110, 163 and 190 tokens/s with
+    // 16K, 64K and 128K (fewer hand-offs between the threads; 256K was no better)
+    let mut out_t = vec![0f32; n * m];
+    let tile = ((1 << 17) / (k * m).max(1)).clamp(1, 256);
+    let level = simd();
+    par_chunks_for(&mut out_t, tile * m, n * k * m.min(ROWS), |t, piece| {
+        let first = t * tile;
+        for (i, dst) in piece.chunks_exact_mut(m).enumerate() {
+            let (format, w) = row(first + i);
+            let mut r = 0;
+            while r < m {
+                let take = (m - r).min(ROWS);
+                row_dots(level, format, w, &x[r * k..(r + take) * k], k, &mut dst[r..r + take]);
+                r += take;
+            }
+        }
+    });
+    if m == 1 {
+        return out_t;
+    }
+    let mut out = vec![0f32; m * n];
+    for (j, col) in out_t.chunks_exact(m).enumerate() {
+        for (i, v) in col.iter().enumerate() {
+            out[i * n + j] = *v;
+        }
+    }
+    out
 }
 
 /// Activation rows sharing one decoding of a weight row (a prompt's tokens): each block is
@@ -246,7 +275,9 @@ fn row_dots_scalar(f: QFormat, w: &[u8], xs: &[f32], k: usize, out: &mut [f32]) 
     for (b, block) in w.chunks_exact(bb).enumerate() {
         let (d, m, at) = f.header(block);
         f.quants(block, at, &mut q);
-        q.iter_mut().for_each(|q| *q = q.mul_add(d, m));
+        if f != QFormat::F32 {
+            q.iter_mut().for_each(|q| *q = q.mul_add(d, m));
+        }
         for (i, o) in out.iter_mut().enumerate() {
             let x = &xs[i * k + b * BLOCK..i * k + (b + 1) * BLOCK];
             *o += q.iter().zip(x).map(|(w, x)| w * x).sum::<f32>();
@@ -276,6 +307,10 @@ mod avx2 {
                 let f = |o: usize| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(o) as *const __m128i)));
                 [f(0), f(8), f(16), f(24)]
             }
+            QFormat::F32 => {
+                let p = p as *const f32;
+                [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))]
+            }
         }
     }
 
@@ -289,7 +324,13 @@ mod avx2 {
             let block = w.get_unchecked(b * bb..(b + 1) * bb);
             let (d, m, at) = f.header(block);
             let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
-            let w = quants(f, block.as_ptr().add(at)).map(|q| _mm256_fmadd_ps(q, dv, mv));
+            let q = quants(f, block.as_ptr().add(at));
+            // no closure here (`map`): closures do not inherit `target_feature`
+            let w = if f == QFormat::F32 {
+                q
+            } else {
+                [_mm256_fmadd_ps(q[0], dv, mv), _mm256_fmadd_ps(q[1], dv, mv), _mm256_fmadd_ps(q[2], dv, mv), _mm256_fmadd_ps(q[3], dv, mv)]
+            };
             for r in 0..R {
                 let x = xp.add(r * k + b * BLOCK);
                 let mut a = acc[r];
@@ -327,6 +368,7 @@ mod avx512 {
                 let f = |o: usize| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(o) as *const __m128i)));
                 [f(0), f(16)]
             }
+            QFormat::F32 => [_mm512_loadu_ps(p as *const f32), _mm512_loadu_ps((p as *const f32).add(16))],
         }
     }
 
@@ -339,7 +381,7 @@ mod avx512 {
         let (d, m, at) = f.header(block);
         let (dv, mv) = (_mm512_set1_ps(d), _mm512_set1_ps(m));
         let [q0, q1] = quants(f, block.as_ptr().add(at));
-        let (w0, w1) = (_mm512_fmadd_ps(q0, dv, mv), _mm512_fmadd_ps(q1, dv, mv));
+        let (w0, w1) = if f == QFormat::F32 { (q0, q1) } else { (_mm512_fmadd_ps(q0, dv, mv), _mm512_fmadd_ps(q1, dv, mv)) };
         for r in 0..R {
             let x = xp.add(r * k + b * BLOCK);
             acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x.add(16)), _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), acc[r]));
@@ -383,6 +425,12 @@ mod tests {
         };
         let mut out = Vec::new();
         for _ in 0..rows * cols / BLOCK {
+            if f == QFormat::F32 {
+                for _ in 0..BLOCK {
+                    out.extend(((next() % 2000) as f32 / 1000.0 - 1.0).to_le_bytes());
+                }
+                continue;
+            }
             let mut half = |out: &mut Vec<u8>| {
                 let v = (next() % 2000) as f32 / 1000.0 - 1.0;
                 out.extend(f16::from_f32(v * 0.05).to_bits().to_le_bytes());
@@ -405,6 +453,7 @@ mod tests {
             QFormat::Q4_0 => GgmlDType::Q4_0,
             QFormat::Q4_1 => GgmlDType::Q4_1,
             QFormat::Q8_0 => GgmlDType::Q8_0,
+            QFormat::F32 => GgmlDType::F32,
         };
         let dev = candle_core::Device::Cpu;
         let w = ggml_file::qtensor_from_ggml(dtype, data, vec![rows, cols], &dev).unwrap().dequantize(&dev).unwrap();
@@ -424,7 +473,7 @@ mod tests {
 
     #[test]
     fn quantised_matmul_equals_candles_dequantised_product() {
-        for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0] {
+        for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0, QFormat::F32] {
             // odd row counts (tiles and the 4-row groups end part-way), m from 1 to 9
             for (rows, cols, m) in [(1, 32, 1), (7, 64, 1), (33, 96, 2), (300, 576, 3), (5, 128, 4), (61, 160, 5), (1000, 64, 9), (17, 96, 8), (40, 64, 23)] {
                 let data = random_blocks(f, rows, cols, (rows * 31 + cols) as u64);
@@ -453,11 +502,11 @@ mod tests {
     #[test]
     fn stacked_parts_of_different_formats_and_rows_dequantise_like_candle() {
         let (cols, m) = (64, 3);
-        let parts: Vec<(QFormat, usize)> = vec![(QFormat::Q4_1, 5), (QFormat::Q8_0, 3), (QFormat::Q4_0, 300)];
+        let parts: Vec<(QFormat, usize)> = vec![(QFormat::Q4_1, 5), (QFormat::Q8_0, 3), (QFormat::Q4_0, 300), (QFormat::F32, 2)];
         let datas: Vec<Vec<u8>> = parts.iter().enumerate().map(|(i, (f, r))| random_blocks(*f, *r, cols, i as u64 + 7)).collect();
         let stack =
             QStack::new(parts.iter().zip(&datas).map(|((f, r), d)| QMatrix::new(*f, *r, cols, d.clone()).unwrap()).collect()).unwrap();
-        assert_eq!((stack.rows(), stack.cols()), (308, 64));
+        assert_eq!((stack.rows(), stack.cols()), (310, 64));
         let x = inputs(m, cols);
         let got = stack.matmul(&x, m);
         let mut col = 0;
@@ -465,7 +514,7 @@ mod tests {
             let want = reference(*f, d, *r, cols, &x, m);
             for i in 0..m {
                 for j in 0..*r {
-                    let (g, w) = (got[i * 308 + col + j] as f64, want[i * r + j]);
+                    let (g, w) = (got[i * 310 + col + j] as f64, want[i * r + j]);
                     assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{f:?} row {j} of x row {i}: {g} vs {w}");
                 }
             }
@@ -476,6 +525,7 @@ mod tests {
                 QFormat::Q4_0 => GgmlDType::Q4_0,
                 QFormat::Q4_1 => GgmlDType::Q4_1,
                 QFormat::Q8_0 => GgmlDType::Q8_0,
+                QFormat::F32 => GgmlDType::F32,
             };
             let w: Vec<f32> =
                 ggml_file::qtensor_from_ggml(dtype, d, vec![*r, cols], &dev).unwrap().dequantize(&dev).unwrap().flatten_all().unwrap().to_vec1().unwrap();
@@ -486,6 +536,24 @@ mod tests {
             }
             col += r;
         }
+    }
+
+    #[test]
+    fn f32_rows_equal_an_f64_product_and_refuse_other_widths() {
+        for (rows, cols, m) in [(1, 32, 1), (384, 384, 16), (1536, 384, 7), (5, 1536, 33)] {
+            let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.1).collect();
+            let x = inputs(m, cols);
+            let got = matmul_f32(&w, rows, cols, &x, m).unwrap();
+            for i in 0..m {
+                for j in 0..rows {
+                    let want: f64 = (0..cols).map(|c| w[j * cols + c] as f64 * x[i * cols + c] as f64).sum();
+                    let g = got[i * rows + j] as f64;
+                    assert!((g - want).abs() <= 1e-5 * (1.0 + want.abs()) * (cols as f64).sqrt(), "{rows}x{cols} m={m} [{i},{j}]: {g} vs {want}");
+                }
+            }
+        }
+        assert!(matmul_f32(&[0.0; 48], 1, 48, &[0.0; 48], 1).is_none());
+        assert!(matmul_f32(&[0.0; 64], 1, 32, &[0.0; 32], 1).is_none());
     }
 
     #[test]
