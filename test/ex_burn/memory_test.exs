@@ -111,22 +111,61 @@ defmodule ExBurn.MemoryTest do
     assert major_gcs(:infinity, 40) <= 2
   end
 
-  test "the gc_after_bytes threshold counts bytes per process and resets after a collection" do
-    Application.put_env(:ex_burn, :gc_after_bytes, 1000)
+  # Runs `fun` in a fresh process (a small heap) with gc_after_bytes set to `setting`.
+  defp in_process(setting, fun) do
+    Application.put_env(:ex_burn, :gc_after_bytes, setting)
 
     try do
-      Process.delete(:ex_burn_unreclaimed_bytes)
-      assert ExBurn.Tensor.Reclaim.note({10, 10}, {:f, 32}) == :ok
-      assert ExBurn.Tensor.Reclaim.note({2, 60}, {:f, 64}) == :collected
-      assert ExBurn.Tensor.Reclaim.note({249}, {:u, 8}) == :ok
-      # 8 bits x 1000 elements reach the threshold exactly
-      assert ExBurn.Tensor.Reclaim.note({751}, {:s, 8}) == :collected
+      Task.async(fun) |> Task.await(30_000)
+    after
+      Application.delete_env(:ex_burn, :gc_after_bytes)
+    end
+  end
 
-      Application.put_env(:ex_burn, :gc_after_bytes, -1)
+  @mib 1024 * 1024
+
+  test "the gc_after_bytes threshold counts bytes per process and resets after a collection" do
+    notes =
+      in_process(4 * @mib, fn ->
+        # 2 MiB, 2 MiB (reaches 4 MiB exactly), then 1 + 3 MiB in two types
+        [
+          {{512, 1024}, {:f, 32}},
+          {{256, 1024}, {:f, 64}},
+          {{1024, 1024}, {:u, 8}},
+          {{3 * 1024, 1024}, {:s, 8}}
+        ]
+        |> Enum.map(fn {shape, type} -> ExBurn.Tensor.Reclaim.note(shape, type) end)
+      end)
+
+    assert notes == [:ok, :collected, :ok, :collected]
+
+    Application.put_env(:ex_burn, :gc_after_bytes, -1)
+
+    try do
       error = assert_raise ExBurn.Error, fn -> ExBurn.Tensor.Reclaim.note({1}, {:f, 32}) end
       assert error.details == %{gc_after_bytes: -1}
     after
       Application.delete_env(:ex_burn, :gc_after_bytes)
     end
+  end
+
+  test "a process with a large heap collects later, at 64 times its heap, at most 256 MiB" do
+    collected_at =
+      in_process(4 * @mib, fn ->
+        # about 2.4 MiB of heap: 64 times that is above the cap, so the cap applies
+        big = Enum.to_list(1..150_000)
+
+        notes = for _ <- 1..70, do: ExBurn.Tensor.Reclaim.note({@mib}, {:u, 32})
+        # keeps `big` alive through the notes
+        true = length(big) == 150_000
+        for {:collected, i} <- Enum.with_index(notes, 1), do: i
+      end)
+
+    # 4 MiB a note: the 64th reaches 256 MiB
+    assert collected_at == [64]
+
+    # a small heap keeps the floor: every note of 4 MiB collects
+    small = in_process(4 * @mib, fn -> for _ <- 1..3, do: ExBurn.Tensor.Reclaim.note({@mib}, {:u, 32}) end)
+    assert small == [:collected, :collected, :collected]
   end
 end
