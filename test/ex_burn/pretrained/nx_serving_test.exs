@@ -37,7 +37,11 @@ if Code.ensure_loaded?(Nx) do
       assert Nx.shape(t) == {384}
       assert Nx.type(t) == {:f, 32}
       assert t.data.__struct__ == Nx.BinaryBackend
-      assert Nx.to_flat_list(t) == expected
+      # the texts sharing a batch change the kernel (short calls: a pass over the weights on
+      # the host; longer ones: gemm), hence the last bits; a mixed-up row is ~0.1 away
+      got = Nx.to_flat_list(t)
+      assert length(got) == length(expected)
+      assert Enum.zip_with(got, expected, &abs(&1 - &2)) |> Enum.max() < 1.0e-6
     end
 
     test "run/2: a string gives %{embedding: {dim}}, a list a list of them, equal to embed/3 and to sentence-transformers",
