@@ -18,7 +18,8 @@
 # Softmax: ExBurn composes it (reduce_max, subtract, exp, sum, divide; there is no softmax op),
 # PyTorch uses torch.softmax. Layer norm (no weights, eps 1e-5): "composed" rows compose it on
 # both sides (mean, subtract, multiply, mean, add, rsqrt, multiply); the "fused" row compares the
-# same ExBurn composition with torch.nn.functional.layer_norm. take/sort/conv are not in
+# same ExBurn composition with torch.nn.functional.layer_norm; the *_defn rows (Nx only) compile
+# the same compositions, against torch.softmax and layer_norm. take/sort/conv are not in
 # ExBurn.Tensor's public API; they go through ExBurn.Native as the Nx backend does.
 alias ExBurn.{Model, Native}
 alias ExBurn.Tensor, as: T
@@ -115,6 +116,41 @@ cases =
       {"conv2d_8x32x32x32_64x3x3",
        fn -> Native.conv(cx.ref, ck.ref, conv_spec, f32) |> wrap.() |> consume.() end}
     ]
+
+# With Nx loaded: the same softmax and layer norm written with Nx and compiled (`compiler:
+# ExBurn`, the path of Axon models), against PyTorch's fused kernels. The compiler runs the
+# softmax composition as one kernel and frees each intermediate after its last use.
+cases =
+  if Code.ensure_loaded?(Nx) do
+    nx_sq = Nx.iota({1024, 1024}, type: :f32, backend: ExBurn.Backend) |> Nx.multiply(0.37) |> Nx.sin()
+
+    nx_softmax = fn x ->
+      e = Nx.exp(Nx.subtract(x, Nx.reduce_max(x, axes: [1], keep_axes: true)))
+      Nx.divide(e, Nx.sum(e, axes: [1], keep_axes: true))
+    end
+
+    nx_layer_norm = fn x ->
+      c = Nx.subtract(x, Nx.mean(x, axes: [1], keep_axes: true))
+      var = Nx.mean(Nx.multiply(c, c), axes: [1], keep_axes: true)
+      Nx.multiply(c, Nx.rsqrt(Nx.add(var, 1.0e-5)))
+    end
+
+    consume_nx = fn t ->
+      Nx.to_binary(t, limit: 1)
+      Nx.backend_deallocate(t)
+    end
+
+    jit = fn f -> Nx.Defn.jit(f, compiler: ExBurn) end
+    {sm, ln} = {jit.(nx_softmax), jit.(nx_layer_norm)}
+
+    cases ++
+      [
+        {"softmax_1024x1024_defn", fn -> sm.(nx_sq) |> consume_nx.() end},
+        {"layer_norm_1024x1024_defn", fn -> ln.(nx_sq) |> consume_nx.() end}
+      ]
+  else
+    cases
+  end
 
 IO.puts(:stderr, "ExBurn cases (device #{inspect(ExBurn.default_device())})...")
 

@@ -135,6 +135,8 @@ def cases():
     yield "softmax_1024x1024", lambda: first(torch.softmax(sq, dim=1))
     yield "layer_norm_composed_1024x1024", lambda: first(composed_layer_norm(sq))
     yield "layer_norm_fused_1024x1024", lambda: first(F.layer_norm(sq, (1024,)))
+    yield "softmax_1024x1024_defn", lambda: first(torch.softmax(sq, dim=1))
+    yield "layer_norm_1024x1024_defn", lambda: first(F.layer_norm(sq, (1024,)))
     yield "take_1M", lambda: first(a[idx])
     yield "sort_1M", lambda: first(torch.sort(a).values)
     for k in (256, 1024, 2048):

@@ -152,12 +152,13 @@ defmodule ExBurn.MemoryTest do
   test "a process with a large heap collects later, at 64 times its heap, at most 256 MiB" do
     collected_at =
       in_process(4 * @mib, fn ->
-        # about 2.4 MiB of heap: 64 times that is above the cap, so the cap applies
-        big = Enum.to_list(1..150_000)
+        # at least 9.6 MB of heap (600 000 cons cells of 2 words): 64 times that is above the
+        # cap, so the cap applies
+        big = Enum.to_list(1..600_000)
 
         notes = for _ <- 1..70, do: ExBurn.Tensor.Reclaim.note({@mib}, {:u, 32})
         # keeps `big` alive through the notes
-        true = length(big) == 150_000
+        true = length(big) == 600_000
         for {:collected, i} <- Enum.with_index(notes, 1), do: i
       end)
 

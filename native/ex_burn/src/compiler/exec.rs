@@ -27,7 +27,7 @@ impl Program {
         let mut values: Vec<Option<Handle>> = vec![None; self.instrs.len()];
         let mut chosen = vec![0usize; self.instrs.len()];
         for i in 0..self.instrs.len() {
-            if self.parent[i].is_none() {
+            if self.parent[i].is_none() && !self.dead[i] {
                 if !alive() {
                     return Err(ExError::Cancelled);
                 }
@@ -106,7 +106,7 @@ impl Program {
 
     fn exec_range(&self, cond: usize, br: &Branch, values: &mut [Option<Handle>], chosen: &mut [usize], inputs: &[Handle], alive: &dyn Fn() -> bool) -> ExResult<()> {
         for j in br.start..br.end {
-            if self.parent[j] == Some(cond) {
+            if self.parent[j] == Some(cond) && !self.dead[j] {
                 self.exec(j, values, chosen, inputs, alive)?;
             }
         }
@@ -139,6 +139,7 @@ impl Program {
             }
             Op::AsType => ew::as_type(a[0], ty),
             Op::Reduce { op, axes, keep } => reduce::reduce(*op, a[0], axes.clone(), *keep, ty),
+            Op::Softmax { recip } => reduce::softmax_last(a[0], *recip, ty),
             Op::ArgReduce { op, axis, keep, high } => reduce::arg_reduce(*op, a[0], *axis, *keep, *high, ty),
             Op::Dot { a: sa, b: sb } => linalg::dot(a[0], sa, a[1], sb, ty),
             Op::Reshape => sh::reshape(a[0], shape),

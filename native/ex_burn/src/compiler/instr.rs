@@ -22,6 +22,10 @@ pub enum Op {
     /// Float max/min against a non-NaN constant, rewritten from `Binary` by `Program::new`: one
     /// pass instead of a compare-and-select chain (ReLU is `max(x, 0)`).
     ClampScalar { max: bool, bound: f64, compute: NxType },
+    /// Softmax over the last axis, fused by `fuse::softmax` from Nx's composition
+    /// (`reduce_max`, `subtract`, `exp`, `sum`, then `divide`, or `multiply` by `1 / sum` with
+    /// `recip`), with the same bits.
+    Softmax { recip: bool },
     Select,
     Clip,
     AsType,
@@ -91,7 +95,7 @@ pub(super) fn arity(op: &Op) -> Option<usize> {
         Op::Input(_) | Op::Full(_) | Op::Iota(_) | Op::Eye | Op::Cond { .. } | Op::Pick { .. } => 0,
         Op::LoopVar => 0,
         Op::While { .. } => return None,
-        Op::Unary(_) | Op::AsType | Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Reshape | Op::ClampScalar { .. } => 1,
+        Op::Unary(_) | Op::Softmax { .. } | Op::AsType | Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Reshape | Op::ClampScalar { .. } => 1,
         Op::Transpose(_) | Op::Broadcast(_) | Op::Slice { .. } | Op::Reverse(_) | Op::Alias | Op::Bitcast => 1,
         Op::Binary { .. } | Op::Dot { .. } => 2,
         Op::Select | Op::Clip => 3,

@@ -6,6 +6,7 @@
 //! op-by-op evaluation agree bit for bit.
 
 mod exec;
+mod fuse;
 mod instr;
 mod program;
 #[cfg(test)]

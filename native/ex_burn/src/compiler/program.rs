@@ -27,6 +27,8 @@ pub struct Program {
     pub(super) dense: Vec<Vec<Option<Handle>>>,
     /// The innermost `Cond` whose branches hold each instruction (`None`: top level).
     pub(super) parent: Vec<Option<usize>>,
+    /// Instructions replaced by a fused one (`fuse`): never run.
+    pub(super) dead: Vec<bool>,
 }
 
 /// Largest constant `dense` materializes (elements), so it never holds much memory.
@@ -86,6 +88,7 @@ impl Program {
                 }
             }
         }
+        let dead = if device.kind == crate::device::DeviceKind::Cpu { super::fuse::softmax(&mut instrs, &outputs, &parent) } else { vec![false; n] };
         // Liveness counts a use inside a cond's branches at the outermost cond, the top-level
         // point where those branches run.
         let top = |mut i: usize| {
@@ -133,7 +136,9 @@ impl Program {
                 if a >= i {
                     return Err(bad(i, "operand does not precede its use"));
                 }
-                mark(a, top(i), &mut last_use);
+                if !dead[i] {
+                    mark(a, top(i), &mut last_use);
+                }
             }
             if !matches!(ins.op, Op::Cond { .. } | Op::While { .. } | Op::LoopVar) {
                 crate::ops::check_alloc(&ins.shape, ins.ty)?;
@@ -153,7 +158,7 @@ impl Program {
             }
         }
         let dense = dense_constants(&instrs, device)?;
-        Ok(Program { instrs, outputs, inputs, device, frees, dense, parent })
+        Ok(Program { instrs, outputs, inputs, device, frees, dense, parent, dead })
     }
 
     pub fn len(&self) -> usize {
@@ -210,9 +215,11 @@ fn dense_constants(instrs: &[Instr], device: DeviceRef) -> ExResult<Vec<Vec<Opti
     let mut dense = Vec::with_capacity(instrs.len());
     for ins in instrs {
         let (shape, slots, to): (Vec<usize>, &[usize], NxType) = match &ins.op {
-            Op::Binary { compute, .. } => {
+            Op::Binary { compute, op } => {
                 let s = crate::ops::broadcast_shape(&instrs[ins.args[0]].shape, &instrs[ins.args[1]].shape)?;
-                (s, &[0, 1], *compute)
+                // a constant exponent stays one element: `pow`'s CPU kernel takes it as is
+                // (x^2 becomes x * x there)
+                (s, if *op == BinaryOp::Pow { &[0] } else { &[0, 1] }, *compute)
             }
             Op::Select => {
                 let (p, t, f) = (&instrs[ins.args[0]].shape, &instrs[ins.args[1]].shape, &instrs[ins.args[2]].shape);

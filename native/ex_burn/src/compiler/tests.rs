@@ -262,3 +262,99 @@ fn a_run_stops_when_its_caller_is_gone() {
     assert!(matches!(prog.run_while(&[f32s(&[1.0], &[])], &alive), Err(ExError::Cancelled)));
     assert_eq!(checks.get(), 50);
 }
+
+/// Softmax over the last axis as Nx composes it: x, max, [alias], x - max, exp, sum, then
+/// `e / s` or Axon's `(1 / s) * e`. `keep_e` also outputs `e`, which must keep the parts.
+fn softmax_program(shape: &[usize], recip: bool, alias: bool, keep_e: bool) -> Program {
+    let r = shape.len();
+    let mut kept = shape.to_vec();
+    kept[r - 1] = 1;
+    let reduce = |op| Op::Reduce { op, axes: Some(vec![r - 1]), keep: true };
+    let mut v = vec![ins(Op::Input(0), &[], F32, shape), ins(reduce(ReduceOp::ReduceMax), &[0], F32, &kept)];
+    if alias {
+        v.push(ins(Op::Alias, &[1], F32, &kept));
+    }
+    let m = v.len() - 1;
+    v.push(ins(bin(BinaryOp::Subtract), &[0, m], F32, shape));
+    v.push(ins(Op::Unary(UnaryOp::Exp), &[m + 1], F32, shape));
+    let e = m + 2;
+    v.push(ins(reduce(ReduceOp::Sum), &[e], F32, &kept));
+    if recip {
+        v.push(ins(Op::Full(Scalar::Float(1.0)), &[], F32, &[]));
+        v.push(ins(bin(BinaryOp::Divide), &[e + 2, e + 1], F32, &kept));
+        v.push(ins(bin(BinaryOp::Multiply), &[e + 3, e], F32, shape));
+    } else {
+        v.push(ins(bin(BinaryOp::Divide), &[e, e + 1], F32, shape));
+    }
+    let out = v.len() - 1;
+    let outputs = if keep_e { vec![out, e] } else { vec![out] };
+    Program::new(v, outputs, 1, device()).unwrap()
+}
+
+/// Values with every special case, varied magnitudes and whole rows of -inf and of NaN.
+fn softmax_inputs(shape: &[usize]) -> Vec<f32> {
+    let n: usize = shape.iter().product();
+    let cols = shape[shape.len() - 1];
+    let specials = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, 88.0, -104.0, 3e38, -3e38];
+    (0..n)
+        .map(|i| match (i / cols, i % 13) {
+            (1, _) => f32::NEG_INFINITY,
+            (2, _) if cols > 1 => -0.0,
+            (_, 0) => specials[(i / 13) % specials.len()],
+            _ => ((i as f32) * 0.731).sin() * 30.0,
+        })
+        .collect()
+}
+
+/// The fused softmax gives the composition's bits (NaN where it has NaN) for both of Nx's forms,
+/// every special value, rows short and long (both summation paths) and ranks 1-3; and its parts
+/// stay when something else reads them.
+#[test]
+fn fused_softmax_equals_the_composition_bit_for_bit() {
+    let cpu = device().kind == crate::device::DeviceKind::Cpu;
+    for shape in [vec![9], vec![3, 5], vec![1, 1], vec![7, 33], vec![4, 2, 17], vec![1024, 64], vec![2, 40_000], vec![5, 40_000]] {
+        let x = f32s(&softmax_inputs(&shape), &shape);
+        for (recip, alias) in [(false, false), (true, true), (true, false)] {
+            let fused = softmax_program(&shape, recip, alias, false);
+            let plain = softmax_program(&shape, recip, alias, true);
+            let last = fused.instrs.len() - 1;
+            if cpu {
+                assert!(matches!(fused.instrs[last].op, Op::Softmax { recip: r } if r == recip), "{shape:?}");
+                assert_eq!(fused.dead.iter().filter(|&&d| d).count(), last - 1, "every part but the input is dead");
+            }
+            assert!(matches!(plain.instrs[plain.instrs.len() - 1].op, Op::Binary { .. }), "a part read elsewhere keeps the composition");
+            let (a, b) = (floats(&fused.run(std::slice::from_ref(&x)).unwrap()[0]), floats(&plain.run(std::slice::from_ref(&x)).unwrap()[0]));
+            assert_eq!(a.len(), b.len());
+            for (k, (p, q)) in a.iter().zip(&b).enumerate() {
+                assert!(p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()), "{shape:?} recip {recip} at {k}: {p} vs {q}");
+            }
+        }
+    }
+}
+
+/// Against an f64 softmax computed here: finite rows within 1e-6, a row of -inf is NaN
+/// (-inf - -inf), as Nx.BinaryBackend gives.
+#[test]
+fn fused_softmax_matches_an_f64_reference() {
+    let shape = [4, 300];
+    let mut xs: Vec<f32> = (0..1200).map(|i| ((i as f32) * 0.37).sin() * 20.0).collect();
+    xs[300..600].iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+    xs[905] = f32::INFINITY;
+    let got = floats(&softmax_program(&shape, false, true, false).run(&[f32s(&xs, &shape)]).unwrap()[0]);
+    for (r, (row, out)) in xs.chunks(300).zip(got.chunks(300)).enumerate() {
+        match r {
+            1 => assert!(out.iter().all(|v| v.is_nan()), "row of -inf"),
+            // +inf in the row: inf - inf is NaN there, exp(-inf) = 0 elsewhere, the sum NaN
+            3 => assert!(out.iter().all(|v| v.is_nan()), "row with +inf"),
+            _ => {
+                let m = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+                let e: Vec<f64> = row.iter().map(|&v| (v as f64 - m).exp()).collect();
+                let s: f64 = e.iter().sum();
+                for (k, (&o, &ek)) in out.iter().zip(&e).enumerate() {
+                    let want = ek / s;
+                    assert!((o as f64 - want).abs() <= 1e-6 * want.max(1e-30) + 1e-12, "row {r} col {k}: {o} vs {want}");
+                }
+            }
+        }
+    }
+}

@@ -694,6 +694,48 @@ pub fn arith(op: Arith, a: &Prim, a_shape: &[usize], b: &Prim, b_shape: &[usize]
     Some(dispatch::from_data(data, &burn::tensor::Device::flex()))
 }
 
+/// Nx's `pow` of f32 or f64 values (`b` already in `a`'s type) on rayon's pool, where flex walks
+/// one element at a time (6 ms for 1M f32, Nx.variance's `pow(x - mean, 2)`): a one-element
+/// exponent, or an exponent of the output's shape with `a` of it too. An exponent of exactly 2 is
+/// `x * x`, the correctly rounded square (what Nx.BinaryBackend gives: f64 `pow` of an f32 is
+/// exact there); any other is the `powf` flex calls, so the same bits. `None` elsewhere.
+pub fn pow(a: &Prim, a_shape: &[usize], b: &Prim, out: &[usize]) -> Option<Prim> {
+    let n: usize = out.iter().product();
+    if a_shape != out || n < ARITH_MIN {
+        return None;
+    }
+    fn go<T: Float>(a: &[T], b: &[T], shape: Vec<usize>, powf: fn(T, T) -> T) -> Option<Prim> {
+        let out = match b {
+            [e] if (*e).into() == 2.0 => par_map_slices(a, |x, o| {
+                for (o, &x) in o.iter_mut().zip(x) {
+                    o.write(x * x);
+                }
+            }),
+            [e] => par_map_slices(a, |x, o| {
+                for (o, &x) in o.iter_mut().zip(x) {
+                    o.write(powf(x, *e));
+                }
+            }),
+            _ if b.len() == a.len() => {
+                let base = a.as_ptr() as usize;
+                par_map_slices(a, |x, o| {
+                    // this chunk's offset in `a`, for the matching exponents
+                    let at = (x.as_ptr() as usize - base) / std::mem::size_of::<T>();
+                    for ((o, &x), &e) in o.iter_mut().zip(x).zip(&b[at..]) {
+                        o.write(powf(x, e));
+                    }
+                })
+            }
+            _ => return None,
+        };
+        Some(dispatch::from_data(TensorData::new(out, shape), &burn::tensor::Device::flex()))
+    }
+    match (flex_f32(a), flex_f32(b)) {
+        (Some(a), Some(b)) => go(a, b, out.to_vec(), f32::powf),
+        _ => go(flex_f64(a)?, flex_f64(b)?, out.to_vec(), f64::powf),
+    }
+}
+
 /// The std function flex applies per element for `op`, for f32 and f64: the parallel map below
 /// computes exactly what flex computes, on all cores instead of one.
 fn std_unary(op: UnaryOp) -> Option<(fn(f32) -> f32, fn(f64) -> f64)> {
@@ -886,6 +928,58 @@ pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
     }
 }
 
+/// The sum `sum` gives one row of an f32 reduction over the last axis of `total` values, on the
+/// calling thread: `row_sums` takes `par_sum` (`PAR_MIN`-long parts added in order) where it
+/// runs row after row, else `sum_wide` over the whole row; NaN made positive as `sum` does.
+fn row_sum_as_sum(level: Simd, row: &[f32], total: usize) -> f64 {
+    let s = if total < PAR_MIN || row.len() >= total / 2 {
+        let parts: Vec<f64> = row.chunks(PAR_MIN).map(|c| sum_wide(level, c)).collect();
+        parts.into_iter().sum()
+    } else {
+        sum_wide(level, row)
+    };
+    if s.is_nan() { f64::NAN } else { s }
+}
+
+/// Softmax over the last axis of a contiguous f32 flex tensor in one pass per row, the same bits
+/// as the composition `Program` fuses into it (`compiler::fuse`): `e = exp(x - reduce_max(x))`
+/// with `unary`'s exp, `s` = `sum`'s f64 row sum rounded to f32, then `e / s`, or with `recip`
+/// `e * (1 / s)` (Axon's form). Five passes over memory become one. `None` off f32/flex, for an
+/// empty tensor, or where the exp kernel is not this libm's.
+pub fn softmax_last(x: &Prim, recip: bool) -> Option<Prim> {
+    let xs = flex_f32(x)?;
+    let shape = dispatch::dims(x);
+    let cols = *shape.last()?;
+    if xs.is_empty() || cols == 0 || !exp_replica_ok() {
+        return None;
+    }
+    let level = simd();
+    let per_task = (PAR_MIN / cols).max(1);
+    let mut out: Vec<f32> = Vec::with_capacity(xs.len());
+    par_chunks_for(&mut out.spare_capacity_mut()[..xs.len()], per_task * cols, xs.len(), |t, o| {
+        let mut shifted = vec![0f32; cols];
+        for (row, o) in xs[t * per_task * cols..].chunks(cols).zip(o.chunks_mut(cols)) {
+            let m = max_wide(level, row);
+            for (d, &v) in shifted.iter_mut().zip(row) {
+                *d = v - m;
+            }
+            exp_f32_into(level, &shifted, o);
+            // SAFETY: exp_f32_into wrote every element of `o`.
+            let e: &mut [f32] = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
+            let s = row_sum_as_sum(level, e, xs.len()) as f32;
+            if recip {
+                let r = 1.0 / s;
+                e.iter_mut().for_each(|v| *v *= r);
+            } else {
+                e.iter_mut().for_each(|v| *v /= s);
+            }
+        }
+    });
+    // SAFETY: the tasks wrote all xs.len() elements (each row of each chunk).
+    unsafe { out.set_len(xs.len()) };
+    Some(dispatch::from_data(TensorData::new(out, shape), &burn::tensor::Device::flex()))
+}
+
 /// The exact (erf) GELU, `x/2 (1 + erf(x/√2))`, of a contiguous f32 flex tensor in one pass on
 /// rayon's pool: Burn composes it from five tensor ops, each a single-threaded pass over memory
 /// (a quarter of a BERT forward on the CPU). Written as `x/2 erfc(-x/√2)`, which keeps full
@@ -995,6 +1089,31 @@ mod tests {
         // small tensors (but exp's) and unlisted ops stay on flex
         assert!(unary(UnaryOp::Tanh, &flex(vec![1.0; 10], &[10])).is_none());
         assert!(unary(UnaryOp::Erf, &x).is_none());
+    }
+
+    /// pow: any exponent but 2 gives flex's powf bits (one-element and full-shape exponents);
+    /// exponent 2 gives the f64 square rounded once (Nx.BinaryBackend's value), NaN/Inf/±0 included.
+    #[test]
+    fn parallel_pow_equals_flex_and_squares_exactly() {
+        let n = 3 * PAR_MIN + 5;
+        let xs = specials(n);
+        let x = flex(xs.clone(), &[n]);
+        let bits = |v: &[f32]| v.iter().map(|f| if f.is_nan() { u32::MAX } else { f.to_bits() }).collect::<Vec<_>>();
+        for e in [0.5f32, 3.0, -1.5, 2.5, 0.0] {
+            let ours = values(pow(&x, &[n], &flex(vec![e], &[1]), &[n]).expect("one-element exponent"));
+            let theirs = values(Dispatch::float_powf(x.clone(), flex(vec![e; n], &[n])));
+            assert_eq!(bits(&ours), bits(&theirs), "exponent {e}");
+        }
+        let es: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.75 - 2.0).collect();
+        let ours = values(pow(&x, &[n], &flex(es.clone(), &[n]), &[n]).expect("full-shape exponent"));
+        let theirs = values(Dispatch::float_powf(x.clone(), flex(es, &[n])));
+        assert_eq!(bits(&ours), bits(&theirs));
+        let squares = values(pow(&x, &[n], &flex(vec![2.0], &[1]), &[n]).unwrap());
+        let want: Vec<f32> = xs.iter().map(|&v| ((v as f64) * (v as f64)) as f32).collect();
+        assert_eq!(bits(&squares), bits(&want));
+        // broadcast bases and small tensors stay on flex
+        assert!(pow(&flex(vec![1.0; 4], &[4]), &[4], &flex(vec![2.0], &[1]), &[4]).is_none());
+        assert!(pow(&flex(vec![1.0; n], &[n]), &[1, n], &flex(vec![2.0], &[1]), &[2, n]).is_none());
     }
 
     #[test]

@@ -657,6 +657,12 @@ pub fn binary(op: BinaryOp, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Hand
         if let Some(prim) = kernel_op.and_then(|k| arith(k, &a.prim, &a.shape, &b.prim, &b.shape, &shape)) {
             return Ok(Handle::new(prim, ty, shape, device));
         }
+        if op == BinaryOp::Pow && a.ty == ty {
+            let exponent = dispatch::cast(b.prim.clone(), ty.dtype());
+            if let Some(prim) = super::cpu_kernels::pow(&a.prim, &a.shape, &exponent, &shape) {
+                return Ok(Handle::new(prim, ty, shape, device));
+            }
+        }
     }
     let pa = dispatch::cast(broadcast_prim(a, &shape), ty.dtype());
     let pb = dispatch::cast(broadcast_prim(b, &shape), ty.dtype());

@@ -107,6 +107,30 @@ pub fn reduce(op: ReduceOp, h: &Handle, axes: Option<Vec<usize>>, keep: bool, ou
     Ok(Handle::new(prim, out, shape, h.device))
 }
 
+/// Softmax over the last axis, as the composition the compiler fuses (`compiler::fuse`):
+/// `e = exp(x - reduce_max(x))`, then `e / sum(e)` or, with `recip`, `e * (1 / sum(e))`, every
+/// step in `ty`. One pass on the CPU for f32 (`cpu_kernels::softmax_last`, the same bits);
+/// elsewhere the same core ops one after another.
+pub fn softmax_last(h: &Handle, recip: bool, ty: NxType) -> ExResult<Handle> {
+    use super::elementwise::{binary, unary};
+    use super::vocab::{BinaryOp, UnaryOp};
+    let last = h.rank().checked_sub(1).ok_or_else(|| ExError::invalid("softmax of a scalar"))?;
+    if ty == NxType::F(32) && h.ty == ty && h.device.kind == crate::device::DeviceKind::Cpu {
+        if let Some(prim) = super::cpu_kernels::softmax_last(&h.prim, recip) {
+            return Ok(Handle::new(prim, ty, h.shape.clone(), h.device));
+        }
+    }
+    let m = reduce(ReduceOp::ReduceMax, h, Some(vec![last]), true, ty)?;
+    let e = unary(UnaryOp::Exp, &binary(BinaryOp::Subtract, h, &m, ty)?, ty)?;
+    let s = reduce(ReduceOp::Sum, &e, Some(vec![last]), true, ty)?;
+    if recip {
+        let one = Handle::new(dispatch::full(&[1], Scalar::Float(1.0), ty.dtype(), &h.device.burn()?), ty, vec![1], h.device);
+        binary(BinaryOp::Multiply, &binary(BinaryOp::Divide, &one, &s, ty)?, &e, ty)
+    } else {
+        binary(BinaryOp::Divide, &e, &s, ty)
+    }
+}
+
 /// An f64 sum or mean over a leading or trailing block of axes as a product with a ones vector,
 /// on the CPU: the gemm kernel accumulates in f64 like `sum_dim` but is about 15x faster there
 /// (7 vs 110 us over [128, 256]; a bias gradient is exactly this column sum). `None` where the
