@@ -619,10 +619,17 @@ mod tests {
             prefill.push(t.elapsed().as_secs_f64() * 1000.0);
             let mut next = argmax(&logits);
             let t = std::time::Instant::now();
+            let mut steps = Vec::with_capacity(64);
             for i in 0..64 {
+                let step = std::time::Instant::now();
                 next = argmax(&s.forward(&[next], prompt.len() + i).unwrap());
+                steps.push(step.elapsed().as_secs_f64() * 1000.0);
             }
             rate.push(64.0 / t.elapsed().as_secs_f64());
+            // steady steps, or a few slow ones (kernels compiled for new shapes)?
+            let mut sorted = steps.clone();
+            sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            println!("burn llama: decode step ms: median {:.2}, max {:.2}; first 8 {:.2?}", sorted[32], sorted[63], &steps[..8]);
         }
         println!(
             "burn llama: prompt of {} tokens in {:.1} ms (best of 3); 64 greedy tokens at {:.1} tokens/s (best of 3; all {:.1?}); peak RSS {:.0} MiB",
