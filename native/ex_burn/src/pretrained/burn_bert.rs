@@ -249,11 +249,37 @@ impl BurnBert {
         let (b, s, h) = (batch.batch, batch.seq, self.cfg.hidden_size);
         let (nh, eps) = (self.cfg.num_attention_heads, self.cfg.layer_norm_eps);
         let dh = h / nh;
-        let rows = b * s;
-        let word = self.word.clone().select(0, self.ids(&batch.ids));
-        let types = self.token_type.clone().select(0, self.ids(&batch.type_ids));
-        let pos = self.position.clone().slice([0..s, 0..h]).unsqueeze::<3>().expand([b, s, h]).reshape([rows, h]);
+        let padded = b * s;
+        // Packed rows: only the real tokens (mask 1) go through the dense layers, layer norms and
+        // GELU, which treat rows independently; attention alone sees the padded [b, s] layout.
+        // Texts of unequal length pad the shorter ones (32 sentences of 13-20 tokens: 640 rows
+        // padded, 528 real).
+        let real: Vec<usize> = (0..padded).filter(|&p| batch.mask[p] != 0).collect();
+        let packing = !real.is_empty() && real.len() < padded;
+        let rows = if packing { real.len() } else { padded };
+        let pick = |v: &[u32]| -> Vec<u32> { if packing { real.iter().map(|&p| v[p]).collect() } else { v.to_vec() } };
+        let index = |v: Vec<usize>| -> Tensor<1, Int> { self.ids(&v.into_iter().map(|p| p as u32).collect::<Vec<_>>()) };
+        let word = self.word.clone().select(0, self.ids(&pick(&batch.ids)));
+        let types = self.token_type.clone().select(0, self.ids(&pick(&batch.type_ids)));
+        let pos = if packing {
+            self.position.clone().select(0, index(real.iter().map(|&p| p % s).collect()))
+        } else {
+            self.position.clone().slice([0..s, 0..h]).unsqueeze::<3>().expand([b, s, h]).reshape([rows, h])
+        };
         let mut x = self.emb_norm.forward(word + types + pos, eps);
+        // padded position -> its packed row (padding reads row 0: masked as a key, dropped as a
+        // query), and packed row -> padded position
+        let (to_packed, to_padded) = if packing {
+            let mut at = vec![0usize; padded];
+            real.iter().enumerate().for_each(|(r, &p)| at[p] = r);
+            (Some(index(at)), Some(index(real.clone())))
+        } else {
+            (None, None)
+        };
+        let unpack = |t: Tensor<2>| match &to_packed {
+            Some(i) => t.select(0, i.clone()),
+            None => t,
+        };
 
         // transformers' extended attention mask: (1 - mask) * finfo(f32).min, added to the scores;
         // none when no position is masked (one text, or texts of equal length), where it adds 0
@@ -263,16 +289,20 @@ impl BurnBert {
         });
         let heads = |t: Tensor<2>| t.reshape([b, s, nh, dh]).swap_dims(1, 2);
         for layer in &self.layers {
-            let qkv = layer.qkv.forward(x.clone());
-            let part = |i: usize| heads(qkv.clone().slice([0..rows, i * h..(i + 1) * h]));
+            let qkv = unpack(layer.qkv.forward(x.clone()));
+            let part = |i: usize| heads(qkv.clone().slice([0..padded, i * h..(i + 1) * h]));
             let (q, k, v) = (part(0), part(1), part(2));
             let ctx = attention(q, k, v, None, bias.clone(), AttentionModuleOptions::default());
-            let ctx = ctx.swap_dims(1, 2).reshape([rows, h]);
+            let ctx = ctx.swap_dims(1, 2).reshape([padded, h]);
+            let ctx = match &to_padded {
+                Some(i) => ctx.select(0, i.clone()),
+                None => ctx,
+            };
             x = layer.attn_norm.forward(layer.attn_out.forward(ctx) + x, eps);
             let inter = crate::ops::cpu_kernels::gelu_tensor(layer.intermediate.forward(x.clone()));
             x = layer.out_norm.forward(layer.output.forward(inter) + x, eps);
         }
-        let data = x.try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
+        let data = unpack(x).try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
         data.try_into_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))
     }
 }
