@@ -88,6 +88,12 @@ impl Safetensors {
         self.metadata.info(name).map(|i| i.shape.clone())
     }
 
+    /// Whether `name` holds float weights (`values` reads F32, F16 and BF16); checkpoints also
+    /// carry integer buffers such as BERT's `position_ids`.
+    pub fn is_float(&self, name: &str) -> bool {
+        self.metadata.info(name).is_some_and(|i| matches!(i.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16))
+    }
+
     /// The tensor `name` as f32 host values, checked against `shape`.
     pub fn values(&self, name: &str, shape: &[usize]) -> ExResult<Vec<f32>> {
         let info =
