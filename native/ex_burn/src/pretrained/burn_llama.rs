@@ -44,7 +44,22 @@ impl LlamaConfig {
         self.embedding_length / self.head_count
     }
 
-    fn read(g: &Gguf) -> ExResult<Self> {
+    /// The rotary tables, cos and sin as `[context, rope_dim / 2]` row-major: θ_i =
+    /// base^(-2i / rope_dim), divided by `rope_freqs.weight`'s factors where the file has them
+    /// (Llama 3.1-style scaling, as llama.cpp applies them); angle = position · scale · θ_i, in f64.
+    /// Both engines rotate with these.
+    pub(crate) fn rope_tables(&self, g: &mut Gguf) -> ExResult<(Vec<f32>, Vec<f32>)> {
+        let (half, ctx) = (self.rope_dim / 2, self.context_length.max(1));
+        let factors = if g.contains("rope_freqs.weight") { g.values("rope_freqs.weight", &[half])? } else { vec![1.0; half] };
+        let inv: Vec<f64> =
+            (0..half).map(|i| self.rope_freq_base.powf(-((2 * i) as f64) / self.rope_dim as f64) / factors[i] as f64).collect();
+        let scale = self.rope_position_scale;
+        let angles =
+            |f: fn(f64) -> f64| -> Vec<f32> { (0..ctx).flat_map(|p| inv.iter().map(move |t| f(p as f64 * scale * t) as f32)).collect() };
+        Ok((angles(f64::cos), angles(f64::sin)))
+    }
+
+    pub(crate) fn read(g: &Gguf) -> ExResult<Self> {
         let arch = g.string("general.architecture")?;
         if arch != "llama" {
             return Err(super::errors::unsupported("burn", format!("unknown architecture `{arch}` in {}: the Burn engine runs `llama` GGUF models", g.path().display())));
@@ -264,18 +279,10 @@ impl Weights {
             }
         };
 
-        // θ_i = base^(-2i / rope_dim), divided by `rope_freqs.weight`'s factors where the file has
-        // them (Llama 3.1-style scaling, as llama.cpp applies them); angle = position · θ_i, in f64.
-        let half = cfg.rope_dim / 2;
-        let ctx = cfg.context_length.max(1);
-        let factors = if g.contains("rope_freqs.weight") { g.values("rope_freqs.weight", &[half])? } else { vec![1.0; half] };
-        let inv: Vec<f64> =
-            (0..half).map(|i| cfg.rope_freq_base.powf(-((2 * i) as f64) / cfg.rope_dim as f64) / factors[i] as f64).collect();
-        let scale = cfg.rope_position_scale;
-        let angles =
-            |f: fn(f64) -> f64| -> Vec<f32> { (0..ctx).flat_map(|p| inv.iter().map(move |t| f(p as f64 * scale * t) as f32)).collect() };
-        let cos = f32_tensor(angles(f64::cos), [ctx, half], &dev);
-        let sin = f32_tensor(angles(f64::sin), [ctx, half], &dev);
+        let (half, ctx) = (cfg.rope_dim / 2, cfg.context_length.max(1));
+        let (cos, sin) = cfg.rope_tables(g)?;
+        let cos = f32_tensor(cos, [ctx, half], &dev);
+        let sin = f32_tensor(sin, [ctx, half], &dev);
         Ok(Weights { cfg, device: dev, native_gqa, embed, blocks, out_norm, output, cos, sin })
     }
 

@@ -119,15 +119,7 @@ impl QMatrix {
 
     /// Row `r` dequantised into `out` (`cols` values): an embedding lookup.
     pub fn dequantise_row(&self, r: usize, out: &mut [f32]) {
-        let (row, bb, f) = (self.row(r), self.format.block_bytes(), self.format);
-        let mut q = [0f32; BLOCK];
-        for (b, chunk) in row.chunks_exact(bb).zip(out.chunks_exact_mut(BLOCK)) {
-            let (d, m, at) = f.header(b);
-            f.quants(b, at, &mut q);
-            for (o, q) in chunk.iter_mut().zip(q) {
-                *o = d * q + m;
-            }
-        }
+        dequantise_row(self.format, self.row(r), out)
     }
 
     pub fn bytes(&self) -> usize {
@@ -181,6 +173,19 @@ impl QStack {
             r -= p.rows;
         }
         unreachable!("row beyond the stack")
+    }
+}
+
+/// One row of `format` blocks (`row`, as GGML stores it) dequantised into `out`: an embedding
+/// lookup, for `QMatrix` and for Candle's own quantised tensors.
+pub fn dequantise_row(format: QFormat, row: &[u8], out: &mut [f32]) {
+    let mut q = [0f32; BLOCK];
+    for (b, chunk) in row.chunks_exact(format.block_bytes()).zip(out.chunks_exact_mut(BLOCK)) {
+        let (d, m, at) = format.header(b);
+        format.quants(b, at, &mut q);
+        for (o, q) in chunk.iter_mut().zip(q) {
+            *o = d * q + m;
+        }
     }
 }
 
