@@ -600,7 +600,10 @@ mod tests {
         assert_eq!(batched.len(), model.vocab_size());
         let diff = batched.iter().zip(&last).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         println!("burn llama: batched prompt vs token-by-token max logit difference {diff:e}");
-        assert!(diff < 1e-3, "{diff}");
+        // off the CPU Burn's matmul kernels run f32 in TF32 (guides/devices.md): 2.2e-2 measured
+        // on the H100 for logits up to about 20
+        let tol = if crate::testing::device().kind == crate::device::DeviceKind::Cpu { 1e-3 } else { 5e-2 };
+        assert!(diff < tol, "{diff}");
         // Feeding out of order is an error, and a fresh session works.
         assert!(err_text(s.forward(&[1], 3)).contains("fed in order"));
         assert!(err_text(s.forward(&[99999], prompt.len())).contains("outside the vocabulary"));
@@ -769,21 +772,25 @@ mod tests {
             r.forward(&[1, 2, 3], 0).unwrap();
             let d = r.forward(&[4], 3).unwrap();
             let diff = b.iter().zip(&d).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(diff < 1e-5, "{diff}");
+            // TF32 matmuls off the CPU: 7.6e-5 measured on the H100
+            assert!(diff < if dev.kind == crate::device::DeviceKind::Cpu { 1e-5 } else { 5e-4 }, "{diff}");
             // Every weight dequantised (the other devices' path) against the mix of quantised
-            // layers (Q8_0 embedding, Q4_1 blocks) and f32 ones (rows of 8) this file loads into.
-            let dense = BurnLlama::load_with(&path, &dev, true, false).unwrap();
+            // layers (Q8_0 embedding, Q4_1 blocks) and f32 ones (rows of 8) this file loads into;
+            // K/V heads repeated where the device's attention needs it (GPUs), as `load` does.
+            let cpu = dev.kind == crate::device::DeviceKind::Cpu;
+            let dense = BurnLlama::load_with(&path, &dev, cpu, false).unwrap();
             let mut r = dense.session().unwrap();
             r.forward(&[1, 2, 3], 0).unwrap();
             let d = r.forward(&[4], 3).unwrap();
             let diff = b.iter().zip(&d).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(diff < 1e-4, "{diff}");
+            assert!(diff < if cpu { 1e-4 } else { 5e-4 }, "{diff}");
         }
 
         // The dequantised path's RoPE (pair tables, four tensor ops) gives the pairwise form's
-        // bits, at every position and for several positions at once.
+        // bits on the CPU, at every position and for several positions at once; GPU kernels may
+        // contract a product and a sum into one FMA, a last-bit difference (seen on the H100).
         let path = dir.path().join("tinytrue.gguf");
-        let dense = BurnLlama::load_with(&path, &dev, true, false).unwrap();
+        let dense = BurnLlama::load_with(&path, &dev, dev.kind == crate::device::DeviceKind::Cpu, false).unwrap();
         assert!(dense.w.pair_tables.is_some());
         let dh = dense.w.cfg.head_dim();
         for (s, pos) in [(1, 0), (1, 17), (5, 3), (3, 29)] {
@@ -792,7 +799,11 @@ mod tests {
             let x = f32_tensor(values, [1, 2, s, dh], &dense.w.device);
             let a = dense.w.rope(x.clone(), pos).into_data().to_vec::<f32>().unwrap();
             let b = dense.w.rope_pairs(x, pos).into_data().to_vec::<f32>().unwrap();
-            assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "s {s} pos {pos}");
+            if dev.kind == crate::device::DeviceKind::Cpu {
+                assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "s {s} pos {pos}");
+            } else {
+                assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-6 * q.abs().max(1.0)), "s {s} pos {pos}: {a:?} vs {b:?}");
+            }
         }
 
         // Rope frequency factors of 2 rotate like linear position scaling by a factor of 2.
