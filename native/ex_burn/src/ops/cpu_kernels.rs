@@ -333,9 +333,21 @@ fn par_sum<T: Float>(level: Simd, xs: &[T]) -> f64 {
     parts.into_iter().sum()
 }
 
+/// Whether `row_sums` adds `total` values' rows of `cols` one row after another (each through
+/// `par_sum`) rather than rows side by side (each through `sum_wide`): the choice fixes the
+/// summation order, which `row_sum_as_sum` replays.
+fn rows_in_turn(total: usize, cols: usize) -> bool {
+    total < PAR_MIN || cols >= total / 2
+}
+
+/// x86's inf + -inf is a negative NaN; Nx gives the positive one.
+fn positive_nan(s: f64) -> f64 {
+    if s.is_nan() { f64::NAN } else { s }
+}
+
 /// `rows` sums of `cols` consecutive values (a reduction over trailing axes).
 fn row_sums<T: Float>(level: Simd, xs: &[T], cols: usize) -> Vec<f64> {
-    if xs.len() < PAR_MIN || cols >= xs.len() / 2 {
+    if rows_in_turn(xs.len(), cols) {
         return xs.chunks(cols).map(|r| par_sum(level, r)).collect();
     }
     // rows of a few thousand values each: tasks of at least PAR_MIN values, so a 1024-row
@@ -398,9 +410,7 @@ pub fn sum(x: &Prim, shape: &[usize], axes: &[usize], mean: bool) -> Option<Prim
     let run = |sums: Vec<f64>| -> Vec<f64> {
         sums.into_iter()
             .map(|s| {
-                let s = if mean { s / reduced as f64 } else { s };
-                // x86's inf + -inf is a negative NaN; Nx gives the positive one
-                if s.is_nan() { f64::NAN } else { s }
+                positive_nan(if mean { s / reduced as f64 } else { s })
             })
             .collect()
     };
@@ -932,13 +942,12 @@ pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
 /// calling thread: `row_sums` takes `par_sum` (`PAR_MIN`-long parts added in order) where it
 /// runs row after row, else `sum_wide` over the whole row; NaN made positive as `sum` does.
 fn row_sum_as_sum(level: Simd, row: &[f32], total: usize) -> f64 {
-    let s = if total < PAR_MIN || row.len() >= total / 2 {
+    positive_nan(if rows_in_turn(total, row.len()) {
         let parts: Vec<f64> = row.chunks(PAR_MIN).map(|c| sum_wide(level, c)).collect();
         parts.into_iter().sum()
     } else {
         sum_wide(level, row)
-    };
-    if s.is_nan() { f64::NAN } else { s }
+    })
 }
 
 /// Softmax over the last axis of a contiguous f32 flex tensor in one pass per row, the same bits

@@ -135,7 +135,8 @@ impl LlamaConfig {
     }
 }
 
-/// A linear layer `x @ Wᵀ` without bias.
+/// A linear layer `x @ Wᵀ` without bias. Clones share the weights.
+#[derive(Clone)]
 enum Linear {
     /// Dequantised and transposed for `x @ W`: `[in, out]`.
     Dense(Tensor<2>),
@@ -146,7 +147,7 @@ enum Linear {
 impl Linear {
     /// The matrices `parts` (each `[rows, cols]`) stacked along their rows: kept quantised when
     /// `quantised` and every part's format allows, else dequantised.
-    fn load(g: &mut Gguf, parts: &[(String, usize)], cols: usize, dev: &Device, quantised: bool) -> ExResult<Linear> {
+    fn load(g: &mut Gguf, parts: &[(&str, usize)], cols: usize, dev: &Device, quantised: bool) -> ExResult<Linear> {
         if quantised {
             let mut q = Vec::with_capacity(parts.len());
             for (name, rows) in parts {
@@ -257,10 +258,7 @@ impl Weights {
     fn load(g: &mut Gguf, cfg: LlamaConfig, dev: Device, native_gqa: bool, quantised: bool) -> ExResult<Weights> {
         let (h, f, dh) = (cfg.embedding_length, cfg.feed_forward_length, cfg.head_dim());
         let (q_rows, kv_rows) = (cfg.head_count * dh, cfg.head_count_kv * dh);
-        let linear = |g: &mut Gguf, parts: &[(&str, usize)], cols: usize| {
-            let parts: Vec<(String, usize)> = parts.iter().map(|(n, r)| (n.to_string(), *r)).collect();
-            Linear::load(g, &parts, cols, &dev, quantised)
-        };
+        let linear = |g: &mut Gguf, parts: &[(&str, usize)], cols: usize| Linear::load(g, parts, cols, &dev, quantised);
         let embed = linear(g, &[("token_embd.weight", cfg.vocab_size)], h)?;
         let mut blocks = Vec::with_capacity(cfg.block_count);
         for l in 0..cfg.block_count {
@@ -276,10 +274,7 @@ impl Weights {
         let output = if g.contains("output.weight") {
             linear(g, &[("output.weight", cfg.vocab_size)], h)?
         } else {
-            match &embed {
-                Linear::Dense(e) => Linear::Dense(e.clone()),
-                Linear::Quant(e) => Linear::Quant(Arc::clone(e)),
-            }
+            embed.clone()
         };
 
         let (half, ctx) = (cfg.rope_dim / 2, cfg.context_length.max(1));

@@ -101,9 +101,10 @@ impl Safetensors {
         check_shape(&self.path, name, &info.shape, shape)?;
         let (start, end) = info.data_offsets;
         let base = 8 + self.header_len;
-        let width = match info.dtype {
-            Dtype::F32 => 4,
-            Dtype::F16 | Dtype::BF16 => 2,
+        let (width, convert): (usize, fn(&[u8]) -> f32) = match info.dtype {
+            Dtype::F32 => (4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            Dtype::F16 => (2, |c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            Dtype::BF16 => (2, |c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
             other => {
                 return Err(err(kind::UNSUPPORTED_DTYPE, format!(
                     "tensor `{name}` in {} has dtype {other:?}; only F32, F16 and BF16 weights are supported",
@@ -121,11 +122,7 @@ impl Safetensors {
         while at < end {
             let stop = end.min(at + PIECE);
             let bytes = &self.mmap[base + at..base + stop];
-            match info.dtype {
-                Dtype::F32 => values.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
-                Dtype::F16 => values.extend(bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())),
-                _ => values.extend(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())),
-            }
+            values.extend(bytes.chunks_exact(width).map(convert));
             // SAFETY: no slice of these pages outlives this statement (`bytes` is dead); a
             // read-only file-backed page that is accessed again (a page shared with the next
             // piece) is simply read back from the file.
