@@ -9,9 +9,10 @@
 //!
 //! How: a Burn backend extension (`#[backend_extension]`), so the call takes part in fusion's
 //! ordering like any other op: fusion records it lazily and runs it on its execution thread with
-//! the inputs materialised as `CubeTensor`s. cubecl does not expose its CUDA stream, so the
-//! kernel waits for cubecl's queue (`client.sync()`), runs cuBLAS on its own stream of the same
-//! (primary) context, and waits for that stream before handing the output back.
+//! the inputs materialised as `CubeTensor`s. cubecl does not expose its CUDA stream, so cuBLAS
+//! runs on its own stream of the same (primary) context, ordered against cubecl's on the device
+//! by `crate::cuda_handoff` (no host wait; where the driver refuses that, the call waits for
+//! cubecl's queue before and for its stream after, as it did first).
 //! libcublas/libcublasLt are loaded at run time (cudarc's dynamic loading): without them, or
 //! on any non-CUDA cube device, the product falls back to Burn's own kernel.
 
@@ -254,8 +255,6 @@ fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeT
     let rc = client
         .get_resource::<CudaServer>(out.handle.clone())
         .map_err(|e| format!("{e:?}"))?;
-    // cubecl's queue (the inputs' producers) must be done before cuBLAS reads them.
-    cubecl::future::block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
 
     let blas = blas_for(index)?;
     let blas = blas.lock().map_err(|_| "cuBLAS handle lock poisoned")?;
@@ -263,6 +262,14 @@ fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeT
         .context()
         .bind_to_thread()
         .map_err(|e| format!("{e:?}"))?;
+    let size = |t: &CubeTensor| t.meta.shape().num_elements() * t.dtype.size();
+    let inputs = [(&a.tensor.handle, size(&a.tensor)), (&b.tensor.handle, size(&b.tensor))];
+    // cuBLAS must start after the inputs' producers: ordered on the device where the driver
+    // allows it (crate::cuda_handoff), else by waiting for cubecl's queue here
+    let handoff = crate::cuda_handoff::Handoff::begin(&client, index, blas.stream.cu_stream(), inputs);
+    if handoff.is_none() {
+        cubecl::future::block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
+    }
     let op = |t: bool| {
         if t {
             bsys::cublasOperation_t::CUBLAS_OP_T
@@ -279,8 +286,9 @@ fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeT
         (&one32 as *const f32 as _, &zero32 as *const f32 as _)
     };
     // SAFETY: the pointers are live device allocations held by the `ManagedResource`s above
-    // for the whole call, sized for the shapes checked above; the stream is synchronised
-    // before they are released.
+    // while the call is queued, sized for the shapes checked above. After they are released,
+    // cubecl reuses the memory only after the handoff's `wait` kernel, which is bound to all
+    // three and ends after the product; without a handoff the stream is synchronised first.
     unsafe {
         blas::gemm_strided_batched_ex(
             *blas.blas.handle(),
@@ -309,7 +317,11 @@ fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeT
         )
         .map_err(|e| format!("cublasGemmStridedBatchedEx: {e:?}"))?;
     }
-    blas.stream.synchronize().map_err(|e| format!("{e:?}"))?;
+    match handoff {
+        Some(h) => h.end(&client, blas.stream.cu_stream(), inputs, (&out.handle, bytes.max(lhs.dtype.size())))?,
+        None => blas.stream.synchronize().map_err(|e| format!("{e:?}"))?,
+    }
     drop((ra, rb, rc));
     Ok(out)
 }
+

@@ -9,6 +9,8 @@ pub mod cpu_target;
 pub mod compiler;
 #[cfg(feature = "cuda")]
 pub mod cublas;
+#[cfg(feature = "cuda")]
+pub mod cuda_handoff;
 pub mod device;
 pub mod dispatch;
 pub mod dtype;

@@ -221,6 +221,46 @@ mod tests {
         }
     }
 
+    /// A product's inputs are read after their producers wrote them, and its result before its
+    /// consumers read it, also where the product runs outside Burn's queue (cuBLAS on CUDA, on its
+    /// own stream) and several threads (several of the device's queues) chain products and
+    /// element-wise ops with no read in between. Each step is exact in f32 (a product with 0.5·I,
+    /// then + c), so the host computes the same bits; a step that read stale or unwritten memory
+    /// would not.
+    #[test]
+    fn chained_products_and_element_wise_ops_see_each_others_results() {
+        use crate::ops::elementwise::binary;
+        use crate::ops::vocab::BinaryOp;
+        // on a GPU the product must outlast the host's gap between queueing it and queueing its
+        // consumer (tens of µs), or an ordering bug would go unseen: 2048² f32 takes ~0.3 ms
+        let n = if device().kind == crate::device::DeviceKind::Cpu { 192 } else { 2048 };
+        let steps = 30;
+        let half: Vec<f32> = (0..n * n).map(|i| if i / n == i % n { 0.5 } else { 0.0 }).collect();
+        let run = |t: usize| {
+            let start: Vec<f32> = (0..n * n).map(|i| ((i * 7 + t * 13) % 101) as f32).collect();
+            let c = (t + 1) as f32;
+            let (b, cs) = (f32s(&half, &[n, n]), f32s(&vec![c; n * n], &[n, n]));
+            let mut a = f32s(&start, &[n, n]);
+            for _ in 0..steps {
+                let p = dot(&a, &spec(&[1], &[]), &b, &spec(&[0], &[]), NxType::F(32)).unwrap();
+                a = binary(BinaryOp::Add, &p, &cs, NxType::F(32)).unwrap();
+            }
+            let want: Vec<f64> = start
+                .iter()
+                .map(|&x| (0..steps).fold(x, |v, _| 0.5 * v + c) as f64)
+                .collect();
+            (floats(&a), want)
+        };
+        let results: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3).map(|t| s.spawn(move || run(t))).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (t, (got, want)) in results.iter().enumerate() {
+            let bad = got.iter().zip(want).filter(|(g, w)| g != w).count();
+            assert_eq!(bad, 0, "thread {t}: {bad} of {} values differ (first {:?} vs {:?})", got.len(), &got[..4], &want[..4]);
+        }
+    }
+
     /// `:high` may use TF32 (about 1e-3 relative error on tensor-core GPUs), never worse.
     #[test]
     fn f32_products_at_high_precision_stay_within_tf32_error() {
