@@ -318,7 +318,10 @@ fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeT
         .map_err(|e| format!("cublasGemmStridedBatchedEx: {e:?}"))?;
     }
     match handoff {
-        Some(h) => h.end(&client, blas.stream.cu_stream(), inputs, (&out.handle, bytes.max(lhs.dtype.size())))?,
+        Some(h) => {
+            let flops = 2 * (batch.max(1) * m * n) as u64 * k as u64;
+            h.end(&client, blas.stream.cu_stream(), inputs, (&out.handle, bytes.max(lhs.dtype.size())), flops)?
+        }
         None => blas.stream.synchronize().map_err(|e| format!("{e:?}"))?,
     }
     drop((ra, rb, rc));

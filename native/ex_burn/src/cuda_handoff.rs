@@ -22,8 +22,8 @@
 //!
 //! Neither kernel runs until everything before it on its stream has, and the vendor stream's wait
 //! is enqueued only after `signal` was flushed to the device, so the chain cannot wait on work
-//! that was never submitted. The spin is bounded (about a minute) so that a bug here could only
-//! make a result wrong, never hang the GPU. Where the driver refuses stream memory operations
+//! that was never submitted. The spin is bounded (20 s, plus time for the call's work at 0.1
+//! TFLOP/s) so that a bug here could not hang the GPU for good. Where the driver refuses stream memory operations
 //! the caller falls back to waiting on the host ([`Handoff::begin`] returns `None`).
 
 use std::collections::HashMap;
@@ -36,8 +36,12 @@ use cudarc::driver::sys;
 /// Slots in a device's ring: a slot is reused after this many calls, long after its last one
 /// finished.
 const SLOTS: usize = 1024;
-/// Spin bound of `wait`: about a minute of atomic loads.
-const SPIN_LIMIT: u32 = 1 << 27;
+/// Spin bound of `wait` for a call of no work: 2^27 atomic loads, about 20 s at L2 latency
+/// (~150 ns on an H100).
+const SPIN_BASE: u64 = 1 << 27;
+/// Further spins per unit of the call's work (flops): as long as the card does more than about
+/// 0.1 TFLOP/s, a call ends before its wait gives up.
+const FLOPS_PER_SPIN: u64 = 1 << 14;
 
 #[cube(launch)]
 fn vendor_signal(flags: &[Atomic<u32>], _a: &[u16], _b: &[u16], slot: u32, seq: u32) {
@@ -49,10 +53,10 @@ fn vendor_signal(flags: &[Atomic<u32>], _a: &[u16], _b: &[u16], slot: u32, seq: 
 }
 
 #[cube(launch)]
-fn vendor_wait(flags: &[Atomic<u32>], a: &[u16], b: &[u16], out: &mut [u16], slot: u32, seq: u32) {
+fn vendor_wait(flags: &[Atomic<u32>], a: &[u16], b: &[u16], out: &mut [u16], slot: u32, seq: u32, limit: u32) {
     if UNIT_POS == 0 {
         let mut spins = 0u32;
-        while flags[(2 * slot + 1) as usize].load() != seq && spins < SPIN_LIMIT {
+        while flags[(2 * slot + 1) as usize].load() != seq && spins < limit {
             spins += 1u32;
         }
         // acquire: the library's writes (fenced before the flag) are visible from here
@@ -61,7 +65,7 @@ fn vendor_wait(flags: &[Atomic<u32>], a: &[u16], b: &[u16], out: &mut [u16], slo
         // that cubecl's read/write tracking, which follows what a kernel's code touches, orders
         // the output's consumers and the inputs' next writers after this kernel
         let mut keep = out[0];
-        if spins > SPIN_LIMIT {
+        if spins > limit {
             keep = a[0] ^ b[0];
         }
         out[0] = keep;
@@ -165,14 +169,16 @@ impl Handoff {
         Some(Handoff { ring, ptr, slot, seq })
     }
 
-    /// After the library call was queued on `stream`: publish its end there and queue `wait` on
-    /// cubecl's side, bound to the inputs and the output.
+    /// After the library call (of `flops` floating-point operations) was queued on `stream`:
+    /// publish its end there and queue `wait` on cubecl's side, bound to the inputs and the
+    /// output.
     pub fn end(
         self,
         client: &Client,
         stream: sys::CUstream,
         inputs: [(&cubecl::server::Handle, usize); 2],
         output: (&cubecl::server::Handle, usize),
+        flops: u64,
     ) -> Result<(), String> {
         let addr = self.ptr + (2 * self.slot as u64 + 1) * 4;
         // SAFETY: as in `begin`; the default flag fences the library call's writes before this
@@ -193,6 +199,7 @@ impl Handoff {
             buffer(output.0, output.1),
             self.slot,
             self.seq,
+            (SPIN_BASE + flops / FLOPS_PER_SPIN).min(u32::MAX as u64) as u32,
         );
         Ok(())
     }
