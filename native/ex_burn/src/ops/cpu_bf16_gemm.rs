@@ -183,34 +183,46 @@ fn gemm(a: View, b: View) -> Option<Vec<bf16>> {
     }
 }
 
-/// Packs k pairs `ps` of B's batch `bi` into `out`, the batch's `n.div_ceil(nr)` panels of `kp`
-/// pairs by `nr` lanes; lane (p, j) of panel c holds (b[2p][c·nr + j], b[2p+1][c·nr + j]), zero
-/// past n and for the missing row of an odd k. Reads B a row at a time in order: walking one
-/// panel down B instead strides through memory a row apart.
+/// Packs k pairs `ps` of B's batch `bi`, for the panels of `nr` columns from column `j0` to `j1`
+/// (`j0` a multiple of `nr`), into `out`: lane (p, j) of panel c goes to
+/// `out[(c·stride + p - ps.start)·nr + j]` and holds (b[2p][c·nr + j], b[2p+1][c·nr + j]), zero
+/// past n and for the missing row of an odd k. Rows contiguous along n are read whole, in order
+/// (walking one panel down B strides through memory a row apart); other layouts pair by pair,
+/// the panel's columns innermost, so a transposed B is read a cache line per column and pair
+/// rather than a line per element.
 ///
 /// # Safety
-/// `b` passed `in_bounds`; `out` holds the batch's panels and no other task writes pairs `ps`.
-unsafe fn pack_b(b: &View, bi: usize, ps: std::ops::Range<usize>, nr: usize, out: *mut u32) {
-    let [_, k, n] = b.shape;
-    let (kp, panels) = (k.div_ceil(2), n.div_ceil(nr));
-    // two rows widened to whole panels (zero past n)
-    let (mut lo_row, mut hi_row) = (vec![0u16; panels * nr], vec![0u16; panels * nr]);
-    let read = |r: usize, buf: &mut [u16]| {
-        if r >= k {
-            buf[..n].fill(0);
-        } else if b.strides[2] == 1 {
-            buf[..n].copy_from_slice(std::slice::from_raw_parts(b.ptr(bi, r, 0), n));
-        } else {
-            for (j, x) in buf[..n].iter_mut().enumerate() {
-                *x = *b.ptr(bi, r, j);
+/// `b` passed `in_bounds`, `ps` and `j0..j1` lie inside it, and `out` holds the panels.
+unsafe fn pack_b(b: &View, bi: usize, ps: std::ops::Range<usize>, (j0, j1): (usize, usize), nr: usize, out: *mut u32, stride: usize) {
+    let k = b.shape[1];
+    let (width, panels) = (j1 - j0, (j1 - j0).div_ceil(nr));
+    let at = |c: usize, p: usize| out.add((c * stride + p - ps.start) * nr);
+    if b.strides[2] != 1 {
+        for c in 0..panels {
+            let cols = nr.min(width - c * nr);
+            for p in ps.clone() {
+                let o = std::slice::from_raw_parts_mut(at(c, p), nr);
+                for (jj, o) in o[..cols].iter_mut().enumerate() {
+                    let j = j0 + c * nr + jj;
+                    let hi = if 2 * p + 1 < k { *b.ptr(bi, 2 * p + 1, j) } else { 0 };
+                    *o = pair(*b.ptr(bi, 2 * p, j), hi);
+                }
+                o[cols..].fill(0);
             }
         }
-    };
-    for p in ps {
-        read(2 * p, &mut lo_row);
-        read(2 * p + 1, &mut hi_row);
+        return;
+    }
+    // two rows widened to whole panels (zero past n)
+    let (mut lo_row, mut hi_row) = (vec![0u16; panels * nr], vec![0u16; panels * nr]);
+    for p in ps.clone() {
+        lo_row[..width].copy_from_slice(std::slice::from_raw_parts(b.ptr(bi, 2 * p, j0), width));
+        if 2 * p + 1 < k {
+            hi_row[..width].copy_from_slice(std::slice::from_raw_parts(b.ptr(bi, 2 * p + 1, j0), width));
+        } else {
+            hi_row.fill(0);
+        }
         for (c, (lo, hi)) in lo_row.chunks_exact(nr).zip(hi_row.chunks_exact(nr)).enumerate() {
-            let o = std::slice::from_raw_parts_mut(out.add((c * kp + p) * nr), nr);
+            let o = std::slice::from_raw_parts_mut(at(c, p), nr);
             for ((o, &l), &h) in o.iter_mut().zip(lo).zip(hi) {
                 *o = pair(l, h);
             }
@@ -218,61 +230,82 @@ unsafe fn pack_b(b: &View, bi: usize, ps: std::ops::Range<usize>, nr: usize, out
     }
 }
 
-/// Packs row `r` of A's batch `bi` as `out.len()` pairs, the last one zero-padded for odd k.
+/// Packs rows `rs` of A's batch `bi` as `kp` pairs each into `out` (row after row), the last
+/// pair zero-padded for odd k. Pair by pair with the rows innermost: a transposed A is then read
+/// along its stored rows, and the rows being written stay in L1.
 ///
 /// # Safety
-/// `a` passed `in_bounds` and `r` is one of its rows.
-unsafe fn pack_a_row(a: &View, bi: usize, r: usize, out: &mut [u32]) {
+/// `a` passed `in_bounds`, `rs` are rows of it, and `out` holds `rs.len()·kp` pairs.
+unsafe fn pack_a(a: &View, bi: usize, rs: std::ops::Range<usize>, kp: usize, out: *mut u32) {
     let k = a.shape[2];
-    for (p, o) in out.iter_mut().enumerate() {
-        let hi = if 2 * p + 1 < k { *a.ptr(bi, r, 2 * p + 1) } else { 0 };
-        *o = pair(*a.ptr(bi, r, 2 * p), hi);
+    for p in 0..kp {
+        for (i, r) in rs.clone().enumerate() {
+            let hi = if 2 * p + 1 < k { *a.ptr(bi, r, 2 * p + 1) } else { 0 };
+            *out.add(i * kp + p) = pair(*a.ptr(bi, r, 2 * p), hi);
+        }
     }
 }
 
-/// The whole product for one tile shape: B packed (and A if its pairs are not adjacent), then
-/// the `MC` x `NC` blocks of the result as parallel tasks.
+/// The whole product for one tile shape: A packed if its pairs are not adjacent, B packed once
+/// for all tasks (or by each task for its own columns where one row block covers m), then the
+/// `MC` x `NC` blocks of the result as parallel tasks.
 #[cfg(target_arch = "x86_64")]
 fn run<const MR: usize, const NV: usize>(a: View, b: View) -> Vec<bf16> {
     let ([bsz, m, k], n) = (a.shape, b.shape[2]);
     let (nr, kp) = (16 * NV, k.div_ceil(2));
-    let panels = n.div_ceil(nr);
-    let per_batch = panels * kp * nr;
-    // PB pairs a packing task: 16 pairs of 1024 columns read 64 KiB
-    const PB: usize = 16;
-    let chunks = kp.div_ceil(PB);
-    let mut bp: Vec<u32> = Vec::with_capacity(bsz * per_batch);
-    let base = Shared(bp.as_mut_ptr());
-    par_tasks(bsz * chunks, &|t| {
-        let (bi, c) = (t / chunks, t % chunks);
-        // SAFETY: b is in bounds (`view`); tasks write disjoint pairs of the batch's panels
-        unsafe { pack_b(&b, bi, c * PB..kp.min((c + 1) * PB), nr, base.get().add(bi * per_batch)) };
-    });
-    // SAFETY: the tasks wrote every pair of every panel of every batch
-    unsafe { bp.set_len(bsz * per_batch) };
+    let (mb, nb) = (m.div_ceil(MC), n.div_ceil(NC));
 
     // A in place when a row's pairs are adjacent bf16 (the broadcast reads them unaligned)
     let direct = a.strides[2] == 1 && k % 2 == 0;
     let mut ap: Vec<u32> = Vec::new();
     if !direct {
-        ap = vec![0; bsz * m * kp];
+        // RB rows a packing task
+        const RB: usize = 16;
+        let blocks = m.div_ceil(RB);
+        ap.reserve_exact(bsz * m * kp);
         let base = Shared(ap.as_mut_ptr());
-        par_tasks(bsz * m, &|t| {
-            // SAFETY: each task owns row t's kp pairs; a is in bounds
-            unsafe { pack_a_row(&a, t / m, t % m, std::slice::from_raw_parts_mut(base.get().add(t * kp), kp)) };
+        par_tasks(bsz * blocks, &|t| {
+            let (bi, r0) = (t / blocks, t % blocks * RB);
+            // SAFETY: a is in bounds (`view`); each task writes its own rows
+            unsafe { pack_a(&a, bi, r0..m.min(r0 + RB), kp, base.get().add((bi * m + r0) * kp)) };
         });
+        // SAFETY: the tasks wrote every pair of every row
+        unsafe { ap.set_len(bsz * m * kp) };
     }
-    let ap = Shared(ap.as_mut_ptr());
-    let rows = Rows { a, direct, packed: ap, m, kp };
+    let rows = Rows { a, direct, packed: Shared(ap.as_mut_ptr()), m, kp };
+
+    // With one row block each B block is used by one task: it packs its own, a k block at a
+    // time, into a buffer that stays in cache. Packed ahead, a large B is also a fresh mapping
+    // (a 4096² B packs to 32 MiB, glibc's mmap threshold as the NIF sets it): {1,4096}·{4096²}
+    // took 17.8 ms, three quarters of it page faults.
+    let per_batch = n.div_ceil(nr) * kp * nr;
+    let mut bp: Vec<u32> = Vec::new();
+    if mb > 1 {
+        // PB pairs a packing task: 16 pairs of 1024 columns read 64 KiB
+        const PB: usize = 16;
+        let chunks = kp.div_ceil(PB);
+        bp.reserve_exact(bsz * per_batch);
+        let base = Shared(bp.as_mut_ptr());
+        par_tasks(bsz * chunks, &|t| {
+            let (bi, p0) = (t / chunks, t % chunks * PB);
+            // SAFETY: b is in bounds; tasks write disjoint pairs of the batch's panels
+            unsafe { pack_b(&b, bi, p0..kp.min(p0 + PB), (0, n), nr, base.get().add(bi * per_batch + p0 * nr), kp) };
+        });
+        // SAFETY: the tasks wrote every pair of every panel of every batch
+        unsafe { bp.set_len(bsz * per_batch) };
+    }
+    let packed_b = (mb > 1).then_some(Shared(bp.as_mut_ptr()));
 
     let mut out: Vec<bf16> = Vec::with_capacity(bsz * m * n);
-    let (dst, bp_ptr) = (Shared(out.as_mut_ptr() as *mut u16), Shared(bp.as_mut_ptr()));
-    let (mb, nb) = (m.div_ceil(MC), n.div_ceil(NC));
+    let dst = Shared(out.as_mut_ptr() as *mut u16);
     par_tasks(bsz * mb * nb, &|t| {
         let (bi, jc, ic) = (t / (mb * nb), t / mb % nb, t % mb);
-        let (b_batch, dst) = (bp_ptr.get().wrapping_add(bi * per_batch), dst.get().wrapping_add(bi * m * n));
+        let bs = match packed_b {
+            Some(bp) => Panels::Packed(bp.get().wrapping_add(bi * per_batch)),
+            None => Panels::Pack(&b),
+        };
         // SAFETY: `available` checked the features; the task writes its own block of `out`
-        unsafe { block::<MR, NV>(&rows, bi, ic * MC, jc * NC, [m, kp, n], b_batch, dst) };
+        unsafe { block::<MR, NV>(&rows, bi, ic * MC, jc * NC, [m, kp, n], bs, dst.get().wrapping_add(bi * m * n)) };
     });
     // SAFETY: the blocks cover the result and every block stored each of its elements
     unsafe { out.set_len(bsz * m * n) };
@@ -300,6 +333,12 @@ impl Rows<'_> {
     }
 }
 
+/// B's panels for a block: the batch's, packed ahead, or B itself for the block to pack.
+enum Panels<'a> {
+    Packed(*const u32),
+    Pack(&'a View<'a>),
+}
+
 /// Where a tile's accumulators go after a k block.
 #[derive(Clone, Copy)]
 enum Sink {
@@ -313,8 +352,8 @@ enum Sink {
 /// block in turn over every panel and row group of the block.
 ///
 /// # Safety
-/// The CPU has avx512f/bw/vl and avx512bf16; `b` is the batch's packed panels, `dst` its
-/// `m x n` result, of which this call alone writes the block.
+/// The CPU has avx512f/bw/vl and avx512bf16; `panels` are the batch's packed panels or its B
+/// (in bounds); `dst` is the batch's `m x n` result, of which this call alone writes the block.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn block<const MR: usize, const NV: usize>(
@@ -323,7 +362,7 @@ unsafe fn block<const MR: usize, const NV: usize>(
     m0: usize,
     n0: usize,
     [m, kp, n]: [usize; 3],
-    b: *const u32,
+    panels_of: Panels,
     dst: *mut u16,
 ) {
     let nr = 16 * NV;
@@ -333,10 +372,20 @@ unsafe fn block<const MR: usize, const NV: usize>(
     // partial sums between k blocks, the block's tiles side by side
     let ld = panels * nr;
     let mut partial = if kblocks > 1 { vec![0.0f32; groups * MR * ld] } else { Vec::new() };
+    let mut own = match panels_of {
+        Panels::Pack(_) => vec![0u32; KC.min(kp) * ld],
+        Panels::Packed(_) => Vec::new(),
+    };
     for kb in 0..kblocks {
         let (p0, kc) = (kb * KC, KC.min(kp - kb * KC));
+        if let Panels::Pack(b) = panels_of {
+            pack_b(b, bi, p0..p0 + kc, (n0, n0 + width), nr, own.as_mut_ptr(), kc);
+        }
         for jr in 0..panels {
-            let panel = b.add(((n0 / nr + jr) * kp + p0) * nr);
+            let panel = match panels_of {
+                Panels::Packed(bp) => bp.add(((n0 / nr + jr) * kp + p0) * nr),
+                Panels::Pack(_) => own.as_ptr().add(jr * kc * nr),
+            };
             for ir in 0..groups {
                 let r0 = ir * MR;
                 let valid = MR.min(height - r0);
@@ -513,19 +562,23 @@ pub(crate) mod tests {
         if !detected() {
             return;
         }
-        let (bsz, m, k, n) = (3, 37, 70, 50);
-        let (da, db) = (random(bsz * m * k, 5), random(bsz * k * n, 6));
-        check(contiguous(&da, [bsz, m, k]), contiguous(&db, [bsz, k, n]));
-        // the same data read transposed: A [bsz, m, k] stored as [bsz, k, m], B as [bsz, n, k]
-        let at = View { data: &da, offset: 0, shape: [bsz, m, 70], strides: [(m * k) as isize, 1, m as isize] };
-        let bt = View { data: &db, offset: 0, shape: [bsz, 70, n], strides: [(k * n) as isize, 1, k as isize] };
-        check(at, bt);
-        // B broadcast over the batch (stride 0), rows read backwards with an offset
-        let flipped = View { data: &da, offset: (m - 1) * k, shape: [1, m, k], strides: [0, -(k as isize), 1] };
-        let shared = View { data: &db, offset: 0, shape: [1, k, n], strides: [0, n as isize, 1] };
-        check(flipped, shared);
-        let broadcast_a = View { data: &da, offset: 0, shape: [bsz, m, k], strides: [0, k as isize, 1] };
-        check(broadcast_a, contiguous(&db, [bsz, k, n]));
+        // m of one row block (each task packs its own B) and of several (B packed ahead)
+        for (bsz, m, k, n) in [(3, 37, 70, 50), (2, 130, 71, 90)] {
+            let (da, db) = (random(bsz * m * k, 5), random(bsz * k * n, 6));
+            check(contiguous(&da, [bsz, m, k]), contiguous(&db, [bsz, k, n]));
+            // the same data read transposed: A [bsz, m, k] stored as [bsz, k, m], B as [bsz, n, k]
+            let at = View { data: &da, offset: 0, shape: [bsz, m, k], strides: [(m * k) as isize, 1, m as isize] };
+            let bt = View { data: &db, offset: 0, shape: [bsz, k, n], strides: [(k * n) as isize, 1, k as isize] };
+            check(at, bt);
+            // B broadcast over the batch (stride 0), A's rows read backwards from an offset
+            let flipped = View { data: &da, offset: (m - 1) * k, shape: [bsz, m, k], strides: [0, -(k as isize), 1] };
+            let shared = View { data: &db, offset: 0, shape: [bsz, k, n], strides: [0, n as isize, 1] };
+            check(flipped, shared);
+            // every other column of a wider B
+            let wide = random(k * 2 * n, 7);
+            let strided = View { data: &wide, offset: 1, shape: [1, k, n], strides: [0, 2 * n as isize, 2] };
+            check(View { shape: [1, m, k], ..contiguous(&da, [bsz, m, k]) }, strided);
+        }
     }
 
     #[test]
