@@ -2,22 +2,23 @@
 //! and rounding the result to bf16 once.
 //!
 //! Why: flex multiplies bf16 by widening both operands to f32 and running the f32 gemm, so a
-//! bf16 product costs an f32 product plus two conversions: {1024,1024}² took 9.3 ms where
-//! PyTorch (oneDNN) takes 2.1 ms on the same 2 cores. `vdpbf16ps` (`_mm512_dpbf16_ps`) does, per
+//! bf16 product costs an f32 product plus two conversions: {1024,1024}² took 9.3-9.8 ms where
+//! PyTorch (oneDNN) takes 2.1-2.3 ms on the same 2 cores. `vdpbf16ps` (`_mm512_dpbf16_ps`) does, per
 //! 32-bit lane, `acc += a.lo·b.lo + a.hi·b.hi` with an f32 accumulator: 32 multiply-adds an
 //! instruction where an f32 FMA does 16, at the same issue rate (two a cycle on Zen 5, measured).
 //! With it {1024,1024}² takes 2.3-2.4 ms through the NIF, level with PyTorch in the same runs.
 //!
-//! How (the GotoBLAS/BLIS scheme): B is packed once into panels of `16·NV` columns whose 32-bit
-//! lanes hold k pairs, (b[2p][j], b[2p+1][j]); A is read in place when its rows are contiguous
-//! and k is even (a pair of adjacent bf16 is already one 32-bit lane to broadcast), else packed
-//! into rows of pairs. An odd k is padded with a zero pair half, columns past n with zero
+//! How (the GotoBLAS/BLIS scheme): B is packed into panels of `16·NV` columns whose 32-bit lanes
+//! hold k pairs, (b[2p][j], b[2p+1][j]), once ahead of the tasks (or, where one row block covers m,
+//! by each task for its own columns, a k block at a time); A is read in place when its rows are
+//! contiguous and k is even (a pair of adjacent bf16 is already one 32-bit lane to broadcast), else
+//! packed into rows of pairs. An odd k is padded with a zero pair half, columns past n with zero
 //! columns, and the rows of a partial row group repeat its last row (their results are never
 //! stored). A tile of `MR` rows by `NV` vectors of 16 columns stays in registers over a block of
 //! `KC` pairs; blocks of `MC` rows by `NC` columns are the parallel tasks, looping k blocks
-//! outside, then column panels (one panel's k block stays in L1/L2 for every row group), then
-//! row groups. Partial sums between k blocks live in an f32 buffer per task, and the last block
-//! rounds with `vcvtneps2bf16` (round to nearest even; NaN stays NaN) straight into the result.
+//! outside, then column panels (one panel's k block stays in L1/L2 for every row group), then row
+//! groups. Partial sums between k blocks live in an f32 buffer per task, and the last block rounds
+//! with `vcvtneps2bf16` (round to nearest even; NaN stays NaN) straight into the result.
 //!
 //! Semantics, against the f32 path (widen, f32 gemm, round once): `vdpbf16ps` treats bf16
 //! denormal inputs as zero and flushes denormal results to zero, rounds to nearest even, and
@@ -162,9 +163,12 @@ impl<T> Shared<T> {
     }
 }
 
-/// `a · b` as bf16 bits, `[bsz, m, n]` row-major; `None` where the CPU lacks the instructions.
-/// Shapes must agree (`a` `[bsz, m, k]`, `b` `[bsz, k, n]`) and the views be `in_bounds`.
+/// `a · b`, `[bsz, m, n]` row-major; `None` where the CPU lacks the instructions. The shapes must
+/// agree (`a` `[bsz, m, k]`, `b` `[bsz, k, n]`) and the views be `in_bounds`.
 fn gemm(a: View, b: View) -> Option<Vec<bf16>> {
+    if !detected() {
+        return None;
+    }
     let n = b.shape[2];
     // narrow panels for narrow products, where 64 columns would be mostly padding; six rows
     // by four vectors otherwise (24 accumulators: vdpbf16ps' latency (6 cycles on Zen 5) times
@@ -185,11 +189,11 @@ fn gemm(a: View, b: View) -> Option<Vec<bf16>> {
 
 /// Packs k pairs `ps` of B's batch `bi`, for the panels of `nr` columns from column `j0` to `j1`
 /// (`j0` a multiple of `nr`), into `out`: lane (p, j) of panel c goes to
-/// `out[(c·stride + p - ps.start)·nr + j]` and holds (b[2p][c·nr + j], b[2p+1][c·nr + j]), zero
+/// `out[(c·stride + p - ps.start)·nr + j]` and holds (b[2p][j0 + c·nr + j], b[2p+1][...]), zero
 /// past n and for the missing row of an odd k. Rows contiguous along n are read whole, in order
 /// (walking one panel down B strides through memory a row apart); other layouts pair by pair,
-/// the panel's columns innermost, so a transposed B is read a cache line per column and pair
-/// rather than a line per element.
+/// the panel's columns innermost, so a transposed B is read along its stored rows, the panel's
+/// `nr` cache lines staying in L1 while their pairs are used.
 ///
 /// # Safety
 /// `b` passed `in_bounds`, `ps` and `j0..j1` lie inside it, and `out` holds the panels.
@@ -304,7 +308,7 @@ fn run<const MR: usize, const NV: usize>(a: View, b: View) -> Vec<bf16> {
             Some(bp) => Panels::Packed(bp.get().wrapping_add(bi * per_batch)),
             None => Panels::Pack(&b),
         };
-        // SAFETY: `available` checked the features; the task writes its own block of `out`
+        // SAFETY: `gemm` checked the features; the task writes its own block of `out`
         unsafe { block::<MR, NV>(&rows, bi, ic * MC, jc * NC, [m, kp, n], bs, dst.get().wrapping_add(bi * m * n)) };
     });
     // SAFETY: the blocks cover the result and every block stored each of its elements
