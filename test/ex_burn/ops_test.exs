@@ -459,13 +459,14 @@ defmodule ExBurn.OpsTest do
     end
 
     # Above 2^18 multiply-adds a bf16 dot is computed in bf16 (on CPUs with AVX512-BF16 by the
-    # crate's vdpbf16ps kernel). The operands are multiples of 1/4 and 1/8 below 2, so every f32
+    # crate's vdpbf16ps kernel). The operands are multiples of 1/4 and 1/8 below 3, so every f32
     # partial sum is exact and the result must be the exact sum rounded once to bf16 (nearest,
-    # ties to even), whatever the summation order.
+    # ties to even), whatever the summation order. A quarter of these sums round differently
+    # when truncated, and a quarter are ties.
     test "bf16 products above the f64 accumulation limit round the exact sum once" do
       {bsz, m, k, n} = {2, 37, 131, 70}
-      av = fn b, i, p -> (rem(i * 3 + p * 7 + b * 5, 11) - 5) / 4 end
-      bv = fn b, p, j -> (rem(p * 5 + j * 3 + b, 13) - 6) / 8 end
+      av = fn b, i, p -> (rem(i * 3 + p * 7 + b * 5, 23) - 11) / 4 end
+      bv = fn b, p, j -> (rem(p * 5 + j * 3 + b, 29) - 14) / 8 end
       a = for b <- 0..(bsz - 1), do: for(i <- 0..(m - 1), do: for(p <- 0..(k - 1), do: av.(b, i, p)))
       bb = for b <- 0..(bsz - 1), do: for(p <- 0..(k - 1), do: for(j <- 0..(n - 1), do: bv.(b, p, j)))
 
