@@ -457,6 +457,45 @@ defmodule ExBurn.OpsTest do
         274.0
       ])
     end
+
+    # Above 2^18 multiply-adds a bf16 dot is computed in bf16 (on CPUs with AVX512-BF16 by the
+    # crate's vdpbf16ps kernel). The operands are multiples of 1/4 and 1/8 below 3, so every f32
+    # partial sum is exact and the result must be the exact sum rounded once to bf16 (nearest,
+    # ties to even), whatever the summation order. A quarter of these sums round differently
+    # when truncated, and a quarter are ties.
+    test "bf16 products above the f64 accumulation limit round the exact sum once" do
+      {bsz, m, k, n} = {2, 37, 131, 70}
+      av = fn b, i, p -> (rem(i * 3 + p * 7 + b * 5, 23) - 11) / 4 end
+      bv = fn b, p, j -> (rem(p * 5 + j * 3 + b, 29) - 14) / 8 end
+      a = for b <- 0..(bsz - 1), do: for(i <- 0..(m - 1), do: for(p <- 0..(k - 1), do: av.(b, i, p)))
+      bb = for b <- 0..(bsz - 1), do: for(p <- 0..(k - 1), do: for(j <- 0..(n - 1), do: bv.(b, p, j)))
+
+      exact = fn b, i, j -> Enum.sum(for p <- 0..(k - 1), do: av.(b, i, p) * bv.(b, p, j)) end
+
+      want = for b <- 0..(bsz - 1), i <- 0..(m - 1), j <- 0..(n - 1), do: bf16_round(exact.(b, i, j))
+
+      assert_tensor(T.dot(t(a, :bf16), [2], [0], t(bb, :bf16), [1], [0]), {bsz, m, n}, :bf16, want)
+
+      # batch 0 with both operands read transposed ([k, m] . [n, k], contracting axes 0 and 1)
+      at = t(Enum.zip_with(hd(a), & &1), :bf16)
+      bt = t(Enum.zip_with(hd(bb), & &1), :bf16)
+      want0 = Enum.take(want, m * n)
+      assert_tensor(T.dot(at, [0], [], bt, [1], []), {m, n}, :bf16, want0)
+
+      # a NaN in a row of the left operand makes that row NaN; the other rows keep their values
+      a_nan = List.update_at(hd(a), 4, &List.replace_at(&1, 9, :nan))
+      got = T.dot(t(a_nan, :bf16), t(hd(bb), :bf16)) |> list() |> Enum.chunk_every(n)
+      assert Enum.at(got, 4) == List.duplicate(:nan, n)
+      assert List.delete_at(got, 4) == List.delete_at(Enum.chunk_every(want0, n), 4)
+    end
+  end
+
+  # x, exact in f32, rounded to bf16 to nearest with ties to even
+  defp bf16_round(x) do
+    <<bits::32>> = <<x::float-32>>
+    rounded = bits + 0x7FFF + Bitwise.band(Bitwise.bsr(bits, 16), 1)
+    <<y::float-32>> = <<Bitwise.bsl(Bitwise.bsr(rounded, 16), 16)::32>>
+    y
   end
 
   describe "conversion, select, clip" do

@@ -6,7 +6,7 @@ use burn::backend::Dispatch;
 use crate::dispatch::{self, by_kind2};
 use crate::dtype::NxType;
 use crate::error::{ExError, ExResult};
-use crate::ops::{cast_to, check_alloc, check_axes, dims_detail, empty, colocate};
+use crate::ops::{cast_to, check_alloc, check_axes, colocate, cpu_bf16_gemm, dims_detail, empty};
 use crate::tensor::{numel, Handle};
 
 pub struct DotSpec {
@@ -89,15 +89,16 @@ pub fn dot_with(
     let pb = dispatch::permute(cast_to(b, compute), &order(&sb.batch, &sb.contract, &fb));
     let pb = dispatch::reshape(pb, &[bsz, k, n]);
     // CUDA float products go to cuBLAS at the requested precision (Burn's kernel would round f32
-    // to TF32 regardless); everything else stays on Burn's matmul.
+    // to TF32 regardless); bf16 products on a CPU with AVX512-BF16 to our kernel (flex widens
+    // them to f32); everything else stays on Burn's matmul.
     #[cfg(feature = "cuda")]
     let prod = if crate::cublas::applies(&pa, &pb, compute.dtype()) {
         crate::cublas::matmul(pa, pb, _precision)
     } else {
-        by_kind2!(pa, pb, float_matmul, int_matmul)
+        cpu_bf16_gemm::matmul(&pa, &pb).unwrap_or_else(|| by_kind2!(pa, pb, float_matmul, int_matmul))
     };
     #[cfg(not(feature = "cuda"))]
-    let prod = by_kind2!(pa, pb, float_matmul, int_matmul);
+    let prod = cpu_bf16_gemm::matmul(&pa, &pb).unwrap_or_else(|| by_kind2!(pa, pb, float_matmul, int_matmul));
     let prim = dispatch::reshape(prod, &shape);
     let r = Handle::new(prim, compute, shape.clone(), device);
     Ok(if compute == out { r } else { Handle::new(cast_to(&r, out), out, shape, device) })

@@ -2,6 +2,7 @@
 //! broadcasting, device agreement and the allocation check.
 
 pub mod conv;
+pub(crate) mod cpu_bf16_gemm;
 pub(crate) mod cpu_conv;
 pub(crate) mod cpu_gather;
 pub(crate) mod cpu_sort;
