@@ -239,7 +239,7 @@ wide!(fn add_row_wide<T: Float>(acc: &mut [f64], row: &[T]) = add_row;);
 /// threads on this 2-core machine) measured slower under load. Against rayon's fork-join, six
 /// alternating runs through the NIF (medians, us): exp 1M 179 vs 204, add 68 vs 80, sum 43 vs
 /// 46, composed softmax 614 vs 671 and layer norm 575 vs 686.
-fn par_tasks(n: usize, task: &(dyn Fn(usize) + Sync)) {
+pub(crate) fn par_tasks(n: usize, task: &(dyn Fn(usize) + Sync)) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let helpers = (rayon::current_num_threads() - 1).min(n.saturating_sub(1));
     if helpers == 0 {
@@ -296,10 +296,10 @@ fn par_tasks(n: usize, task: &(dyn Fn(usize) + Sync)) {
 }
 
 /// A raw pointer the tasks of `par_chunks_for` share (each writes its own piece).
-struct SharedMut<T>(*mut T);
+pub(crate) struct SharedMut<T>(pub(crate) *mut T);
 unsafe impl<T: Send> Sync for SharedMut<T> {}
 impl<T> SharedMut<T> {
-    fn get(&self) -> *mut T {
+    pub(crate) fn get(&self) -> *mut T {
         self.0
     }
 }

@@ -5,6 +5,7 @@ pub mod conv;
 pub(crate) mod cpu_conv;
 pub(crate) mod cpu_gather;
 pub(crate) mod cpu_sort;
+pub(crate) mod cpu_winograd;
 pub(crate) mod cpu_kernels;
 pub mod create;
 pub mod elementwise;
