@@ -296,10 +296,10 @@ pub(crate) fn par_tasks(n: usize, task: &(dyn Fn(usize) + Sync)) {
 }
 
 /// A raw pointer the tasks of `par_chunks_for` share (each writes its own piece).
-struct SharedMut<T>(*mut T);
+pub(crate) struct SharedMut<T>(pub(crate) *mut T);
 unsafe impl<T: Send> Sync for SharedMut<T> {}
 impl<T> SharedMut<T> {
-    fn get(&self) -> *mut T {
+    pub(crate) fn get(&self) -> *mut T {
         self.0
     }
 }

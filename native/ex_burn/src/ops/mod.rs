@@ -6,6 +6,7 @@ pub(crate) mod cpu_bf16_gemm;
 pub(crate) mod cpu_conv;
 pub(crate) mod cpu_gather;
 pub(crate) mod cpu_sort;
+pub(crate) mod cpu_winograd;
 pub(crate) mod cpu_kernels;
 pub mod create;
 pub mod elementwise;
