@@ -23,10 +23,11 @@
 //! flex's batched matmul (the gemm crate) did the products first, over the whole call: about
 //! 0.9 ms for the benchmark's layer, plus page faults on the 7 MB of V and M each call; the
 //! blocks and the kernel here take 0.3 ms of one core for them.
-//! LLVM turns the per-lane moves into AVX-512 gathers and scatters, several times slower than
-//! plain moves on AMD's cores, so the transforms are compiled for AVX2; the products for
-//! AVX-512, where LLVM pairs the 256-bit lanes into 512-bit registers: twice AVX2's speed on
-//! the Zen 5 cores measured (full-width 512-bit FMA), about 260 GFLOP/s a core.
+//! The transposes matter: moved one value at a time, LLVM made AVX-512 gathers and scatters of
+//! the lanes' values, which took the two transforms 2-3 times longer on these AMD cores. The
+//! product kernel is compiled for AVX-512 too, where LLVM pairs its 256-bit lanes into 512-bit
+//! registers: twice AVX2's speed on the Zen 5 cores measured (full-width 512-bit FMA), about
+//! 260 GFLOP/s a core.
 //!
 //! The tile size is picked per call: whichever needs fewer products, the cropped edge tiles
 //! counted whole (F(4,3) on the benchmark's 32 x 32 outputs; F(2,3) on 1, 2, 5 or 6 a side).
@@ -243,8 +244,9 @@ unsafe fn block<W: Wino<M, N>, const M: usize, const N: usize, const AVX: bool>(
     let mut finite = true;
     // db[p][j] = (d B)[p][j]
     let mut db = [[[0f32; L]; N]; N];
+    // the border stays zero: every channel writes the same positions
+    band.fill(0.0);
     for ci in 0..c {
-        band.fill(0.0);
         for b in b0..=b1 {
             let plane = &xs[(b * c + ci) * h * w..][..h * w];
             for r in 0..rows {
@@ -504,12 +506,16 @@ fn products_at(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f3
     }
 }
 
-/// `block` compiled for AVX2+FMA where the CPU has it, else baseline x86-64. Not for AVX-512:
-/// there LLVM turns the transforms' per-tile moves into gathers and scatters, which took these
-/// passes from 0.4 to 0.8 ms (input) and 0.3 to 0.9 ms (output) for the benchmark's layer.
+/// `block` compiled for AVX-512 or AVX2+FMA (with the transposes) where the CPU has them, else
+/// baseline x86-64 (moving one value at a time).
 ///
 /// SAFETY: as `block`.
 unsafe fn block_at<W: Wino<M, N>, const M: usize, const N: usize>(plan: &Plan, xs: &[f32], u: &[f32], range: (usize, usize), scratch: &mut Vec<f32>, out: *mut f32) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
+    unsafe fn avx512<W: Wino<M, N>, const M: usize, const N: usize>(plan: &Plan, xs: &[f32], u: &[f32], range: (usize, usize), scratch: &mut Vec<f32>, out: *mut f32) -> bool {
+        unsafe { block::<W, M, N, true>(plan, xs, u, range, scratch, out) }
+    }
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn avx2<W: Wino<M, N>, const M: usize, const N: usize>(plan: &Plan, xs: &[f32], u: &[f32], range: (usize, usize), scratch: &mut Vec<f32>, out: *mut f32) -> bool {
@@ -518,7 +524,9 @@ unsafe fn block_at<W: Wino<M, N>, const M: usize, const N: usize>(plan: &Plan, x
     match simd() {
         // SAFETY: `simd()` found these features on this CPU.
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 | Simd::Avx512 => unsafe { avx2::<W, M, N>(plan, xs, u, range, scratch, out) },
+        Simd::Avx512 => unsafe { avx512::<W, M, N>(plan, xs, u, range, scratch, out) },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx2 => unsafe { avx2::<W, M, N>(plan, xs, u, range, scratch, out) },
         _ => unsafe { block::<W, M, N, false>(plan, xs, u, range, scratch, out) },
     }
 }
