@@ -190,7 +190,7 @@ struct Plan {
 /// One block of consecutive tiles (in image, tile row, tile column order) through the input
 /// transform, the products and the output transform. A block is part of one image's tiles or
 /// whole images. `scratch` holds the block's bordered input of one channel, its V [N^2, C,
-/// tbp] and its M [N^2, O, tbp] (tbp = the tile count rounded up to `L`; lanes past the last
+/// tbp] and its M [O, N^2, tbp] (tbp = the tile count rounded up to `L`; lanes past the last
 /// tile repeat it). Returns false when `plan.checked` and an input or output is not finite.
 /// With `AVX`, `L` tiles' rows go in and out of the lanes through 8 x 8 transposes in registers;
 /// else one value at a time.
@@ -300,9 +300,10 @@ unsafe fn block<W: Wino<M, N>, const M: usize, const N: usize, const AVX: bool>(
         }
     }
 
-    // M[xi] = U[xi] (O x C) . V[xi] (C x tbp)
+    // M[xi] = U[xi] (O x C) . V[xi] (C x tbp), stored [O, N^2, tbp]: an output channel's N^2
+    // products are read together by its transform
     for xi in 0..nn {
-        products_at(&u[xi * o * c..][..o * c], o, c, &v[xi * c * tbp..][..c * tbp], tbp, &mut m[xi * o * tbp..][..o * tbp]);
+        products_at(&u[xi * o * c..][..o * c], o, c, &v[xi * c * tbp..][..c * tbp], tbp, &mut m[xi * tbp..], nn * tbp);
     }
 
     // Y = A^T M A, an output channel at a time
@@ -314,7 +315,7 @@ unsafe fn block<W: Wino<M, N>, const M: usize, const N: usize, const AVX: bool>(
         for (chunk, (base, keep)) in origins.out.iter().zip(&origins.keep).enumerate() {
             for b in 0..N {
                 for (a, col) in col.iter_mut().enumerate() {
-                    let at = ((a * N + b) * o + oi) * tbp + chunk * L;
+                    let at = (oi * nn + a * N + b) * tbp + chunk * L;
                     col.copy_from_slice(&m[at..at + L]);
                 }
                 let t = W::at(&col);
@@ -413,11 +414,11 @@ unsafe fn transpose8(m: &[Lanes; L]) -> [Lanes; L] {
     }
 }
 
-/// `m = u . v` for `u` (o x c), `v` (c x tbp) and `m` (o x tbp), all row-major, `tbp` a multiple
-/// of `L`: blocks of R rows by V vectors of `L` columns (R V accumulators) over c.
+/// `m = u . v` for `u` (o x c), `v` (c x tbp) and `m` (o x tbp, rows `mrow` apart), row-major,
+/// `tbp` a multiple of `L`: blocks of R rows by V vectors of `L` columns (R V accumulators) over c.
 #[inline(always)]
-fn products<const R: usize, const V: usize, const FMA: bool>(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32]) {
-    assert!(u.len() >= o * c && v.len() >= c * tbp && m.len() >= o * tbp && tbp % L == 0 && R <= 6 && V <= 4);
+fn products<const R: usize, const V: usize, const FMA: bool>(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32], mrow: usize) {
+    assert!(u.len() >= o * c && v.len() >= c * tbp && m.len() >= (o - 1) * mrow + tbp && mrow >= tbp && tbp % L == 0 && R <= 6 && V <= 4);
     let mut o0 = 0;
     while o0 < o {
         let rows = R.min(o - o0);
@@ -427,16 +428,16 @@ fn products<const R: usize, const V: usize, const FMA: bool>(u: &[f32], o: usize
             // SAFETY: rows o0..o0 + rows of u and m, columns t0..t0 + vecs L of v and m: inside
             // the slices checked above.
             unsafe {
-                let (u, v, m) = (u.as_ptr().add(o0 * c), v.as_ptr().add(t0), m.as_mut_ptr().add(o0 * tbp + t0));
+                let (u, v, m) = (u.as_ptr().add(o0 * c), v.as_ptr().add(t0), m.as_mut_ptr().add(o0 * mrow + t0));
                 macro_rules! by_rows {
                     ($v:literal) => {
                         match rows {
-                            1 => tile_product::<1, $v, FMA>(u, c, v, tbp, m),
-                            2 => tile_product::<2, $v, FMA>(u, c, v, tbp, m),
-                            3 => tile_product::<3, $v, FMA>(u, c, v, tbp, m),
-                            4 => tile_product::<4, $v, FMA>(u, c, v, tbp, m),
-                            5 => tile_product::<5, $v, FMA>(u, c, v, tbp, m),
-                            _ => tile_product::<6, $v, FMA>(u, c, v, tbp, m),
+                            1 => tile_product::<1, $v, FMA>(u, c, v, tbp, m, mrow),
+                            2 => tile_product::<2, $v, FMA>(u, c, v, tbp, m, mrow),
+                            3 => tile_product::<3, $v, FMA>(u, c, v, tbp, m, mrow),
+                            4 => tile_product::<4, $v, FMA>(u, c, v, tbp, m, mrow),
+                            5 => tile_product::<5, $v, FMA>(u, c, v, tbp, m, mrow),
+                            _ => tile_product::<6, $v, FMA>(u, c, v, tbp, m, mrow),
                         }
                     };
                 }
@@ -453,13 +454,13 @@ fn products<const R: usize, const V: usize, const FMA: bool>(u: &[f32], o: usize
     }
 }
 
-/// One R x (V L) block of `m = u . v`: rows of `u` `c` apart, rows of `v` and `m` `tbp` apart.
+/// One R x (V L) block of `m = u . v`: rows of `u` `c` apart, of `v` `tbp`, of `m` `mrow`.
 /// The sum over c runs in order, one rounding (FMA) or two per term.
 ///
 /// SAFETY: the R rows of c values at `u`, c rows of V L values at `v` and R rows of V L values
 /// at `m` are in bounds.
 #[inline(always)]
-unsafe fn tile_product<const R: usize, const V: usize, const FMA: bool>(u: *const f32, c: usize, v: *const f32, tbp: usize, m: *mut f32) {
+unsafe fn tile_product<const R: usize, const V: usize, const FMA: bool>(u: *const f32, c: usize, v: *const f32, tbp: usize, m: *mut f32, mrow: usize) {
     let mut acc = [[[0f32; L]; V]; R];
     for k in 0..c {
         let mut vk = [[0f32; L]; V];
@@ -477,7 +478,7 @@ unsafe fn tile_product<const R: usize, const V: usize, const FMA: bool>(u: *cons
     }
     for (r, acc) in acc.iter().enumerate() {
         for (j, acc) in acc.iter().enumerate() {
-            unsafe { *(m.add(r * tbp + j * L) as *mut Lanes) = *acc };
+            unsafe { *(m.add(r * mrow + j * L) as *mut Lanes) = *acc };
         }
     }
 }
@@ -485,24 +486,24 @@ unsafe fn tile_product<const R: usize, const V: usize, const FMA: bool>(u: *cons
 /// `products` compiled for AVX-512 (blocks of 6 x 4 vectors: 24 accumulators of its 32
 /// registers, which LLVM pairs into 512-bit ones: twice AVX2's speed here), AVX2+FMA (4 x 2: 8
 /// of 16) or baseline x86-64, the widest this CPU runs.
-fn products_at(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32]) {
+fn products_at(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32], mrow: usize) {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
-    unsafe fn avx512(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32]) {
-        products::<6, 4, true>(u, o, c, v, tbp, m)
+    unsafe fn avx512(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32], mrow: usize) {
+        products::<6, 4, true>(u, o, c, v, tbp, m, mrow)
     }
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn avx2(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32]) {
-        products::<4, 2, true>(u, o, c, v, tbp, m)
+    unsafe fn avx2(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32], mrow: usize) {
+        products::<4, 2, true>(u, o, c, v, tbp, m, mrow)
     }
     match simd() {
         // SAFETY: `simd()` found these features on this CPU.
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx512 => unsafe { avx512(u, o, c, v, tbp, m) },
+        Simd::Avx512 => unsafe { avx512(u, o, c, v, tbp, m, mrow) },
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 => unsafe { avx2(u, o, c, v, tbp, m) },
-        _ => products::<4, 2, { cfg!(target_feature = "fma") }>(u, o, c, v, tbp, m),
+        Simd::Avx2 => unsafe { avx2(u, o, c, v, tbp, m, mrow) },
+        _ => products::<4, 2, { cfg!(target_feature = "fma") }>(u, o, c, v, tbp, m, mrow),
     }
 }
 
