@@ -217,12 +217,15 @@ unsafe fn block<W: Wino<M, N>, const M: usize, const N: usize, const AVX: bool>(
     let img_len = rows * pw;
     // L - N values of slack: a tile's rows are read L values at a time
     let band_len = (b1 - b0 + 1) * img_len + L;
-    let need = band_len + nn * (c + o) * tbp;
+    // V[xi] apart by C tbp and 2 L more: a power of two (4 KiB for 32 channels of 32 tiles) would
+    // put the input transform's N^2 stores of a chunk in one L1 cache set
+    let vstride = c * tbp + 2 * L;
+    let need = band_len + nn * vstride + nn * o * tbp;
     if scratch.len() < need {
         scratch.resize(need, 0.0);
     }
     let (band, rest) = scratch[..need].split_at_mut(band_len);
-    let (v, m) = rest.split_at_mut(nn * c * tbp);
+    let (v, m) = rest.split_at_mut(nn * vstride);
 
     let mut origins = Origins { band: Vec::with_capacity(tbp / L), out: Vec::with_capacity(tbp / L), keep: Vec::with_capacity(tbp / L) };
     for j0 in (0..cnt).step_by(L) {
@@ -293,7 +296,7 @@ unsafe fn block<W: Wino<M, N>, const M: usize, const N: usize, const AVX: bool>(
                 // column j of d B through B^T: V[k][j]
                 let t = W::bt(&std::array::from_fn(|p| db[p][j]));
                 for k in 0..N {
-                    let at = ((k * N + j) * c + ci) * tbp + chunk * L;
+                    let at = (k * N + j) * vstride + ci * tbp + chunk * L;
                     v[at..at + L].copy_from_slice(&t[k]);
                 }
             }
@@ -303,7 +306,7 @@ unsafe fn block<W: Wino<M, N>, const M: usize, const N: usize, const AVX: bool>(
     // M[xi] = U[xi] (O x C) . V[xi] (C x tbp), stored [O, N^2, tbp]: an output channel's N^2
     // products are read together by its transform
     for xi in 0..nn {
-        products_at(&u[xi * o * c..][..o * c], o, c, &v[xi * c * tbp..][..c * tbp], tbp, &mut m[xi * tbp..], nn * tbp);
+        products_at(&u[xi * o * c..][..o * c], o, c, &v[xi * vstride..][..c * tbp], tbp, &mut m[xi * tbp..], nn * tbp);
     }
 
     // Y = A^T M A, an output channel at a time
