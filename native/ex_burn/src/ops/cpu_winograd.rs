@@ -31,19 +31,24 @@
 //!
 //! The tile size is picked per call: whichever needs fewer products, the cropped edge tiles
 //! counted whole (F(4,3) on the benchmark's 32 x 32 outputs; F(2,3) on 1, 2, 5 or 6 a side).
+//! Where few tiles meet many channels (2 x 256 channels of 14 x 14 into 256) the blocks get
+//! small and each streams all of U (C O a^2 values) through its products, so F(2,3)'s larger
+//! blocks beat F(4,3) there (1.3-1.6 ms against 1.7-1.9, im2col 2.5-3.3 ms): splitting such
+//! calls over output channels instead of tiles would be the next step.
 //!
 //! Numerics: the transforms add and subtract neighbouring inputs, so the rounding error of an
 //! output is bounded by a multiple of the sum of |products| over the whole tile (the tests'
 //! `winograd_bound`) rather than over the output's receptive field. F(2,3)'s matrices hold 0, ±1
-//! and ±1/2 and are as accurate as the direct sum in practice; F(4,3)'s must hold larger and
+//! and ±1/2 and match the direct sum away from padding; F(4,3)'s must hold larger and
 //! smaller numbers. Its interpolation points are 0, 1, -1, 1/2, -2 and infinity: of the usual
 //! sets (0, ±1, ±2 as in Lavin & Gray; 0, ±1, ±1/2) this one, recommended by Barabasz et al.
 //! ("Error analysis and improving the accuracy of Winograd convolution for DNNs", 2020), gave
 //! the smallest errors in an f32 emulation here (max error / sum |x w| 7.5e-7 against 2.7e-6
 //! for 0, ±1, ±2 with 32 channels of Gaussian data). Measured in this module's tests (random
 //! inputs, 1 to 32 channels), the error stays within 1.3e-6 of sum |x w| over the receptive
-//! field for outputs inside the input (F(2,3): 2.4e-7), and within 5.5e-5 (F(2,3): 4.4e-6) next
-//! to padding, where the zeros drop products from that sum but not from the tile's. Small
+//! field for outputs inside the input (F(2,3): 2.4e-7, the im2col path 2.2e-7), and within
+//! 5.5e-5 (F(2,3): 4.4e-6, im2col 2.4e-7) next to padding, where the zeros drop products from
+//! that sum but not from the tile's. Small
 //! integers give exact integer results through F(2,3) (its halves are exact) but not through
 //! F(4,3) (its thirds and fifteenths round).
 //!
@@ -747,6 +752,9 @@ fn run<W: Wino<M, N>, const M: usize, const N: usize>(xs: &[f32], ks: &[f32], ge
     let dst = SharedMut(out.as_mut_ptr());
     let bad = AtomicBool::new(false);
     thread_local! {
+        /// A block's buffers, kept by each thread between calls (a fresh allocation of a few
+        /// hundred KiB costs page faults each time); they grow to the largest block seen, about
+        /// 0.5 MiB for the benchmark's layer.
         static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     tasks(blocks.len(), N * N * (c + o) * n * tt, &|i| {
@@ -1153,7 +1161,7 @@ mod timing {
     #[test]
     #[ignore]
     fn winograd_timing() {
-        let shapes: &[([usize; 4], usize)] = &[([8, 32, 32, 32], 64), ([8, 3, 32, 32], 64), ([8, 64, 16, 16], 64), ([1, 32, 32, 32], 32), ([8, 8, 32, 32], 8), ([8, 1, 28, 28], 1)];
+        let shapes: &[([usize; 4], usize)] = &[([8, 32, 32, 32], 64), ([8, 3, 32, 32], 64), ([8, 64, 16, 16], 64), ([1, 32, 32, 32], 32), ([8, 8, 32, 32], 8), ([8, 1, 28, 28], 1), ([2, 256, 14, 14], 256), ([1, 128, 56, 56], 128)];
         for &([n, c, h, w], o) in shapes {
             let x = dispatch::from_data(TensorData::new((0..n * c * h * w).map(|i| (i % 7) as f32 - 3.0).collect::<Vec<f32>>(), [n, c, h, w]), &burn::tensor::Device::flex());
             let k = dispatch::from_data(TensorData::new((0..o * c * 9).map(|i| (i % 5) as f32 - 2.0).collect::<Vec<f32>>(), [o, c, 3, 3]), &burn::tensor::Device::flex());
