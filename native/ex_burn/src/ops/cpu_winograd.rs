@@ -23,26 +23,32 @@
 //! flex's batched matmul (the gemm crate) did the products first, over the whole call: about
 //! 0.9 ms for the benchmark's layer, plus page faults on the 7 MB of V and M each call; the
 //! blocks and the kernel here take 0.3 ms of one core for them.
-//! LLVM turns the per-lane moves into AVX-512 gathers and scatters, several times slower than
-//! plain moves on AMD's cores, so the transforms are compiled for AVX2; the products for
-//! AVX-512, where LLVM pairs the 256-bit lanes into 512-bit registers: twice AVX2's speed on
-//! the Zen 5 cores measured (full-width 512-bit FMA), about 260 GFLOP/s a core.
+//! The transposes matter: moved one value at a time, LLVM made AVX-512 gathers and scatters of
+//! the lanes' values, which took the two transforms 2-3 times longer on these AMD cores. The
+//! product kernel is compiled for AVX-512 too, where LLVM pairs its 256-bit lanes into 512-bit
+//! registers: twice AVX2's speed on the Zen 5 cores measured (full-width 512-bit FMA), about
+//! 260 GFLOP/s a core.
 //!
 //! The tile size is picked per call: whichever needs fewer products, the cropped edge tiles
 //! counted whole (F(4,3) on the benchmark's 32 x 32 outputs; F(2,3) on 1, 2, 5 or 6 a side).
+//! Where few tiles meet many channels (2 x 256 channels of 14 x 14 into 256) the blocks get
+//! small and each streams all of U (C O a^2 values) through its products, so F(2,3)'s larger
+//! blocks beat F(4,3) there (1.3-1.6 ms against 1.7-1.9, im2col 2.5-3.3 ms): splitting such
+//! calls over output channels instead of tiles would be the next step.
 //!
 //! Numerics: the transforms add and subtract neighbouring inputs, so the rounding error of an
 //! output is bounded by a multiple of the sum of |products| over the whole tile (the tests'
 //! `winograd_bound`) rather than over the output's receptive field. F(2,3)'s matrices hold 0, ±1
-//! and ±1/2 and are as accurate as the direct sum in practice; F(4,3)'s must hold larger and
+//! and ±1/2 and match the direct sum away from padding; F(4,3)'s must hold larger and
 //! smaller numbers. Its interpolation points are 0, 1, -1, 1/2, -2 and infinity: of the usual
 //! sets (0, ±1, ±2 as in Lavin & Gray; 0, ±1, ±1/2) this one, recommended by Barabasz et al.
 //! ("Error analysis and improving the accuracy of Winograd convolution for DNNs", 2020), gave
 //! the smallest errors in an f32 emulation here (max error / sum |x w| 7.5e-7 against 2.7e-6
 //! for 0, ±1, ±2 with 32 channels of Gaussian data). Measured in this module's tests (random
 //! inputs, 1 to 32 channels), the error stays within 1.3e-6 of sum |x w| over the receptive
-//! field for outputs inside the input (F(2,3): 2.4e-7), and within 5.5e-5 (F(2,3): 4.4e-6) next
-//! to padding, where the zeros drop products from that sum but not from the tile's. Small
+//! field for outputs inside the input (F(2,3): 2.4e-7, the im2col path 2.2e-7), and within
+//! 5.5e-5 (F(2,3): 4.4e-6, im2col 2.4e-7) next to padding, where the zeros drop products from
+//! that sum but not from the tile's. Small
 //! integers give exact integer results through F(2,3) (its halves are exact) but not through
 //! F(4,3) (its thirds and fifteenths round).
 //!
@@ -189,7 +195,7 @@ struct Plan {
 /// One block of consecutive tiles (in image, tile row, tile column order) through the input
 /// transform, the products and the output transform. A block is part of one image's tiles or
 /// whole images. `scratch` holds the block's bordered input of one channel, its V [N^2, C,
-/// tbp] and its M [N^2, O, tbp] (tbp = the tile count rounded up to `L`; lanes past the last
+/// tbp] and its M [O, N^2, tbp] (tbp = the tile count rounded up to `L`; lanes past the last
 /// tile repeat it). Returns false when `plan.checked` and an input or output is not finite.
 /// With `AVX`, `L` tiles' rows go in and out of the lanes through 8 x 8 transposes in registers;
 /// else one value at a time.
@@ -216,12 +222,15 @@ unsafe fn block<W: Wino<M, N>, const M: usize, const N: usize, const AVX: bool>(
     let img_len = rows * pw;
     // L - N values of slack: a tile's rows are read L values at a time
     let band_len = (b1 - b0 + 1) * img_len + L;
-    let need = band_len + nn * (c + o) * tbp;
+    // V[xi] apart by C tbp and 2 L more: a power of two (4 KiB for 32 channels of 32 tiles) would
+    // put the input transform's N^2 stores of a chunk in one L1 cache set
+    let vstride = c * tbp + 2 * L;
+    let need = band_len + nn * vstride + nn * o * tbp;
     if scratch.len() < need {
         scratch.resize(need, 0.0);
     }
     let (band, rest) = scratch[..need].split_at_mut(band_len);
-    let (v, m) = rest.split_at_mut(nn * c * tbp);
+    let (v, m) = rest.split_at_mut(nn * vstride);
 
     let mut origins = Origins { band: Vec::with_capacity(tbp / L), out: Vec::with_capacity(tbp / L), keep: Vec::with_capacity(tbp / L) };
     for j0 in (0..cnt).step_by(L) {
@@ -243,8 +252,9 @@ unsafe fn block<W: Wino<M, N>, const M: usize, const N: usize, const AVX: bool>(
     let mut finite = true;
     // db[p][j] = (d B)[p][j]
     let mut db = [[[0f32; L]; N]; N];
+    // the border stays zero: every channel writes the same positions
+    band.fill(0.0);
     for ci in 0..c {
-        band.fill(0.0);
         for b in b0..=b1 {
             let plane = &xs[(b * c + ci) * h * w..][..h * w];
             for r in 0..rows {
@@ -291,16 +301,17 @@ unsafe fn block<W: Wino<M, N>, const M: usize, const N: usize, const AVX: bool>(
                 // column j of d B through B^T: V[k][j]
                 let t = W::bt(&std::array::from_fn(|p| db[p][j]));
                 for k in 0..N {
-                    let at = ((k * N + j) * c + ci) * tbp + chunk * L;
+                    let at = (k * N + j) * vstride + ci * tbp + chunk * L;
                     v[at..at + L].copy_from_slice(&t[k]);
                 }
             }
         }
     }
 
-    // M[xi] = U[xi] (O x C) . V[xi] (C x tbp)
+    // M[xi] = U[xi] (O x C) . V[xi] (C x tbp), stored [O, N^2, tbp]: an output channel's N^2
+    // products are read together by its transform
     for xi in 0..nn {
-        products_at(&u[xi * o * c..][..o * c], o, c, &v[xi * c * tbp..][..c * tbp], tbp, &mut m[xi * o * tbp..][..o * tbp]);
+        products_at(&u[xi * o * c..][..o * c], o, c, &v[xi * vstride..][..c * tbp], tbp, &mut m[xi * tbp..], nn * tbp);
     }
 
     // Y = A^T M A, an output channel at a time
@@ -312,7 +323,7 @@ unsafe fn block<W: Wino<M, N>, const M: usize, const N: usize, const AVX: bool>(
         for (chunk, (base, keep)) in origins.out.iter().zip(&origins.keep).enumerate() {
             for b in 0..N {
                 for (a, col) in col.iter_mut().enumerate() {
-                    let at = ((a * N + b) * o + oi) * tbp + chunk * L;
+                    let at = (oi * nn + a * N + b) * tbp + chunk * L;
                     col.copy_from_slice(&m[at..at + L]);
                 }
                 let t = W::at(&col);
@@ -411,11 +422,11 @@ unsafe fn transpose8(m: &[Lanes; L]) -> [Lanes; L] {
     }
 }
 
-/// `m = u . v` for `u` (o x c), `v` (c x tbp) and `m` (o x tbp), all row-major, `tbp` a multiple
-/// of `L`: blocks of R rows by V vectors of `L` columns (R V accumulators) over c.
+/// `m = u . v` for `u` (o x c), `v` (c x tbp) and `m` (o x tbp, rows `mrow` apart), row-major,
+/// `tbp` a multiple of `L`: blocks of R rows by V vectors of `L` columns (R V accumulators) over c.
 #[inline(always)]
-fn products<const R: usize, const V: usize, const FMA: bool>(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32]) {
-    assert!(u.len() >= o * c && v.len() >= c * tbp && m.len() >= o * tbp && tbp % L == 0 && R <= 6 && V <= 4);
+fn products<const R: usize, const V: usize, const FMA: bool>(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32], mrow: usize) {
+    assert!(u.len() >= o * c && v.len() >= c * tbp && m.len() >= (o - 1) * mrow + tbp && mrow >= tbp && tbp % L == 0 && R <= 6 && V <= 4);
     let mut o0 = 0;
     while o0 < o {
         let rows = R.min(o - o0);
@@ -425,16 +436,16 @@ fn products<const R: usize, const V: usize, const FMA: bool>(u: &[f32], o: usize
             // SAFETY: rows o0..o0 + rows of u and m, columns t0..t0 + vecs L of v and m: inside
             // the slices checked above.
             unsafe {
-                let (u, v, m) = (u.as_ptr().add(o0 * c), v.as_ptr().add(t0), m.as_mut_ptr().add(o0 * tbp + t0));
+                let (u, v, m) = (u.as_ptr().add(o0 * c), v.as_ptr().add(t0), m.as_mut_ptr().add(o0 * mrow + t0));
                 macro_rules! by_rows {
                     ($v:literal) => {
                         match rows {
-                            1 => tile_product::<1, $v, FMA>(u, c, v, tbp, m),
-                            2 => tile_product::<2, $v, FMA>(u, c, v, tbp, m),
-                            3 => tile_product::<3, $v, FMA>(u, c, v, tbp, m),
-                            4 => tile_product::<4, $v, FMA>(u, c, v, tbp, m),
-                            5 => tile_product::<5, $v, FMA>(u, c, v, tbp, m),
-                            _ => tile_product::<6, $v, FMA>(u, c, v, tbp, m),
+                            1 => tile_product::<1, $v, FMA>(u, c, v, tbp, m, mrow),
+                            2 => tile_product::<2, $v, FMA>(u, c, v, tbp, m, mrow),
+                            3 => tile_product::<3, $v, FMA>(u, c, v, tbp, m, mrow),
+                            4 => tile_product::<4, $v, FMA>(u, c, v, tbp, m, mrow),
+                            5 => tile_product::<5, $v, FMA>(u, c, v, tbp, m, mrow),
+                            _ => tile_product::<6, $v, FMA>(u, c, v, tbp, m, mrow),
                         }
                     };
                 }
@@ -451,13 +462,13 @@ fn products<const R: usize, const V: usize, const FMA: bool>(u: &[f32], o: usize
     }
 }
 
-/// One R x (V L) block of `m = u . v`: rows of `u` `c` apart, rows of `v` and `m` `tbp` apart.
+/// One R x (V L) block of `m = u . v`: rows of `u` `c` apart, of `v` `tbp`, of `m` `mrow`.
 /// The sum over c runs in order, one rounding (FMA) or two per term.
 ///
 /// SAFETY: the R rows of c values at `u`, c rows of V L values at `v` and R rows of V L values
 /// at `m` are in bounds.
 #[inline(always)]
-unsafe fn tile_product<const R: usize, const V: usize, const FMA: bool>(u: *const f32, c: usize, v: *const f32, tbp: usize, m: *mut f32) {
+unsafe fn tile_product<const R: usize, const V: usize, const FMA: bool>(u: *const f32, c: usize, v: *const f32, tbp: usize, m: *mut f32, mrow: usize) {
     let mut acc = [[[0f32; L]; V]; R];
     for k in 0..c {
         let mut vk = [[0f32; L]; V];
@@ -475,7 +486,7 @@ unsafe fn tile_product<const R: usize, const V: usize, const FMA: bool>(u: *cons
     }
     for (r, acc) in acc.iter().enumerate() {
         for (j, acc) in acc.iter().enumerate() {
-            unsafe { *(m.add(r * tbp + j * L) as *mut Lanes) = *acc };
+            unsafe { *(m.add(r * mrow + j * L) as *mut Lanes) = *acc };
         }
     }
 }
@@ -483,33 +494,37 @@ unsafe fn tile_product<const R: usize, const V: usize, const FMA: bool>(u: *cons
 /// `products` compiled for AVX-512 (blocks of 6 x 4 vectors: 24 accumulators of its 32
 /// registers, which LLVM pairs into 512-bit ones: twice AVX2's speed here), AVX2+FMA (4 x 2: 8
 /// of 16) or baseline x86-64, the widest this CPU runs.
-fn products_at(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32]) {
+fn products_at(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32], mrow: usize) {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
-    unsafe fn avx512(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32]) {
-        products::<6, 4, true>(u, o, c, v, tbp, m)
+    unsafe fn avx512(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32], mrow: usize) {
+        products::<6, 4, true>(u, o, c, v, tbp, m, mrow)
     }
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn avx2(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32]) {
-        products::<4, 2, true>(u, o, c, v, tbp, m)
+    unsafe fn avx2(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32], mrow: usize) {
+        products::<4, 2, true>(u, o, c, v, tbp, m, mrow)
     }
     match simd() {
         // SAFETY: `simd()` found these features on this CPU.
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx512 => unsafe { avx512(u, o, c, v, tbp, m) },
+        Simd::Avx512 => unsafe { avx512(u, o, c, v, tbp, m, mrow) },
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 => unsafe { avx2(u, o, c, v, tbp, m) },
-        _ => products::<4, 2, { cfg!(target_feature = "fma") }>(u, o, c, v, tbp, m),
+        Simd::Avx2 => unsafe { avx2(u, o, c, v, tbp, m, mrow) },
+        _ => products::<4, 2, { cfg!(target_feature = "fma") }>(u, o, c, v, tbp, m, mrow),
     }
 }
 
-/// `block` compiled for AVX2+FMA where the CPU has it, else baseline x86-64. Not for AVX-512:
-/// there LLVM turns the transforms' per-tile moves into gathers and scatters, which took these
-/// passes from 0.4 to 0.8 ms (input) and 0.3 to 0.9 ms (output) for the benchmark's layer.
+/// `block` compiled for AVX-512 or AVX2+FMA (with the transposes) where the CPU has them, else
+/// baseline x86-64 (moving one value at a time).
 ///
 /// SAFETY: as `block`.
 unsafe fn block_at<W: Wino<M, N>, const M: usize, const N: usize>(plan: &Plan, xs: &[f32], u: &[f32], range: (usize, usize), scratch: &mut Vec<f32>, out: *mut f32) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
+    unsafe fn avx512<W: Wino<M, N>, const M: usize, const N: usize>(plan: &Plan, xs: &[f32], u: &[f32], range: (usize, usize), scratch: &mut Vec<f32>, out: *mut f32) -> bool {
+        unsafe { block::<W, M, N, true>(plan, xs, u, range, scratch, out) }
+    }
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn avx2<W: Wino<M, N>, const M: usize, const N: usize>(plan: &Plan, xs: &[f32], u: &[f32], range: (usize, usize), scratch: &mut Vec<f32>, out: *mut f32) -> bool {
@@ -518,7 +533,9 @@ unsafe fn block_at<W: Wino<M, N>, const M: usize, const N: usize>(plan: &Plan, x
     match simd() {
         // SAFETY: `simd()` found these features on this CPU.
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 | Simd::Avx512 => unsafe { avx2::<W, M, N>(plan, xs, u, range, scratch, out) },
+        Simd::Avx512 => unsafe { avx512::<W, M, N>(plan, xs, u, range, scratch, out) },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx2 => unsafe { avx2::<W, M, N>(plan, xs, u, range, scratch, out) },
         _ => unsafe { block::<W, M, N, false>(plan, xs, u, range, scratch, out) },
     }
 }
@@ -735,6 +752,9 @@ fn run<W: Wino<M, N>, const M: usize, const N: usize>(xs: &[f32], ks: &[f32], ge
     let dst = SharedMut(out.as_mut_ptr());
     let bad = AtomicBool::new(false);
     thread_local! {
+        /// A block's buffers, kept by each thread between calls (a fresh allocation of a few
+        /// hundred KiB costs page faults each time); they grow to the largest block seen, about
+        /// 0.5 MiB for the benchmark's layer.
         static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     tasks(blocks.len(), N * N * (c + o) * n * tt, &|i| {
@@ -1141,7 +1161,7 @@ mod timing {
     #[test]
     #[ignore]
     fn winograd_timing() {
-        let shapes: &[([usize; 4], usize)] = &[([8, 32, 32, 32], 64), ([8, 3, 32, 32], 64), ([8, 64, 16, 16], 64), ([1, 32, 32, 32], 32), ([8, 8, 32, 32], 8), ([8, 1, 28, 28], 1)];
+        let shapes: &[([usize; 4], usize)] = &[([8, 32, 32, 32], 64), ([8, 3, 32, 32], 64), ([8, 64, 16, 16], 64), ([1, 32, 32, 32], 32), ([8, 8, 32, 32], 8), ([8, 1, 28, 28], 1), ([2, 256, 14, 14], 256), ([1, 128, 56, 56], 128)];
         for &([n, c, h, w], o) in shapes {
             let x = dispatch::from_data(TensorData::new((0..n * c * h * w).map(|i| (i % 7) as f32 - 3.0).collect::<Vec<f32>>(), [n, c, h, w]), &burn::tensor::Device::flex());
             let k = dispatch::from_data(TensorData::new((0..o * c * 9).map(|i| (i % 5) as f32 - 2.0).collect::<Vec<f32>>(), [o, c, 3, 3]), &burn::tensor::Device::flex());
