@@ -185,7 +185,7 @@ fn operand(t: &CubeTensor) -> Operand {
     }
 }
 
-type CudaServer = <cubecl::cuda::CudaRuntime as cubecl_runtime::runtime::Runtime>::Server;
+pub(crate) type CudaServer = <cubecl::cuda::CudaRuntime as cubecl_runtime::runtime::Runtime>::Server;
 
 fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeTensor, String> {
     let index = match &lhs.device {

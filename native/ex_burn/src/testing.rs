@@ -61,3 +61,13 @@ pub fn assert_close(got: &[f64], want: &[f64], tol: f64) {
         assert!((g - w).abs() <= tol * (1.0 + w.abs()), "got {got:?}, want {want:?}");
     }
 }
+
+/// An f32 flex (CPU) primitive, for tests of the crate's own CPU kernels, which take primitives.
+pub fn flex_f32s(values: Vec<f32>, shape: &[usize]) -> crate::dispatch::Prim {
+    crate::dispatch::from_data(burn::backend::TensorData::new(values, shape.to_vec()), &burn::tensor::Device::flex())
+}
+
+/// The values of an f32 primitive.
+pub fn prim_f32s(p: crate::dispatch::Prim) -> Vec<f32> {
+    crate::dispatch::into_data(p).unwrap().try_to_vec::<f32>().unwrap()
+}

@@ -84,15 +84,8 @@ pub(crate) fn im2col(x: &Prim, k: &Prim, opts: &ConvOptions<2>) -> Option<Prim> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{flex_f32s as flex, prim_f32s as values};
     use burn::backend::ops::ModuleOps;
-
-    fn flex(values: Vec<f32>, shape: &[usize]) -> Prim {
-        dispatch::from_data(TensorData::new(values, shape.to_vec()), &burn::tensor::Device::flex())
-    }
-
-    fn values(p: Prim) -> Vec<f32> {
-        dispatch::into_data(p).unwrap().try_to_vec::<f32>().unwrap()
-    }
 
     fn pseudo(n: usize, seed: u32) -> Vec<f32> {
         (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2001) as f32 / 1000.0 - 1.0).collect()

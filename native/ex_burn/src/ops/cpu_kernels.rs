@@ -1062,17 +1062,10 @@ pub fn gelu_tensor<const D: usize>(t: burn::tensor::Tensor<D>) -> burn::tensor::
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{flex_f32s as flex, prim_f32s as values};
     use rayon::prelude::*;
     use burn::backend::ops::FloatTensorOps;
     use burn::backend::Dispatch;
-
-    fn flex(values: Vec<f32>, shape: &[usize]) -> Prim {
-        dispatch::from_data(TensorData::new(values, shape.to_vec()), &burn::tensor::Device::flex())
-    }
-
-    fn values(p: Prim) -> Vec<f32> {
-        dispatch::into_data(p).unwrap().try_to_vec::<f32>().unwrap()
-    }
 
     /// Inputs with every special value, long enough for the parallel paths.
     fn specials(n: usize) -> Vec<f32> {

@@ -94,10 +94,7 @@ pub fn sort_f32(x: &Prim, axis: usize, descending: bool) -> Option<(Prim, Prim)>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn flex(values: Vec<f32>, shape: &[usize]) -> Prim {
-        dispatch::from_data(TensorData::new(values, shape.to_vec()), &burn::tensor::Device::flex())
-    }
+    use crate::testing::{flex_f32s as flex};
 
     fn run(xs: Vec<f32>, shape: &[usize], axis: usize, desc: bool) -> (Vec<f32>, Vec<i64>) {
         let (v, i) = sort_f32(&flex(xs, shape), axis, desc).unwrap();

@@ -778,16 +778,9 @@ fn run<W: Wino<M, N>, const M: usize, const N: usize>(xs: &[f32], ks: &[f32], ge
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{flex_f32s as flex, prim_f32s as values};
     use burn::backend::ops::ModuleOps;
     use burn::backend::Dispatch;
-
-    fn flex(values: Vec<f32>, shape: &[usize]) -> Prim {
-        dispatch::from_data(TensorData::new(values, shape.to_vec()), &burn::tensor::Device::flex())
-    }
-
-    fn values(p: Prim) -> Vec<f32> {
-        dispatch::into_data(p).unwrap().try_to_vec::<f32>().unwrap()
-    }
 
     /// splitmix64 values in [lo, lo + 1)
     fn random(n: usize, seed: u64, lo: f32) -> Vec<f32> {
