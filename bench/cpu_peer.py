@@ -133,6 +133,7 @@ def cases():
     yield "sum_1000x1000_axis1", lambda: first(m.sum(dim=1))
     yield "argmax_1M", lambda: first(a.argmax())
     yield "softmax_1024x1024", lambda: first(torch.softmax(sq, dim=1))
+    yield "softmax_composed_1024x1024", lambda: first(composed_softmax(sq))
     yield "layer_norm_composed_1024x1024", lambda: first(composed_layer_norm(sq))
     yield "layer_norm_fused_1024x1024", lambda: first(F.layer_norm(sq, (1024,)))
     yield "softmax_1024x1024_defn", lambda: first(torch.softmax(sq, dim=1))

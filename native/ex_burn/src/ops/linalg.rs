@@ -274,6 +274,44 @@ mod tests {
         assert!(e < 1e-2, "relative error {e:e}");
     }
 
+    /// The f32 gemm (on x86 the `gemm` crate's AVX-512 microkernels where the CPU has them,
+    /// else AVX2) at sizes that are not multiples of its register tiles (16/48 rows, 4-6
+    /// columns) or cache blocks, so every edge kernel and partial panel runs, with plain and
+    /// transposed operands, above the f64-accumulation limit. Each entry is held to
+    /// 8·√k·2⁻²⁴ of Σ|aₗ·bₗ|, the reach of f32 rounding; a term dropped or taken twice moves an
+    /// entry by about one term, |aₗ·bₗ| ≈ Σ|aₗ·bₗ|/k, far above that bound for these k.
+    #[test]
+    fn f32_products_at_odd_sizes_match_the_f64_product() {
+        for (case, &(m, k, n)) in [(37, 301, 53), (1, 1000, 300), (300, 1000, 1), (129, 257, 65), (17, 4099, 5), (49, 96, 97)]
+            .iter()
+            .enumerate()
+        {
+            assert!(m * k * n > WIDE_DOT_LIMIT, "{m}x{k}x{n} would take the f64 path");
+            let (a, b) = (noise(m * k, 10 + case as u64), noise(k * n, 20 + case as u64));
+            let bound = 8.0 * (k as f64).sqrt() * 2f64.powi(-24);
+            assert!(1.0 / k as f64 > 4.0 * bound, "the bound would hide a dropped term at k = {k}");
+            for a_t in [false, true] {
+                let ha = if a_t { f32s(&a, &[k, m]) } else { f32s(&a, &[m, k]) };
+                let axis = if a_t { 0 } else { 1 };
+                let c = dot(&ha, &spec(&[axis], &[]), &f32s(&b, &[k, n]), &spec(&[0], &[]), NxType::F(32)).unwrap();
+                assert_eq!((c.ty, c.shape.clone()), (NxType::F(32), vec![m, n]));
+                let got = floats(&c);
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut want, mut mass) = (0.0f64, 0.0f64);
+                        for l in 0..k {
+                            let av = if a_t { a[l * m + i] } else { a[i * k + l] } as f64;
+                            want += av * b[l * n + j] as f64;
+                            mass += (av * b[l * n + j] as f64).abs();
+                        }
+                        let e = (got[i * n + j] - want).abs() / mass;
+                        assert!(e <= bound, "{m}x{k}x{n} (lhs transposed: {a_t}) [{i},{j}]: {e:e} > {bound:e}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn mismatched_contraction_is_an_error() {
         let a = f32s(&[1.0, 2.0], &[2]);
