@@ -36,6 +36,9 @@
 
 use std::sync::OnceLock;
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
+
 use burn::backend::{BackendTensor, DType, DispatchTensorKind, TensorData};
 use burn::tensor::bf16;
 
@@ -175,13 +178,16 @@ fn gemm(a: View, b: View) -> Option<Vec<bf16>> {
     // its two a cycle needs 12 in flight; 6x4, 8x3 and 8x2 measured within 3 % of each other)
     match n.div_ceil(16) {
         #[cfg(target_arch = "x86_64")]
-        1 => Some(run::<8, 1>(a, b)),
+        1 => Some(run::<8, 1>(a, b, false)),
         #[cfg(target_arch = "x86_64")]
-        2 => Some(run::<8, 2>(a, b)),
+        2 => Some(run::<8, 2>(a, b, false)),
         #[cfg(target_arch = "x86_64")]
-        3 => Some(run::<8, 3>(a, b)),
+        3 => Some(run::<8, 3>(a, b, false)),
         #[cfg(target_arch = "x86_64")]
-        _ => Some(run::<6, 4>(a, b)),
+        // AMX reads 16-column panels, two at a time
+        _ if amx::usable(a.shape) => Some(run::<6, 1>(a, b, true)),
+        #[cfg(target_arch = "x86_64")]
+        _ => Some(run::<6, 4>(a, b, false)),
         #[cfg(not(target_arch = "x86_64"))]
         _ => None,
     }
@@ -254,7 +260,7 @@ unsafe fn pack_a(a: &View, bi: usize, rs: std::ops::Range<usize>, kp: usize, out
 /// for all tasks (or by each task for its own columns where one row block covers m), then the
 /// `MC` x `NC` blocks of the result as parallel tasks.
 #[cfg(target_arch = "x86_64")]
-fn run<const MR: usize, const NV: usize>(a: View, b: View) -> Vec<bf16> {
+fn run<const MR: usize, const NV: usize>(a: View, b: View, amx: bool) -> Vec<bf16> {
     let ([bsz, m, k], n) = (a.shape, b.shape[2]);
     let (nr, kp) = (16 * NV, k.div_ceil(2));
     let (mb, nb) = (m.div_ceil(MC), n.div_ceil(NC));
@@ -278,11 +284,31 @@ fn run<const MR: usize, const NV: usize>(a: View, b: View) -> Vec<bf16> {
     }
     let rows = Rows { a, direct, packed: Shared(ap.as_mut_ptr()), m, kp };
 
+    // With AMX, A's whole 32-row groups as tiles, once for every column block (`amx::pack_a`)
+    let groups = m / 32;
+    let mut at: Vec<u32> = Vec::new();
+    if amx {
+        at.reserve_exact(bsz * groups * kp * 32);
+        let base = Shared(at.as_mut_ptr());
+        par_tasks(bsz * groups, &|t| {
+            let (bi, g) = (t / groups, t % groups);
+            let first = rows.row(bi, 32 * g) as *const u8;
+            let stride = (rows.row(bi, 32 * g + 1) as isize).wrapping_sub(first as isize);
+            // SAFETY: the group's 32 rows are rows of A; each task writes its own group's tiles
+            unsafe { amx::pack_a(kp, first, stride, base.get().add(t * kp * 32)) };
+        });
+        // SAFETY: the tasks wrote every group's tiles
+        unsafe { at.set_len(bsz * groups * kp * 32) };
+    }
+    let a_tiles = amx.then_some(Shared(at.as_mut_ptr()));
+
     // With one row block each B block is used by one task: it packs its own, a k block at a
     // time, into a buffer that stays in cache. Packed ahead, a large B is also a fresh mapping
     // (a 4096² B packs to 32 MiB, glibc's mmap threshold as the NIF sets it): {1,4096}·{4096²}
     // took 17.8 ms, three quarters of it page faults.
-    let per_batch = n.div_ceil(nr) * kp * nr;
+    // with AMX an even number of panels: the last pair's second one zero where n needs an odd
+    let panels = if amx { n.div_ceil(2 * nr) * 2 } else { n.div_ceil(nr) };
+    let per_batch = panels * kp * nr;
     let mut bp: Vec<u32> = Vec::new();
     if mb > 1 {
         // PB pairs a packing task: 16 pairs of 1024 columns read 64 KiB
@@ -295,7 +321,13 @@ fn run<const MR: usize, const NV: usize>(a: View, b: View) -> Vec<bf16> {
             // SAFETY: b is in bounds; tasks write disjoint pairs of the batch's panels
             unsafe { pack_b(&b, bi, p0..kp.min(p0 + PB), (0, n), nr, base.get().add(bi * per_batch + p0 * nr), kp) };
         });
-        // SAFETY: the tasks wrote every pair of every panel of every batch
+        if panels > n.div_ceil(nr) {
+            for bi in 0..bsz {
+                // SAFETY: the padding panel lies inside the reserved capacity
+                unsafe { std::ptr::write_bytes(base.get().add(bi * per_batch + (panels - 1) * kp * nr), 0, kp * nr) };
+            }
+        }
+        // SAFETY: the tasks wrote every pair of every panel of every batch (and the padding)
         unsafe { bp.set_len(bsz * per_batch) };
     }
     let packed_b = (mb > 1).then_some(Shared(bp.as_mut_ptr()));
@@ -309,7 +341,7 @@ fn run<const MR: usize, const NV: usize>(a: View, b: View) -> Vec<bf16> {
             None => Panels::Pack(&b),
         };
         // SAFETY: `gemm` checked the features; the task writes its own block of `out`
-        unsafe { block::<MR, NV>(&rows, bi, ic * MC, jc * NC, [m, kp, n], bs, dst.get().wrapping_add(bi * m * n)) };
+        unsafe { block::<MR, NV>(&rows, bi, ic * MC, jc * NC, [m, kp, n], bs, dst.get().wrapping_add(bi * m * n), a_tiles.map(|t| t.get().wrapping_add(bi * groups * kp * 32) as *const u32)) };
     });
     // SAFETY: the blocks cover the result and every block stored each of its elements
     unsafe { out.set_len(bsz * m * n) };
@@ -353,11 +385,15 @@ enum Sink {
 }
 
 /// The `MC` x `NC` block of batch `bi`'s result at (`m0`, `n0`), `dims` = [m, kp, n]: every k
-/// block in turn over every panel and row group of the block.
+/// block in turn over every panel and row group of the block. With `amx` (the batch's A as
+/// `amx::pack_a` tiles), the block's whole groups of 32 rows go through `amx::tile` (two of its 32-column halves a panel) and only the
+/// rows after them through `tile`; `NV` is then 1 and the panels come in pairs (`run` pads).
 ///
 /// # Safety
 /// The CPU has avx512f/bw/vl and avx512bf16; `panels` are the batch's packed panels or its B
 /// (in bounds); `dst` is the batch's `m x n` result, of which this call alone writes the block.
+/// With `amx`, `amx::usable` held for the product (so every `kc` is a multiple of 16), `NV` is 1
+/// and packed panels come in pairs.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 unsafe fn block<const MR: usize, const NV: usize>(
@@ -368,14 +404,20 @@ unsafe fn block<const MR: usize, const NV: usize>(
     [m, kp, n]: [usize; 3],
     panels_of: Panels,
     dst: *mut u16,
+    amx: Option<*const u32>,
 ) {
     let nr = 16 * NV;
     let (height, width) = (MC.min(m - m0), NC.min(n - n0));
-    let (groups, panels) = (height.div_ceil(MR), width.div_ceil(nr));
+    // rows [0, tiled) by AMX, 32 at a time; the rest in groups of MR (the last one padded)
+    let tiled = if amx.is_some() { height / 32 * 32 } else { 0 };
+    let (groups, panels) = ((height - tiled).div_ceil(MR), width.div_ceil(nr));
     let kblocks = kp.div_ceil(KC);
-    // partial sums between k blocks, the block's tiles side by side
-    let ld = panels * nr;
-    let mut partial = if kblocks > 1 { vec![0.0f32; groups * MR * ld] } else { Vec::new() };
+    // partial sums between k blocks, the block's tiles side by side (AMX pairs the panels)
+    let ld = if amx.is_some() { panels.next_multiple_of(2) } else { panels } * nr;
+    let mut partial = if kblocks > 1 { vec![0.0f32; (tiled + groups * MR) * ld] } else { Vec::new() };
+    if tiled > 0 {
+        amx::configure();
+    }
     let mut own = match panels_of {
         Panels::Pack(_) => vec![0u32; KC.min(kp) * ld],
         Panels::Packed(_) => Vec::new(),
@@ -385,13 +427,31 @@ unsafe fn block<const MR: usize, const NV: usize>(
         if let Panels::Pack(b) = panels_of {
             pack_b(b, bi, p0..p0 + kc, (n0, n0 + width), nr, own.as_mut_ptr(), kc);
         }
+        let panel_at = |jr: usize| match panels_of {
+            Panels::Packed(bp) => bp.add(((n0 / nr + jr) * kp + p0) * nr),
+            Panels::Pack(_) => own.as_ptr().add(jr * kc * nr),
+        };
+        // AMX: each 32-row group (its tiles packed by `run`) against every panel of the block
+        for r0 in (0..tiled).step_by(32) {
+            // the group's first pair of the k block: 32 rows by 16 pairs per tile pair
+            let a_tiles = amx.unwrap_or(std::ptr::null()).wrapping_add(((m0 + r0) / 32 * kp + p0) * 32);
+            for jr in (0..panels).step_by(2) {
+                let c0 = jr * nr;
+                let tmp = partial.as_mut_ptr().wrapping_add(r0 * ld + c0);
+                let init = (kb > 0).then_some((tmp as *const f32, ld));
+                let sink = if kb + 1 == kblocks {
+                    let at = dst.add((m0 + r0) * n + n0 + c0);
+                    Sink::Bf16 { at, ld: n, rows: 32, cols: (width - c0).min(32) }
+                } else {
+                    Sink::F32 { at: tmp, ld }
+                };
+                amx::tile(kc, a_tiles, (panel_at(jr) as *const u8, panel_at(jr + 1) as *const u8), init, sink);
+            }
+        }
         for jr in 0..panels {
-            let panel = match panels_of {
-                Panels::Packed(bp) => bp.add(((n0 / nr + jr) * kp + p0) * nr),
-                Panels::Pack(_) => own.as_ptr().add(jr * kc * nr),
-            };
+            let panel = panel_at(jr);
             for ir in 0..groups {
-                let r0 = ir * MR;
+                let r0 = tiled + ir * MR;
                 let valid = MR.min(height - r0);
                 // a partial group repeats its last row: computed, never stored
                 let a: [*const u32; MR] = std::array::from_fn(|i| rows.row(bi, m0 + r0 + i.min(valid - 1)).wrapping_add(p0));
@@ -406,6 +466,9 @@ unsafe fn block<const MR: usize, const NV: usize>(
                 tile::<MR, NV>(kc, a, panel, init, sink);
             }
         }
+    }
+    if tiled > 0 {
+        amx::release();
     }
 }
 
@@ -557,6 +620,53 @@ pub(crate) mod tests {
                 seed += 1;
                 let (da, db) = (random(m * k, seed), random(k * n, seed + 100));
                 check(contiguous(&da, [1, m, k]), contiguous(&db, [1, k, n]));
+            }
+        }
+    }
+
+    /// Shapes the AMX tile takes (k a multiple of 32, m ≥ 32, n > 48): whole and partial 32-row
+    /// groups, partial 32-column halves and panels, one and several k blocks, several row blocks
+    /// (B packed ahead) and one (packed by the task), A in place, transposed (packed) and
+    /// batched; each run with and without AMX, both held to the exact sums. Where the CPU has no
+    /// AMX both runs take `vdpbf16ps` (`amx::tests::ready_where_the_cpu_has_amx` pins which).
+    #[test]
+    fn amx_shaped_products_match_the_exact_sums() {
+        if !detected() {
+            return;
+        }
+        let mut seed = 500;
+        for (bsz, m, k, n) in [(1, 32, 32, 64), (1, 33, 64, 49), (1, 95, 544, 100), (2, 200, 96, 250), (1, 64, 1056, 65), (1, 130, 32, 193)] {
+            seed += 1;
+            let (da, db) = (random(bsz * m * k, seed), random(bsz * k * n, seed + 100));
+            let at = View { data: &da, offset: 0, shape: [bsz, m, k], strides: [(m * k) as isize, 1, m as isize] };
+            for a in [contiguous(&da, [bsz, m, k]), at] {
+                check(a, contiguous(&db, [bsz, k, n]));
+                amx::tests::without_amx(|| check(a, contiguous(&db, [bsz, k, n])));
+            }
+        }
+    }
+
+    /// NaN in a row of A makes that row NaN, ±Inf in a column of B makes that column ±Inf, on
+    /// the AMX tile as on `vdpbf16ps`.
+    #[test]
+    fn amx_tiles_propagate_nan_and_infinity() {
+        if !detected() {
+            return;
+        }
+        let (m, k, n) = (64, 64, 64);
+        let mut da: Vec<u16> = (0..m * k).map(|i| bits(1.0 + (i % 7) as f32 / 8.0)).collect();
+        let mut db: Vec<u16> = (0..k * n).map(|i| bits(0.5 + (i % 5) as f32 / 8.0)).collect();
+        da[5 * k + 40] = bits(f32::NAN);
+        db[33 * n + 50] = bits(f32::INFINITY);
+        let out = gemm(contiguous(&da, [1, m, k]), contiguous(&db, [1, k, n])).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let v = out[i * n + j].to_f64();
+                match (i, j) {
+                    (5, _) => assert!(v.is_nan(), "({i},{j}) = {v}"),
+                    (_, 50) => assert_eq!(v, f64::INFINITY, "({i},{j})"),
+                    _ => assert!(v.is_finite() && v > 0.0, "({i},{j}) = {v}"),
+                }
             }
         }
     }
