@@ -27,6 +27,9 @@
 //! bf16 bit can), except where denormals are involved. NaN and ±Inf propagate as in f32
 //! arithmetic (a NaN in a row of A makes that row of the result NaN; Inf·0 is NaN).
 //!
+//! On CPUs with AMX, whole groups of 32 rows go through `amx` instead (Intel's `vdpbf16ps` issues
+//! once a cycle, no faster than its f32 FMAs; see that module).
+//!
 //! Taken only on x86-64 CPUs with avx512f/bw/vl and avx512bf16 (detected at run time);
 //! `EXBURN_BF16_GEMM=0` keeps flex's path. Written against Burn's public API, so it could move
 //! upstream into burn-flex's `matmul_bf16`.
