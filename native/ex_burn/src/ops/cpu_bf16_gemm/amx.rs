@@ -38,8 +38,8 @@ pub(super) fn usable([_, m, k]: [usize; 3]) -> bool {
 pub(super) fn ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
-        // SAFETY: CPUID leaf 7 exists on every x86-64 CPU that has AVX-512 (checked by the caller)
-        let edx = unsafe { __cpuid_count(7, 0) }.edx;
+        // CPUID leaf 7 exists on every x86-64 CPU that has AVX-512 (checked by the caller)
+        let edx = __cpuid_count(7, 0).edx;
         let (bf16, tile) = (edx >> 22 & 1 == 1, edx >> 24 & 1 == 1);
         bf16 && tile && std::env::var("EXBURN_BF16_AMX").map_or(true, |v| v != "0") && granted()
     })
@@ -216,8 +216,7 @@ pub(crate) mod tests {
         if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")) {
             return;
         }
-        // SAFETY: leaf 7 exists on AVX-512 CPUs
-        let edx = unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.edx;
+        let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
         let has = edx >> 22 & 1 == 1 && edx >> 24 & 1 == 1;
         if std::env::var("EXBURN_BF16_AMX").is_ok_and(|v| v == "0") {
             assert!(!super::ready());
