@@ -3,10 +3,10 @@
 use burn::backend::ops::{FloatTensorOps, IntTensorOps};
 use burn::backend::Dispatch;
 
-use crate::dispatch::{self, by_kind2};
+use crate::dispatch::{self, by_kind2, Prim};
 use crate::dtype::NxType;
 use crate::error::{ExError, ExResult};
-use crate::ops::{cast_to, check_alloc, check_axes, colocate, cpu_bf16_gemm, dims_detail, empty};
+use crate::ops::{cast_to, check_alloc, check_axes, colocate, cpu_bf16_gemm, cpu_row_split, dims_detail, empty};
 use crate::tensor::{numel, Handle};
 
 pub struct DotSpec {
@@ -95,13 +95,22 @@ pub fn dot_with(
     let prod = if crate::cublas::applies(&pa, &pb, compute.dtype()) {
         crate::cublas::matmul(pa, pb, _precision)
     } else {
-        cpu_bf16_gemm::matmul(&pa, &pb).unwrap_or_else(|| by_kind2!(pa, pb, float_matmul, int_matmul))
+        cpu_product(pa, pb, [bsz, m, k, n])
     };
     #[cfg(not(feature = "cuda"))]
-    let prod = cpu_bf16_gemm::matmul(&pa, &pb).unwrap_or_else(|| by_kind2!(pa, pb, float_matmul, int_matmul));
+    let prod = cpu_product(pa, pb, [bsz, m, k, n]);
     let prim = dispatch::reshape(prod, &shape);
     let r = Handle::new(prim, compute, shape.clone(), device);
     Ok(if compute == out { r } else { Handle::new(cast_to(&r, out), out, shape, device) })
+}
+
+/// `pa · pb` (`[bsz, m, k]`, `[bsz, k, n]`) off cuBLAS: bf16 on our AVX512-BF16/AMX kernel,
+/// mid-size f32/f64 products in row blocks (`cpu_row_split`), the rest on Burn's matmul; each
+/// kernel declines what it does not cover.
+fn cpu_product(pa: Prim, pb: Prim, sizes: [usize; 4]) -> Prim {
+    cpu_bf16_gemm::matmul(&pa, &pb)
+        .or_else(|| cpu_row_split::matmul(&pa, &pb, sizes))
+        .unwrap_or_else(|| by_kind2!(pa, pb, float_matmul, int_matmul))
 }
 
 /// Products of at most this many multiply-adds accumulate narrow floats in f64.

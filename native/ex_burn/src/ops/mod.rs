@@ -8,6 +8,7 @@ pub(crate) mod cpu_gather;
 pub(crate) mod cpu_sort;
 pub(crate) mod cpu_winograd;
 pub(crate) mod cpu_kernels;
+pub(crate) mod cpu_row_split;
 pub mod create;
 pub mod elementwise;
 pub mod indexing;

@@ -1,0 +1,88 @@
+//! Mid-size f32/f64 products on the CPU, cut into row blocks that flex multiplies on one
+//! thread each, the blocks spread by `par_tasks`.
+//!
+//! Why: above 192^3 multiply-adds flex hands a product to gemm with rayon parallelism, and
+//! gemm forks from the calling thread. Our callers are the BEAM's dirty schedulers, outside
+//! rayon's pool, so every such product parks the caller and wakes a worker, twice: a quarter of
+//! a {256,256}^2 product's time went to those context switches (perf: `finish_task_switch`).
+//! Through `par_tasks` the caller starts on the first block at once and a worker takes blocks
+//! as soon as it wakes. Medians, 2-core Xeon, split vs not, alternating runs (2-3 each):
+//! {256,256}^2 159-175 vs 186-198 us, {128,784}.{784,256} 238-275 vs 309-316 us; larger, the
+//! gain shrinks (384^3: 507-524 vs 542-567 us) and turns (2^26, {1024,256}.{256,256}: 649-668
+//! vs 635-652 us), so products above 2^25 stay whole, where gemm's own split (one packed B)
+//! does as well.
+//! Written against Burn's public API, so it could move upstream into flex's matmul.
+
+use std::sync::Mutex;
+
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::{BackendTensor, DType, Dispatch, DispatchTensorKind};
+use burn::tensor::Slice;
+
+use super::cpu_kernels::par_tasks;
+use crate::dispatch::{self, Prim};
+
+/// burn-flex's PARALLEL_THRESHOLD (ops/matmul.rs): products from here up are threaded by gemm.
+const FLEX_PARALLEL: usize = 192 * 192 * 192;
+/// Products above this many multiply-adds stay whole.
+const SPLIT_MAX: usize = 1 << 25;
+/// Blocks thinner than this would run gemm at a poor shape.
+const MIN_ROWS: usize = 16;
+
+/// `pa · pb` for flex f32/f64 operands `[1, m, k]` and `[1, k, n]` in the size range above, as
+/// row blocks of fewer than `FLEX_PARALLEL` multiply-adds each; `None` otherwise.
+pub fn matmul(pa: &Prim, pb: &Prim, [bsz, m, k, n]: [usize; 4]) -> Option<Prim> {
+    let flex_float = |p: &Prim| matches!(&p.kind, DispatchTensorKind::Flex(BackendTensor::Float(t)) if matches!(t.dtype(), DType::F32 | DType::F64));
+    let macs = m.checked_mul(k)?.checked_mul(n)?;
+    if bsz != 1 || !(FLEX_PARALLEL..=SPLIT_MAX).contains(&macs) || rayon::current_num_threads() < 2 || !flex_float(pa) || !flex_float(pb) {
+        return None;
+    }
+    let rows = (FLEX_PARALLEL - 1) / (k * n);
+    let blocks = m.div_ceil(rows.max(1));
+    if rows < MIN_ROWS || blocks < 2 {
+        return None;
+    }
+    let parts: Vec<Mutex<Option<Prim>>> = (0..blocks).map(|_| Mutex::new(None)).collect();
+    par_tasks(blocks, &|i| {
+        let (r0, r1) = (i * rows, m.min((i + 1) * rows));
+        let a = dispatch::slice(pa.clone(), &[Slice::new(0, Some(1), 1), Slice::new(r0 as isize, Some(r1 as isize), 1), Slice::new(0, Some(k as isize), 1)]);
+        let p = Dispatch::float_matmul(a, pb.clone());
+        *parts[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    });
+    // par_tasks returned, so every task ran (a panic would have been re-raised)
+    let parts: Vec<Prim> = parts.into_iter().map(|p| p.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every block ran")).collect();
+    Some(dispatch::cat(parts, 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{flex_f32s, prim_f32s};
+
+    /// Split products equal the whole product computed in f64 within f32 rounding, at row
+    /// counts that leave a partial last block, and the sizes outside the range are declined.
+    #[test]
+    fn split_products_match_the_f64_product() {
+        for (m, k, n) in [(256, 256, 256), (301, 200, 150), (1000, 300, 40)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 997) as f32 / 498.5 - 1.0).collect();
+            let got = matmul(&flex_f32s(a.clone(), &[1, m, k]), &flex_f32s(b.clone(), &[1, k, n]), [1, m, k, n]).expect("in range");
+            assert_eq!(dispatch::dims(&got), vec![1, m, n]);
+            let got = prim_f32s(got);
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut want, mut mass) = (0.0f64, 0.0f64);
+                    for l in 0..k {
+                        let t = a[i * k + l] as f64 * b[l * n + j] as f64;
+                        want += t;
+                        mass += t.abs();
+                    }
+                    let e = (got[i * n + j] as f64 - want).abs() / mass.max(f64::MIN_POSITIVE);
+                    assert!(e <= 8.0 * (k as f64).sqrt() * 2f64.powi(-24), "{m}x{k}x{n} [{i},{j}]: {e:e}");
+                }
+            }
+        }
+        let small = flex_f32s(vec![1.0; 64 * 64], &[1, 64, 64]);
+        assert!(matmul(&small, &small, [1, 64, 64, 64]).is_none());
+    }
+}
