@@ -51,6 +51,10 @@ use crate::dispatch::{self, Prim};
 /// Pairs of k per block: a panel's block is 256 x 64 lanes, 64 KiB (L2 on Zen 5; 128 measured
 /// the same within noise on {1024,1024}² and {2048,2048}²).
 const KC: usize = 256;
+/// Pairs per k block on AMX (a multiple of 16): fewer partial sums to store and reload than at
+/// `KC`, whose traffic was a fifth of the AMX kernel's time; {1024,1024}² 1.75-1.86 ms at 256,
+/// 1.58-1.61 at 512, 1.63-1.67 at 1024 (three runs each).
+const AMX_KC: usize = 512;
 /// Rows per parallel task (a multiple of every `MR` used: 6 and 8).
 const MC: usize = 96;
 /// Columns per parallel task (a multiple of every panel width used: 16, 32, 48, 64).
@@ -414,7 +418,8 @@ unsafe fn block<const MR: usize, const NV: usize>(
     // rows [0, tiled) by AMX, 32 at a time; the rest in groups of MR (the last one padded)
     let tiled = if amx.is_some() { height / 32 * 32 } else { 0 };
     let (groups, panels) = ((height - tiled).div_ceil(MR), width.div_ceil(nr));
-    let kblocks = kp.div_ceil(KC);
+    let kcb = if amx.is_some() { AMX_KC } else { KC };
+    let kblocks = kp.div_ceil(kcb);
     // partial sums between k blocks, the block's tiles side by side (AMX pairs the panels)
     let ld = if amx.is_some() { panels.next_multiple_of(2) } else { panels } * nr;
     let mut partial = if kblocks > 1 { vec![0.0f32; (tiled + groups * MR) * ld] } else { Vec::new() };
@@ -422,11 +427,11 @@ unsafe fn block<const MR: usize, const NV: usize>(
         amx::configure();
     }
     let mut own = match panels_of {
-        Panels::Pack(_) => vec![0u32; KC.min(kp) * ld],
+        Panels::Pack(_) => vec![0u32; kcb.min(kp) * ld],
         Panels::Packed(_) => Vec::new(),
     };
     for kb in 0..kblocks {
-        let (p0, kc) = (kb * KC, KC.min(kp - kb * KC));
+        let (p0, kc) = (kb * kcb, kcb.min(kp - kb * kcb));
         if let Panels::Pack(b) = panels_of {
             pack_b(b, bi, p0..p0 + kc, (n0, n0 + width), nr, own.as_mut_ptr(), kc);
         }
