@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::backend::ops::{FloatTensorOps, IntTensorOps};
 use burn::backend::{DType, Dispatch, DispatchTensor, TensorData};
+use burn::tensor::Slice;
 use burn::grad_clipping::{GradientClipping, GradientClippingConfig};
 use burn::lr_scheduler::cosine::CosineAnnealingLrSchedulerConfig;
 use burn::lr_scheduler::exponential::ExponentialLrSchedulerConfig;
@@ -85,6 +86,16 @@ impl ModuleVisitor for ClipValues<'_> {
 }
 
 fn batch_rows(h: &Handle, idx: &[i64]) -> ExResult<DispatchTensor> {
+    // rows in order (predict, evaluate, fit without shuffling) are a view, not a gathered copy
+    // (a [1024, 784] f32 batch is 3.2 MB): predict of 1024 rows of the 784-256-128-10 MLP went
+    // from 2.77 to 2.15-2.19 ms on the 2-core Xeon
+    if let Some(&first) = idx.first() {
+        if idx.windows(2).all(|w| w[1] == w[0] + 1) && first >= 0 && (first as usize) + idx.len() <= h.shape.first().copied().unwrap_or(0) {
+            let rows = Slice::new(first as isize, Some(first as isize + idx.len() as isize), 1);
+            let rest = h.shape[1..].iter().map(|&d| Slice::new(0, Some(d as isize), 1));
+            return Ok(dispatch::slice(h.prim.clone(), &std::iter::once(rows).chain(rest).collect::<Vec<_>>()));
+        }
+    }
     let ids = TensorData::new(idx.to_vec(), [idx.len()]);
     let ids = dispatch::from_data(ids, &h.device.burn()?);
     Ok(if h.ty.is_float() {
@@ -311,6 +322,22 @@ mod tests {
     use super::*;
     use crate::model::spec::Activation;
     use crate::testing::*;
+
+    /// Rows in order come as a view, others gathered; both give exactly the rows asked for,
+    /// at the start, middle and end, for floats and integers.
+    #[test]
+    fn batch_rows_in_and_out_of_order() {
+        let vals: Vec<f32> = (0..18).map(|i| i as f32).collect();
+        let x = f32s(&vals, &[6, 3]);
+        let ints = i64s(&(0..6).collect::<Vec<_>>(), &[6]);
+        for idx in [vec![0i64, 1], vec![2, 3, 4], vec![5], vec![0, 1, 2, 3, 4, 5], vec![4, 2], vec![5, 0, 1]] {
+            let got = crate::dispatch::into_data(batch_rows(&x, &idx).unwrap()).unwrap().try_to_vec::<f32>().unwrap();
+            let want: Vec<f32> = idx.iter().flat_map(|&r| (0..3).map(move |c| (r * 3 + c) as f32)).collect();
+            assert_eq!(got, want, "rows {idx:?}");
+            let got = crate::dispatch::into_data(batch_rows(&ints, &idx).unwrap()).unwrap().try_to_vec::<i64>().unwrap();
+            assert_eq!(got, idx, "int rows {idx:?}");
+        }
+    }
 
     fn xor() -> (Handle, Handle) {
         (f32s(&[0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], &[4, 2]), i64s(&[0, 1, 1, 0], &[4]))
