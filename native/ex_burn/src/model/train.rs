@@ -265,6 +265,25 @@ impl Trainer {
         Ok(total / n as f64)
     }
 
+    /// About the multiply-adds of a forward pass over `rows` rows, where each layer costs its
+    /// parameter count per row: a stack of dense layers and the per-element layers between them
+    /// on rank-2 input. None where a layer's cost grows with the input's extent (convolutions,
+    /// pooling, recurrent layers, embeddings), which the count cannot bound.
+    pub fn dense_forward_macs(&self, rows: usize) -> Option<usize> {
+        let dense = self.specs.iter().all(|s| {
+            matches!(
+                s,
+                LayerSpec::Dense { .. }
+                    | LayerSpec::Activation(_)
+                    | LayerSpec::Dropout { .. }
+                    | LayerSpec::LayerNorm { .. }
+                    | LayerSpec::BatchNorm { .. }
+                    | LayerSpec::Flatten
+            )
+        });
+        (dense && self.input.len() == 1 && !self.int_input).then(|| self.net.num_params().saturating_mul(rows))
+    }
+
     pub fn predict(&self, x: &Handle, batch_size: usize) -> ExResult<Handle> {
         let n = self.check_data(x, None)?;
         let net = self.net.valid();
@@ -320,7 +339,7 @@ fn scalar(t: Tensor<1>) -> ExResult<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::spec::Activation;
+    use crate::model::spec::{Activation, Padding};
     use crate::testing::*;
 
     /// Rows in order come as a view, others gathered; both give exactly the rows asked for,
@@ -351,6 +370,19 @@ mod tests {
         ];
         let config = TrainConfig { loss: LossKind::CrossEntropy, learning_rate: 0.05, ..TrainConfig::default() };
         Trainer::new(specs, vec![2], false, config, crate::testing::device(), 42).unwrap()
+    }
+
+    /// Dense stacks are costed at their parameter count per row (2·8+8 + 8·2+2 = 42 here);
+    /// convolutions and multi-axis inputs are not costed at all.
+    #[test]
+    fn dense_forward_macs_counts_dense_stacks_only() {
+        let t = xor_trainer();
+        assert_eq!(t.dense_forward_macs(1), Some(42));
+        assert_eq!(t.dense_forward_macs(1000), Some(42_000));
+        let conv = vec![LayerSpec::Conv1d { filters: 2, kernel: 3, stride: 1, padding: Padding::Same }, LayerSpec::Flatten, LayerSpec::Dense { units: 2, bias: true }];
+        let config = TrainConfig { loss: LossKind::CrossEntropy, ..TrainConfig::default() };
+        let c = Trainer::new(conv, vec![8, 1], false, config, crate::testing::device(), 1).unwrap();
+        assert_eq!(c.dense_forward_macs(1), None);
     }
 
     fn argmax_rows(h: &Handle) -> Vec<i64> {

@@ -10,7 +10,8 @@ use std::sync::{Mutex, MutexGuard};
 use rustler::{Binary, Encoder, Env, ResourceArc, Term};
 
 use super::resource::{arg, BinaryOut, TensorOut};
-use super::{atoms, guard, term};
+use super::{atoms, guard, schedule, term};
+use crate::device::DeviceKind;
 use crate::error::{Detail, ExError, ExResult};
 use crate::model::spec::{Activation, LayerSpec, LossKind, OptimizerKind, Padding, Schedule, TrainConfig};
 use crate::model::net::LayerInfo;
@@ -291,14 +292,48 @@ fn model_evaluate<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, y: Term<'a>, batch
     })
 }
 
-#[rustler::nif(schedule = "DirtyCpu")]
+/// The most multiply-adds a predict runs on the calling (normal) scheduler: 2^20 took well under
+/// the BEAM's 1 ms budget (235K parameters x 1 row, the MLP of bench/cpu_peer.exs: 20-30 us).
+const INLINE_PREDICT_MACS: usize = 1 << 20;
+
+// Small predicts on the CPU run in place (`nif::schedule`): the hand-over to a dirty scheduler
+// and back cost a one-row predict 40-50 us one call in four (70-80 us against 27-30 us).
+#[rustler::nif]
 fn model_predict<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, batch_size: Term<'a>) -> Term<'a> {
+    if let Some(out) = predict_in_place(env, m, x, batch_size) {
+        return out;
+    }
+    schedule::run(env, &[m, x, batch_size], false, predict_body, c"model_predict", predict_dirty)
+}
+schedule::dirty_trampoline!(predict_dirty, predict_body);
+
+fn predict_body<'a>(env: Env<'a>, args: &[Term<'a>]) -> Term<'a> {
+    let &[m, x, batch_size] = args else { unreachable!("model_predict/3") };
     guard(env, "predict", || {
         let m = model(m)?;
         let bs = term::usize_arg(batch_size, "batch_size")?;
         let x = arg(x)?;
         Ok(TensorOut(with_trainer(&m, |t| t.predict(&x, bs))?))
     })
+}
+
+/// The predict run here when it is certainly short: a CPU model of dense layers
+/// (`Trainer::dense_forward_macs`) within `INLINE_PREDICT_MACS`, on CPU input, and the model not
+/// in use elsewhere (`try_lock`: a normal scheduler must never wait for a running fit). None
+/// sends the call to a dirty scheduler, which also reports every error.
+fn predict_in_place<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, batch_size: Term<'a>) -> Option<Term<'a>> {
+    let (res, xh) = (model(m).ok()?, arg(x).ok()?);
+    let rows = *xh.shape.first()?;
+    let mut lock = res.trainer.try_lock().ok()?;
+    let t = lock.as_mut()?;
+    let small = t.device.kind == DeviceKind::Cpu && xh.device.kind == DeviceKind::Cpu;
+    if !small || t.dense_forward_macs(rows)? > INLINE_PREDICT_MACS {
+        return None;
+    }
+    Some(guard(env, "predict", || {
+        let bs = term::usize_arg(batch_size, "batch_size")?;
+        Ok(TensorOut(t.predict(&xh, bs)?))
+    }))
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
