@@ -1,6 +1,7 @@
 //! Native models: a layer list built into a Burn module at runtime, trained with Burn's autodiff
 //! and optimizers.
 
+pub mod fused_adam;
 pub mod init;
 pub mod loss;
 pub mod net;

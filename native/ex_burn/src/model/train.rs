@@ -15,10 +15,11 @@ use burn::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
-use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, ModuleOptimizer, RmsPropConfig, SgdConfig};
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, RmsPropConfig, SgdConfig};
 use burn::store::ModuleRecord;
 use burn::tensor::{Int, Tensor};
 
+use super::fused_adam::FusedAdam;
 use super::loss::{self, Target};
 use super::net::{self, Act, LayerInfo, Net};
 use super::spec::{LayerSpec, LossKind, OptimizerKind, Schedule, TrainConfig};
@@ -46,7 +47,8 @@ fn optimizer(c: &TrainConfig) -> ModuleOptimizer {
     let decay = c.weight_decay.map(|w| WeightDecayConfig::new(w as f32));
     let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.epsilon as f32);
     let optim = match c.optimizer {
-        OptimizerKind::Adam => AdamConfig::new().with_beta_1(b1).with_beta_2(b2).with_epsilon(eps).with_weight_decay(decay).init(),
+        // Burn's Adam, its element-wise update fused on the CPU (same bits; model/fused_adam.rs)
+        OptimizerKind::Adam => ModuleOptimizer::from(FusedAdam::new(b1, b2, eps, decay)),
         OptimizerKind::AdamW => AdamWConfig::new()
             .with_beta_1(b1)
             .with_beta_2(b2)

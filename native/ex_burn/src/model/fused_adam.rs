@@ -1,0 +1,177 @@
+//! Burn's Adam with its per-element update done in one parallel pass on the CPU.
+//!
+//! Why: Burn's Adam updates each parameter with nine tensor ops (two moments, the bias-corrected
+//! step, the subtraction), and flex runs element-wise ops on one thread, each a pass over memory.
+//! For the 784-256-128-10 MLP (235K parameters, 469 steps) an epoch took 1.01-1.05 s with Adam
+//! and 0.74-0.75 s with SGD: 0.58 ms a step went to Adam's arithmetic. Here the same arithmetic,
+//! operation for operation in f32 (so the same bits: `tests` compares with Burn's Adam), runs
+//! as one pass over each parameter on `par_tasks`.
+//!
+//! Only contiguous f32 flex tensors with a state already (Burn's step makes the first one) and
+//! without weight decay take it (we never configure AMSGrad); everything else goes to Burn's
+//! Adam unchanged.
+
+use burn::backend::TensorData;
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::{Adam, AdamConfig, AdamState, Optimizer};
+use burn::tensor::{Device, Tensor};
+
+use crate::dispatch;
+use crate::ops::cpu_kernels::{flex_f32, par_tasks, SharedMut};
+
+/// Elements a parallel task updates.
+const CHUNK: usize = 1 << 14;
+
+#[derive(Clone)]
+pub struct FusedAdam {
+    adam: Adam,
+    beta_1: f32,
+    beta_2: f32,
+    epsilon: f32,
+    /// Burn's Adam only: weight decay or AMSGrad is configured.
+    plain_only: bool,
+}
+
+impl FusedAdam {
+    /// Adam with these settings (gradient clipping is the `ModuleOptimizer`'s, as with
+    /// `AdamConfig::init`).
+    pub fn new(beta_1: f32, beta_2: f32, epsilon: f32, weight_decay: Option<WeightDecayConfig>) -> Self {
+        let plain_only = weight_decay.is_some();
+        let config = AdamConfig::new().with_beta_1(beta_1).with_beta_2(beta_2).with_epsilon(epsilon).with_weight_decay(weight_decay);
+        FusedAdam { adam: config.build(), beta_1, beta_2, epsilon, plain_only }
+    }
+
+    /// The fused step, or None where Burn's must run.
+    fn fused<const D: usize>(
+        &self,
+        lr: f64,
+        tensor: &Tensor<D>,
+        grad: &Tensor<D>,
+        state: Option<&AdamState<D>>,
+    ) -> Option<(Tensor<D>, AdamState<D>)> {
+        let s = state?;
+        if self.plain_only || s.momentum.max_moment_2.is_some() {
+            return None;
+        }
+        let (pp, gp) = (tensor.clone().into_dispatch(), grad.clone().into_dispatch());
+        let (mp, vp) = (s.momentum.moment_1.clone().into_dispatch(), s.momentum.moment_2.clone().into_dispatch());
+        let (p, g, m, v) = (flex_f32(&pp)?, flex_f32(&gp)?, flex_f32(&mp)?, flex_f32(&vp)?);
+        let n = p.len();
+        if g.len() != n || m.len() != n || v.len() != n {
+            return None;
+        }
+        // the scalars exactly as Burn's AdaptiveMomentum::transform and Adam::step form them
+        let time = s.momentum.time + 1;
+        let (b1, b2) = (self.beta_1, self.beta_2);
+        let (f1, f2) = (1.0 - b1, 1.0 - b2);
+        let bc2 = (1.0 - b2.powi(time as i32)).sqrt();
+        let cf = bc2 / (1.0 - b1.powi(time as i32));
+        let e2 = self.epsilon * bc2;
+        let lr = lr as f32;
+        let (mut np, mut nm, mut nv): (Vec<f32>, Vec<f32>, Vec<f32>) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let (op, om, ov) = (SharedMut(np.as_mut_ptr()), SharedMut(nm.as_mut_ptr()), SharedMut(nv.as_mut_ptr()));
+        par_tasks(n.div_ceil(CHUNK), &|t| {
+            let (lo, hi) = (t * CHUNK, n.min((t + 1) * CHUNK));
+            for i in lo..hi {
+                let gi = g[i];
+                // moment_1.mul_scalar(b1).add(grad.mul_scalar(1 - b1)), likewise moment_2 with grad²
+                let m1 = m[i] * b1 + gi * f1;
+                let m2 = v[i] * b2 + (gi * gi) * f2;
+                // moment_1 · cf / (sqrt(moment_2) + eps · bc2), then tensor - step · lr
+                let step = (m1 * cf) / (m2.sqrt() + e2);
+                // SAFETY: each index is written by the one task whose range holds it, inside the
+                // capacity reserved above; set_len follows once par_tasks has returned.
+                unsafe {
+                    op.get().add(i).write(p[i] - step * lr);
+                    om.get().add(i).write(m1);
+                    ov.get().add(i).write(m2);
+                }
+            }
+        });
+        // SAFETY: the tasks wrote all n elements of each
+        unsafe {
+            np.set_len(n);
+            nm.set_len(n);
+            nv.set_len(n);
+        }
+        let device = Device::flex();
+        let shape = dispatch::dims(&pp);
+        let make = |values: Vec<f32>| Tensor::<D>::from_dispatch(dispatch::from_data(TensorData::new(values, shape.clone()), &device));
+        let mut state = s.clone();
+        state.momentum.time = time;
+        state.momentum.moment_1 = make(nm);
+        state.momentum.moment_2 = make(nv);
+        Some((make(np), state))
+    }
+}
+
+impl Optimizer for FusedAdam {
+    type State<const D: usize> = AdamState<D>;
+
+    fn step<const D: usize>(&self, lr: f64, tensor: Tensor<D>, grad: Tensor<D>, state: Option<Self::State<D>>) -> (Tensor<D>, Option<Self::State<D>>) {
+        if let Some((t, s)) = self.fused(lr, &tensor, &grad, state.as_ref()) {
+            return (t, Some(s));
+        }
+        self.adam.step(lr, tensor, grad, state)
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        Adam::to_device(state, device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(values: &[f32], shape: [usize; 2]) -> Tensor<2> {
+        Tensor::<2>::from_dispatch(crate::testing::flex_f32s(values.to_vec(), &shape))
+    }
+
+    fn bits(t: &Tensor<2>) -> Vec<u32> {
+        crate::testing::prim_f32s(t.clone().into_dispatch()).iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Eight steps of both on the same parameters and gradients (sizes over several parallel
+    /// chunks and not a multiple of one, gradients of mixed sign and scale with zeros), with
+    /// the learning rate changing as a schedule would: parameters and both moments equal bit for
+    /// bit after every step.
+    #[test]
+    fn same_bits_as_burns_adam() {
+        let (rows, cols) = (77, 701);
+        let n = rows * cols;
+        let mut seed = 0x2545f4914f6cdd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let p0: Vec<f32> = (0..n).map(|_| next()).collect();
+        let config = AdamConfig::new().with_beta_1(0.9).with_beta_2(0.999).with_epsilon(1e-7);
+        let (burn_adam, fused) = (config.build(), FusedAdam::new(0.9, 0.999, 1e-7, None));
+        let (mut pa, mut pb) = (tensor(&p0, [rows, cols]), tensor(&p0, [rows, cols]));
+        let (mut sa, mut sb) = (None, None);
+        for step in 0..8 {
+            let scale = 10f32.powi(step % 4 - 2);
+            let g: Vec<f32> = (0..n).map(|i| if i % 13 == 0 { 0.0 } else { next() * scale }).collect();
+            let lr = 1e-3 * (1.0 + step as f64 / 3.0);
+            // the fused pass must be what runs from the second step on
+            assert_eq!(fused.fused(lr, &pb, &tensor(&g, [rows, cols]), sb.as_ref()).is_some(), step > 0, "step {step}");
+            let (a, s1) = burn_adam.step(lr, pa, tensor(&g, [rows, cols]), sa);
+            let (b, s2) = fused.step(lr, pb, tensor(&g, [rows, cols]), sb);
+            assert_eq!(bits(&a), bits(&b), "parameters after step {step}");
+            let (m1, m2) = (s1.as_ref().unwrap(), s2.as_ref().unwrap());
+            assert_eq!(m1.momentum.time, m2.momentum.time);
+            assert_eq!(bits(&m1.momentum.moment_1), bits(&m2.momentum.moment_1), "first moment after step {step}");
+            assert_eq!(bits(&m1.momentum.moment_2), bits(&m2.momentum.moment_2), "second moment after step {step}");
+            (pa, pb, sa, sb) = (a, b, s1, s2);
+        }
+    }
+
+    /// With weight decay configured, every step is Burn's.
+    #[test]
+    fn weight_decay_keeps_burns_adam() {
+        assert!(FusedAdam::new(0.9, 0.999, 1e-5, Some(WeightDecayConfig::new(0.01))).plain_only);
+    }
+}
