@@ -154,7 +154,11 @@ mod tests {
         let (mut sa, mut sb) = (None, None);
         for step in 0..8 {
             let scale = 10f32.powi(step % 4 - 2);
-            let g: Vec<f32> = (0..n).map(|i| if i % 13 == 0 { 0.0 } else { next() * scale }).collect();
+            let mut g: Vec<f32> = (0..n).map(|i| if i % 13 == 0 { 0.0 } else { next() * scale }).collect();
+            if step == 5 {
+                // a NaN and infinite gradients: those parameters and moments go NaN/Inf alike
+                (g[7], g[1000], g[n - 1]) = (f32::NAN, f32::INFINITY, f32::NEG_INFINITY);
+            }
             let lr = 1e-3 * (1.0 + step as f64 / 3.0);
             // the fused pass must be what runs from the second step on
             assert_eq!(fused.fused(lr, &pb, &tensor(&g, [rows, cols]), sb.as_ref()).is_some(), step > 0, "step {step}");

@@ -82,6 +82,23 @@ mod tests {
                 }
             }
         }
+        // a NaN in a row of A makes that row NaN, an infinity in a column of B that column
+        let (m, k, n) = (256, 256, 256);
+        let mut a = vec![0.5f32; m * k];
+        let mut b = vec![0.25f32; k * n];
+        a[200 * k + 3] = f32::NAN;
+        b[10 * n + 77] = f32::INFINITY;
+        let got = prim_f32s(matmul(&flex_f32s(a, &[1, m, k]), &flex_f32s(b, &[1, k, n]), [1, m, k, n]).expect("in range"));
+        for i in 0..m {
+            for j in 0..n {
+                let v = got[i * n + j];
+                match (i, j) {
+                    (200, _) => assert!(v.is_nan(), "({i},{j}) = {v}"),
+                    (_, 77) => assert_eq!(v, f32::INFINITY, "({i},{j})"),
+                    _ => assert_eq!(v, 32.0, "({i},{j})"),
+                }
+            }
+        }
         let small = flex_f32s(vec![1.0; 64 * 64], &[1, 64, 64]);
         assert!(matmul(&small, &small, [1, 64, 64, 64]).is_none());
     }
