@@ -15,11 +15,11 @@ use burn::lr_scheduler::module_lr_scheduler::ModuleLrScheduler;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer, RmsPropConfig, SgdConfig};
+use burn::optim::{GradientsParams, ModuleOptimizer, RmsPropConfig, SgdConfig};
 use burn::store::ModuleRecord;
 use burn::tensor::{Int, Tensor};
 
-use super::fused_adam::FusedAdam;
+use super::fused_adam::{FusedAdam, FusedAdamW};
 use super::loss::{self, Target};
 use super::net::{self, Act, LayerInfo, Net};
 use super::spec::{LayerSpec, LossKind, OptimizerKind, Schedule, TrainConfig};
@@ -47,14 +47,9 @@ fn optimizer(c: &TrainConfig) -> ModuleOptimizer {
     let decay = c.weight_decay.map(|w| WeightDecayConfig::new(w as f32));
     let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.epsilon as f32);
     let optim = match c.optimizer {
-        // Burn's Adam, its element-wise update fused on the CPU (same bits; model/fused_adam.rs)
+        // Burn's Adam and AdamW, their element-wise updates fused on the CPU (same bits; model/fused_adam.rs)
         OptimizerKind::Adam => ModuleOptimizer::from(FusedAdam::new(b1, b2, eps, decay)),
-        OptimizerKind::AdamW => AdamWConfig::new()
-            .with_beta_1(b1)
-            .with_beta_2(b2)
-            .with_epsilon(eps)
-            .with_weight_decay(c.weight_decay.unwrap_or(1e-4) as f32)
-            .init(),
+        OptimizerKind::AdamW => ModuleOptimizer::from(FusedAdamW::new(b1, b2, eps, c.weight_decay.unwrap_or(1e-4) as f32)),
         OptimizerKind::Sgd => SgdConfig::new()
             .with_weight_decay(decay)
             .with_momentum(c.momentum.filter(|m| *m > 0.0).map(|m| MomentumConfig::new().with_momentum(m).with_dampening(0.0)))
