@@ -521,16 +521,33 @@ unsafe fn tile<const MR: usize, const NV: usize>(kc: usize, a: [*const u32; MR],
         Sink::Bf16 { at, ld, rows, cols } => {
             for (i, row) in acc.iter().enumerate().take(rows) {
                 for (v, &x) in row.iter().enumerate() {
-                    let left = cols.saturating_sub(16 * v).min(16);
-                    if left == 0 {
+                    if !store_bf16(at.add(i * ld + 16 * v), x, cols.saturating_sub(16 * v)) {
                         break;
                     }
-                    let bits: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
-                    _mm256_mask_storeu_epi16(at.add(i * ld + 16 * v) as *mut _, ((1u32 << left) - 1) as u16, bits);
                 }
             }
         }
     }
+}
+
+/// Rounds 16 f32 lanes to bf16 (`vcvtneps2bf16`: nearest even, NaN stays NaN) and stores the
+/// first `left.min(16)` of them at `at`; false (nothing stored) when `left` is 0, which ends a
+/// row's vectors.
+///
+/// # Safety
+/// The CPU has avx512f/bw/vl and avx512bf16; `left.min(16)` u16 from `at` are writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+#[inline]
+unsafe fn store_bf16(at: *mut u16, x: std::arch::x86_64::__m512, left: usize) -> bool {
+    use std::arch::x86_64::*;
+    let left = left.min(16);
+    if left == 0 {
+        return false;
+    }
+    let bits: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
+    _mm256_mask_storeu_epi16(at as *mut _, ((1u32 << left) - 1) as u16, bits);
+    true
 }
 
 #[cfg(test)]
@@ -545,9 +562,14 @@ pub(crate) mod tests {
 
     /// `f()` with the kernel switched off on this thread.
     pub(crate) fn without_kernel<R>(f: impl FnOnce() -> R) -> R {
-        OFF.with(|off| off.set(true));
+        switched_off(&OFF, f)
+    }
+
+    /// `f()` with a thread-local switch set for its duration, cleared again even if it panics.
+    pub(crate) fn switched_off<R>(flag: &'static std::thread::LocalKey<Cell<bool>>, f: impl FnOnce() -> R) -> R {
+        flag.with(|off| off.set(true));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-        OFF.with(|off| off.set(false));
+        flag.with(|off| off.set(false));
         r.unwrap_or_else(|e| std::panic::resume_unwind(e))
     }
 

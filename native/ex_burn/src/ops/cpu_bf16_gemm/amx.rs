@@ -20,7 +20,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::Sink;
+use super::{store_bf16, Sink};
 
 /// Whether the product `a` of shape [bsz, m, k] runs its whole 32-row groups here: AMX is
 /// ready, k pairs come in whole tiles (k a multiple of 32, so every k block of `KC` pairs is too)
@@ -179,13 +179,9 @@ pub(super) unsafe fn tile(kc: usize, a: *const u32, b: (*const u8, *const u8), i
             store!("3", cp.add(16 * 32 + 16), 128usize);
             for i in 0..rows.min(32) {
                 for v in 0..2 {
-                    let left = cols.saturating_sub(16 * v).min(16);
-                    if left == 0 {
+                    if !store_bf16(at.add(i * ld + 16 * v), _mm512_loadu_ps(cp.add(i * 32 + 16 * v)), cols.saturating_sub(16 * v)) {
                         break;
                     }
-                    let x = _mm512_loadu_ps(cp.add(i * 32 + 16 * v));
-                    let bits: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
-                    _mm256_mask_storeu_epi16(at.add(i * ld + 16 * v) as *mut _, ((1u32 << left) - 1) as u16, bits);
                 }
             }
         }
@@ -203,10 +199,7 @@ pub(crate) mod tests {
 
     /// `f()` with AMX switched off on this thread.
     pub(crate) fn without_amx<R>(f: impl FnOnce() -> R) -> R {
-        OFF.with(|off| off.set(true));
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-        OFF.with(|off| off.set(false));
-        r.unwrap_or_else(|e| std::panic::resume_unwind(e))
+        super::super::tests::switched_off(&OFF, f)
     }
 
     /// Where the CPU has AMX the kernel must take it (Linux ≥ 5.16 grants it), so the tests of
