@@ -71,3 +71,24 @@ pub fn flex_f32s(values: Vec<f32>, shape: &[usize]) -> crate::dispatch::Prim {
 pub fn prim_f32s(p: crate::dispatch::Prim) -> Vec<f32> {
     crate::dispatch::into_data(p).unwrap().try_to_vec::<f32>().unwrap()
 }
+
+/// Checks an f32 product `got` (`m x n`, row-major) of `a` (`a(i, l)`) and `b` (`k x n`,
+/// row-major) against the product summed in f64: each entry within 8·√k·2⁻²⁴ of Σ|aₗ·bₗ|, the
+/// reach of f32 rounding. A term dropped or taken twice moves an entry by about Σ|aₗ·bₗ|/k.
+pub fn assert_f32_product(got: &[f64], a: impl Fn(usize, usize) -> f64, b: &[f32], (m, k, n): (usize, usize, usize), what: &str) {
+    let bound = 8.0 * (k as f64).sqrt() * 2f64.powi(-24);
+    assert!(1.0 / k as f64 > 4.0 * bound, "the bound would hide a dropped term at k = {k}");
+    assert_eq!(got.len(), m * n, "{what}: result length");
+    for i in 0..m {
+        for j in 0..n {
+            let (mut want, mut mass) = (0.0f64, 0.0f64);
+            for l in 0..k {
+                let t = a(i, l) * b[l * n + j] as f64;
+                want += t;
+                mass += t.abs();
+            }
+            let e = (got[i * n + j] - want).abs() / mass.max(f64::MIN_POSITIVE);
+            assert!(e <= bound, "{what} {m}x{k}x{n} [{i},{j}]: {e:e} > {bound:e}");
+        }
+    }
+}

@@ -393,8 +393,9 @@ enum Sink {
 
 /// The `MC` x `NC` block of batch `bi`'s result at (`m0`, `n0`), `dims` = [m, kp, n]: every k
 /// block in turn over every panel and row group of the block. With `amx` (the batch's A as
-/// `amx::pack_a` tiles), the block's whole groups of 32 rows go through `amx::tile` (two of its 32-column halves a panel) and only the
-/// rows after them through `tile`; `NV` is then 1 and the panels come in pairs (`run` pads).
+/// `amx::pack_a` tiles), the block's whole groups of 32 rows go through `amx::tile`, a pair of
+/// 16-column panels at a time (`run` pads to pairs), and only the rows after them through
+/// `tile`.
 ///
 /// # Safety
 /// The CPU has avx512f/bw/vl and avx512bf16; `panels` are the batch's packed panels or its B
@@ -440,20 +441,22 @@ unsafe fn block<const MR: usize, const NV: usize>(
             Panels::Pack(_) => own.as_ptr().add(jr * kc * nr),
         };
         // AMX: each 32-row group (its tiles packed by `run`) against every panel of the block
-        for r0 in (0..tiled).step_by(32) {
-            // the group's first pair of the k block: 32 rows by 16 pairs per tile pair
-            let a_tiles = amx.unwrap_or(std::ptr::null()).wrapping_add(((m0 + r0) / 32 * kp + p0) * 32);
-            for jr in (0..panels).step_by(2) {
-                let c0 = jr * nr;
-                let tmp = partial.as_mut_ptr().wrapping_add(r0 * ld + c0);
-                let init = (kb > 0).then_some((tmp as *const f32, ld));
-                let sink = if kb + 1 == kblocks {
-                    let at = dst.add((m0 + r0) * n + n0 + c0);
-                    Sink::Bf16 { at, ld: n, rows: 32, cols: (width - c0).min(32) }
-                } else {
-                    Sink::F32 { at: tmp, ld }
-                };
-                amx::tile(kc, a_tiles, (panel_at(jr) as *const u8, panel_at(jr + 1) as *const u8), init, sink);
+        if let Some(base) = amx {
+            for r0 in (0..tiled).step_by(32) {
+                // the group's first pair of the k block: 32 rows by 16 pairs per tile pair
+                let a_tiles = base.wrapping_add(((m0 + r0) / 32 * kp + p0) * 32);
+                for jr in (0..panels).step_by(2) {
+                    let c0 = jr * nr;
+                    let tmp = partial.as_mut_ptr().wrapping_add(r0 * ld + c0);
+                    let init = (kb > 0).then_some((tmp as *const f32, ld));
+                    let sink = if kb + 1 == kblocks {
+                        let at = dst.add((m0 + r0) * n + n0 + c0);
+                        Sink::Bf16 { at, ld: n, rows: 32, cols: (width - c0).min(32) }
+                    } else {
+                        Sink::F32 { at: tmp, ld }
+                    };
+                    amx::tile(kc, a_tiles, (panel_at(jr) as *const u8, panel_at(jr + 1) as *const u8), init, sink);
+                }
             }
         }
         for jr in 0..panels {
