@@ -7,9 +7,9 @@
 //! operation for operation in f32 (so the same bits: `tests` compares with Burn's Adam), runs
 //! as one pass over each parameter on `par_tasks`.
 //!
-//! Only contiguous f32 flex tensors with a state already (Burn's step makes the first one) and
-//! without weight decay take it (we never configure AMSGrad); everything else goes to Burn's
-//! Adam unchanged.
+//! Only contiguous f32 flex tensors with a state already (Burn's step makes the first one) take
+//! it, for Adam only without weight decay (AdamW's decoupled decay is part of its pass; we never
+//! configure AMSGrad); everything else goes to Burn's optimizer unchanged.
 
 use burn::backend::TensorData;
 use burn::optim::decay::WeightDecayConfig;
@@ -28,7 +28,7 @@ pub struct FusedAdam {
     beta_1: f32,
     beta_2: f32,
     epsilon: f32,
-    /// Burn's Adam only: weight decay or AMSGrad is configured.
+    /// Burn's Adam only: weight decay is configured (it changes the gradient before the moments).
     plain_only: bool,
 }
 

@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 use super::{store_bf16, Sink};
 
 /// Whether the product `a` of shape [bsz, m, k] runs its whole 32-row groups here: AMX is
-/// ready, k pairs come in whole tiles (k a multiple of 32, so every k block of `KC` pairs is too)
+/// ready, k pairs come in whole tiles (k a multiple of 32, so every k block of `AMX_KC` pairs is too)
 /// and there is at least one group.
 pub(super) fn usable([_, m, k]: [usize; 3]) -> bool {
     #[cfg(test)]
@@ -37,12 +37,14 @@ pub(super) fn usable([_, m, k]: [usize; 3]) -> bool {
 /// data state, and `EXBURN_BF16_AMX` is not `0`; asked once.
 pub(super) fn ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
-    *READY.get_or_init(|| {
-        // CPUID leaf 7 exists on every x86-64 CPU that has AVX-512 (checked by the caller)
-        let edx = __cpuid_count(7, 0).edx;
-        let (bf16, tile) = (edx >> 22 & 1 == 1, edx >> 24 & 1 == 1);
-        bf16 && tile && std::env::var("EXBURN_BF16_AMX").map_or(true, |v| v != "0") && granted()
-    })
+    *READY.get_or_init(|| cpu_has_amx() && std::env::var("EXBURN_BF16_AMX").map_or(true, |v| v != "0") && granted())
+}
+
+/// CPUID leaf 7 lists AMX-BF16 (EDX bit 22) and AMX-TILE (bit 24). The leaf exists on every
+/// x86-64 CPU that has AVX-512, which callers have checked.
+fn cpu_has_amx() -> bool {
+    let edx = __cpuid_count(7, 0).edx;
+    edx >> 22 & 1 == 1 && edx >> 24 & 1 == 1
 }
 
 /// Asks Linux for AMX's tile data (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, as the kernel's
@@ -209,8 +211,7 @@ pub(crate) mod tests {
         if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")) {
             return;
         }
-        let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
-        let has = edx >> 22 & 1 == 1 && edx >> 24 & 1 == 1;
+        let has = super::cpu_has_amx();
         if std::env::var("EXBURN_BF16_AMX").is_ok_and(|v| v == "0") {
             assert!(!super::ready());
         } else {
