@@ -15,6 +15,8 @@ pub mod errors;
 pub mod files;
 pub mod generate;
 pub mod gguf;
+#[cfg(test)]
+mod greedy_check;
 pub mod pooling;
 pub mod qmatmul;
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Tests against the real models and independent references (sentence-transformers and
-//! transformers outputs in `test/data/pretrained/`). Each skips with a printed line when a model or
-//! a reference file is absent.
+//! transformers outputs in `test/data/pretrained/`). Each skips with a printed line when a model is
+//! not installed; the references are committed, so a missing one fails.
 //!
 //! Models: `$EXBURN_MODELS_DIR` (default `~/models`): `embeddings/all-minilm-l6-v2/` and
 //! `llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf`. References:
@@ -10,15 +10,12 @@
 use serde_json::Value as Json;
 
 use super::errors::{self, kind};
+use super::greedy_check::ids;
 use super::generate::{ChatMessage, Finish, GenOptions, Prompt};
 use super::tokenizer::LmTokenizer;
-use super::{gguf, EmbeddingModel, Engine, TextModel};
+use super::{gguf, greedy_check, EmbeddingModel, Engine, TextModel};
 use super::weights::test_support::{minilm_dir, reference, smollm_path};
 use crate::device::DeviceRef;
-
-fn ids(v: &Json) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
 
 fn cosine(a: &[f32], b: &[f64]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * y).sum();
@@ -29,7 +26,8 @@ fn cosine(a: &[f32], b: &[f64]) -> f64 {
 
 #[test]
 fn minilm_candle_matches_sentence_transformers() {
-    let (Some(dir), Some(r)) = (minilm_dir(), reference("minilm_reference.json")) else { return };
+    let Some(dir) = minilm_dir() else { return };
+    let r = reference("minilm_reference.json");
     let model = EmbeddingModel::load(&dir, Engine::Candle, DeviceRef::CPU).unwrap();
     assert_eq!(model.dim(), r["dim"].as_u64().unwrap() as usize);
     assert_eq!(model.max_seq_len, r["max_seq_length"].as_u64().unwrap() as usize);
@@ -58,7 +56,8 @@ fn minilm_candle_matches_sentence_transformers() {
 
 #[test]
 fn smollm_gguf_tokenizer_matches_transformers() {
-    let (Some(path), Some(r)) = (smollm_path(), reference("smollm2_reference.json")) else { return };
+    let Some(path) = smollm_path() else { return };
+    let r = reference("smollm2_reference.json");
     let header = gguf::read_header(&path).unwrap();
     let tok = LmTokenizer::from_gguf(&header).unwrap();
     assert_eq!(tok.bos, Some(1));
@@ -82,7 +81,8 @@ fn smollm_gguf_tokenizer_matches_transformers() {
 
 #[test]
 fn smollm_chat_template_renders_reference_prompts() {
-    let (Some(path), Some(r)) = (smollm_path(), reference("smollm2_reference.json")) else { return };
+    let Some(path) = smollm_path() else { return };
+    let r = reference("smollm2_reference.json");
     let header = gguf::read_header(&path).unwrap();
     let tok = LmTokenizer::from_gguf(&header).unwrap();
     let template = header.str("tokenizer.chat_template").unwrap();
@@ -105,15 +105,17 @@ fn smollm_chat_template_renders_reference_prompts() {
 
 #[test]
 fn smollm_candle_greedy_generation_matches_transformers() {
-    let (Some(path), Some(r)) = (smollm_path(), reference("smollm2_reference.json")) else { return };
+    let Some(path) = smollm_path() else { return };
+    let r = reference("smollm2_reference.json");
     let model = TextModel::load(&path, Engine::Candle, DeviceRef::CPU).unwrap();
     assert_eq!(model.arch, "llama");
     assert_eq!(model.vocab_size(), 49152);
     assert_eq!(model.context_length(), 8192); // as declared: the rotary tables are built for it
     assert_eq!(model.name, "smollm2-135m-instruct");
     assert!(model.eos_token_ids.contains(&2));
-    let (mut raw_equal, mut raw_total, mut chat_equal, mut chat_total) = (0, 0, 0, 0);
-    for g in r["generate"].as_array().unwrap() {
+    let (mut identical, mut steps, mut flips) = (0, 0, vec![]);
+    let gens = r["generate"].as_array().unwrap();
+    for (i, g) in gens.iter().enumerate() {
         let prompt = if g["kind"] == "raw" {
             Prompt::Text(g["prompt"].as_str().unwrap().into())
         } else {
@@ -126,6 +128,13 @@ fn smollm_candle_greedy_generation_matches_transformers() {
                     .collect(),
             )
         };
+        let label = format!("{} prompt {i}", g["kind"].as_str().unwrap());
+        // Every step, on the reference's own tokens (greedy_check says why).
+        let forced = greedy_check::teacher_forced(model.lm.session().unwrap().as_mut(), g);
+        greedy_check::assert_forced(&label, &forced);
+        steps += forced.steps;
+        flips.extend(forced.flips.iter().map(|f| (i, f.0, f.2)));
+
         let max = g["max_new_tokens"].as_u64().unwrap() as usize;
         let opts = GenOptions { max_tokens: max, ..Default::default() };
         let mut whole = model.start(&prompt, opts.clone()).unwrap();
@@ -144,41 +153,29 @@ fn smollm_candle_greedy_generation_matches_transformers() {
         }
         assert_eq!(pieces, text);
 
-        let mut expected = ids(&g["generated_ids"]);
         let stopped = g["stopped_at_eos"].as_bool().unwrap();
-        if stopped {
-            expected.pop(); // the eos id, which generation does not emit
-        }
-        let equal = got == expected && finish == if stopped { Finish::Stop } else { Finish::Length };
-        if equal {
+        if greedy_check::assert_free_run(&label, &got, g) {
+            identical += 1;
+            assert_eq!(finish, if stopped { Finish::Stop } else { Finish::Length });
             let mut ref_text = g["text"].as_str().unwrap().to_string();
             if stopped {
                 ref_text = ref_text.trim_end_matches("<|im_end|>").to_string();
             }
             assert_eq!(text, ref_text);
         }
-        println!(
-            "{} {:?}: {}{}",
-            g["kind"].as_str().unwrap(),
-            g["prompt"].as_str().unwrap().chars().take(40).collect::<String>(),
-            if equal { "equal" } else { "DIFFERENT" },
-            if equal { String::new() } else { format!(" got {got:?} expected {expected:?} ({text:?})") }
-        );
-        if g["kind"] == "raw" {
-            raw_total += 1;
-            raw_equal += equal as usize;
-        } else {
-            chat_total += 1;
-            chat_equal += equal as usize;
-        }
     }
-    println!("SmolLM2 candle greedy: raw {raw_equal}/{raw_total} equal, chat {chat_equal}/{chat_total} equal");
-    assert!(raw_equal >= 4, "only {raw_equal} of {raw_total} raw prompts match");
+    println!(
+        "SmolLM2 candle greedy: {identical}/{} generations identical; teacher-forced {} of {steps} steps \
+         pick another token, all at reference near ties (case, step, margin): {flips:?}",
+        gens.len(),
+        flips.len()
+    );
 }
 
 #[test]
 fn smollm_candle_sessions_are_independent_and_first_logits_match() {
-    let (Some(path), Some(r)) = (smollm_path(), reference("smollm2_reference.json")) else { return };
+    let Some(path) = smollm_path() else { return };
+    let r = reference("smollm2_reference.json");
     let model = TextModel::load(&path, Engine::Candle, DeviceRef::CPU).unwrap();
     let gens = r["generate"].as_array().unwrap();
     let (p0, p1) = (ids(&gens[0]["prompt_ids"]), ids(&gens[1]["prompt_ids"]));
@@ -202,7 +199,8 @@ fn smollm_candle_sessions_are_independent_and_first_logits_match() {
         worst = worst.max((first[id] as f64 - logit).abs());
     }
     println!("SmolLM2 candle: first-step top-10 logits within {worst:.4} of transformers'");
-    assert!(worst < 1.0);
+    // 0.27 measured: the Q8_1-quantised activations (greedy_check); one layer skipped gives 9.0
+    assert!(worst < 0.35, "first-step logits differ by {worst}");
 }
 
 #[test]
