@@ -62,12 +62,14 @@ defmodule ExBurn.Pretrained.LLMTest do
             equal = r.generated_ids == expected
 
             unless equal do
-              # a difference must start at a near-tie of the reference's top two logits, where
-              # f32 vs quantised arithmetic may legitimately pick the other token
+              # a difference must start at a near tie of the reference's top two logits, where
+              # f32 vs quantised arithmetic may legitimately pick the other token: the crate's
+              # rule and threshold (native/ex_burn/src/pretrained/greedy_check.rs, NEAR_TIE, which
+              # also checks every step by teacher forcing and says how 0.3 was measured)
               i = Enum.zip(r.generated_ids, expected) |> Enum.take_while(fn {a, b} -> a == b end) |> length()
               margin = Enum.at(g["step_margins"], i)
 
-              assert margin < 0.5,
+              assert margin < 0.3,
                      "#{unquote(engine)} diverges at step #{i} (margin #{margin}) on #{inspect(g["prompt"])}"
             end
 
@@ -81,8 +83,9 @@ defmodule ExBurn.Pretrained.LLMTest do
 
         raw = Enum.count(results, &(&1 == {"raw", true}))
         chat = Enum.count(results, &(&1 == {"chat", true}))
+        # how many came out identical is reported, not asserted: it depends on the CPU's summation
+        # order at the reference's near ties (Candle: 4/5 raw on an AVX2 EPYC, 3/5 on an AVX-512 Xeon)
         IO.puts("\n#{unquote(engine)}: greedy equal to transformers on raw #{raw}/5, chat #{chat}/3")
-        assert raw >= 4
       end
 
       test "streaming yields the text of generate, as valid UTF-8 pieces", %{models: models} do
