@@ -180,7 +180,7 @@ if Code.ensure_loaded?(Nx) do
 
     defp run({:staged, _, _, _, _} = entry, params, device) do
       Cache.bump(:native_runs)
-      Host.run(entry, params, device)
+      entry |> Host.run(params, device) |> dealias(params)
     end
 
     defp run({:native, program, used, literal_refs, template, hooks}, params, device) do
@@ -205,6 +205,33 @@ if Code.ensure_loaded?(Nx) do
       after
         Nx.default_backend(previous)
       end
+      |> dealias(params)
+    end
+
+    # Every result must be a reference of its own, so that Nx.backend_transfer/1 or
+    # Nx.backend_deallocate/1 on one result frees nothing another result, or an input, still
+    # holds. Native programs answer fresh references; the Evaluator and host nodes can hand back
+    # one tensor twice (the two gradients of x + y) or an input as it came. Those get a new
+    # reference to the same buffer (to_device on the tensor's own device: no copy).
+    defp dealias(result, params) do
+      inputs =
+        for param <- params,
+            %Nx.Tensor{data: %ExBurn.Backend{ref: ref}} <- [param.()],
+            into: MapSet.new(),
+            do: ref
+
+      {result, _} =
+        Composite.traverse(result, inputs, fn
+          %Nx.Tensor{data: %ExBurn.Backend{ref: ref, device: device}} = t, seen when is_reference(ref) ->
+            if MapSet.member?(seen, ref),
+              do: {Nx.backend_copy(t, {ExBurn.Backend, device: device}), seen},
+              else: {t, MapSet.put(seen, ref)}
+
+          other, seen ->
+            {other, seen}
+        end)
+
+      result
     end
 
     @doc false
