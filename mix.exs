@@ -14,6 +14,8 @@ defmodule ExBurn.MixProject do
       version: @version,
       elixir: "~> 1.14",
       start_permanent: Mix.env() == :prod,
+      # Nx's own test suite (test/nx_suite/run.exs) defines protocol implementations at run time
+      consolidate_protocols: System.get_env("EXBURN_NX_SUITE") != "1",
       compilers: [:ex_burn_native] ++ Mix.compilers(),
       deps: deps(),
       aliases: aliases(),
