@@ -48,11 +48,16 @@ if Code.ensure_loaded?(Nx) do
         "ExBurn.Defn.Compiler: #{inspect(key)} runs as #{natives} native segments around host nodes #{inspect(ops)}"
       end)
 
-      # Host nodes are Nx expressions: packed together, so the entry copies in linear size.
-      # Their hooks outside loop bodies fire once per run (ExBurn.Defn.Hooks).
+      # Host nodes are Nx expressions, each packed on its own so the entry copies in linear
+      # size. Not together: a node hosted on its own and a hosted cond's copy of it keep the
+      # node's id with different operands (each made a parameter of its own host), and packing
+      # shares nodes by id, so one version replaced the other and a host's parameters received
+      # another host's values (the complex LU gradient: a complex matrix reached a reshape
+      # expecting the s32 pivots). Hooks outside loop bodies fire once per run
+      # (ExBurn.Defn.Hooks), which goes by the hook node's id across hosts.
       hosts = Enum.map(program.hosts, &Map.drop(&1, [:op, :reasons]))
       once = Hooks.once_ids(hosts)
-      packed = Graph.pack(hosts, &Hooks.guard(&1, once, overrides))
+      packed = Enum.map(hosts, &Graph.pack(&1, fn t -> Hooks.guard(t, once, overrides) end))
       eval_opts = Compiler.evaluator_opts(opts)
 
       {:staged, steps, {program.params, literal_refs}, {packed, eval_opts}, {template, outputs, hooks}}
@@ -65,7 +70,7 @@ if Code.ensure_loaded?(Nx) do
         ) do
       backend = {ExBurn.Backend, device: device}
       globals = Compiler.param_refs(params, used, device) ++ literal_refs
-      hosts = packed |> Graph.unpack() |> List.to_tuple()
+      hosts = packed |> Enum.map(&Graph.unpack/1) |> List.to_tuple()
 
       context = %{globals: globals, hosts: hosts, params: params, eval_opts: eval_opts, device: device}
 
