@@ -48,17 +48,6 @@ files =
   end
 
 for f <- files, do: Code.require_file(f)
-%{total: total, failures: failures} = ExUnit.run()
-classes = Verdicts.classify(Verdicts.recorded(), opts[:compiler] == true)
+result = ExUnit.run()
 mode = if opts[:compiler], do: "backend + compiler", else: "backend"
-IO.puts("\nNx's own tests through ExBurn (#{mode}): #{total} run, #{total - failures} pass, #{failures} fail")
-
-for {class, why, hits} <- classes, hits != [] do
-  IO.puts("  #{length(hits)} #{class}: #{why}")
-
-  if class == :unexplained,
-    do: Enum.each(hits, fn {m, name, _} -> IO.puts("      #{inspect(m)}: #{name}") end)
-end
-
-{_, _, unexplained} = List.last(classes)
-System.halt(if unexplained == [], do: 0, else: 1)
+System.halt(Verdicts.report("Nx's own tests through ExBurn (#{mode})", result, opts[:compiler] == true))
