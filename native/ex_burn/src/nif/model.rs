@@ -11,7 +11,7 @@ use rustler::{Binary, Encoder, Env, ResourceArc, Term};
 
 use super::resource::{arg, BinaryOut, TensorOut};
 use super::{atoms, guard, schedule, term};
-use crate::device::DeviceKind;
+use crate::device::{DeviceKind, DeviceRef};
 use crate::error::{Detail, ExError, ExResult};
 use crate::model::spec::{Activation, LayerSpec, LossKind, OptimizerKind, Padding, Schedule, TrainConfig};
 use crate::model::net::LayerInfo;
@@ -259,9 +259,15 @@ fn model_set_schedule<'a>(env: Env<'a>, m: Term<'a>, schedule: Term<'a>) -> Term
 /// worker: a quarter of a {256,256} product's time went to those context switches (perf).
 /// One epoch of the 784-256-128-10 MLP (469 steps), 2-core Xeon: 1.10-1.20 s -> 0.97-0.99 s,
 /// the same loss. Only for calls that run long: getting into the pool costs one such round trip
-/// (predict of one row went from 28 to 80 us), so not for `predict`.
-fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    rayon::scope(|_| f())
+/// (predict of one row went from 28 to 80 us), so not for `predict`. Only for CPU models: a GPU
+/// model's epoch has nothing to fork on the host and spends its time waiting on the device, which
+/// inside the pool would hold one of the workers that CPU work elsewhere in the VM needs.
+fn in_pool<R: Send>(device: DeviceRef, f: impl FnOnce() -> R + Send) -> R {
+    if device.kind == DeviceKind::Cpu {
+        rayon::scope(|_| f())
+    } else {
+        f()
+    }
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
@@ -270,7 +276,7 @@ fn model_train_epoch<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, y: Term<'a>, ba
         let m = model(m)?;
         let (x, y) = (arg(x)?, arg(y)?);
         let (bs, shuffle) = (term::usize_arg(batch_size, "batch_size")?, term::boolean(shuffle, "shuffle")?);
-        with_trainer(&m, |t| in_pool(|| t.train_epoch(&x, &y, bs, shuffle, &m.cancel)))
+        with_trainer(&m, |t| in_pool(t.device, || t.train_epoch(&x, &y, bs, shuffle, &m.cancel)))
     })
 }
 
@@ -288,7 +294,7 @@ fn model_evaluate<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, y: Term<'a>, batch
         let m = model(m)?;
         let bs = term::usize_arg(batch_size, "batch_size")?;
         let (x, y) = (arg(x)?, arg(y)?);
-        with_trainer(&m, |t| in_pool(|| t.evaluate(&x, &y, bs)))
+        with_trainer(&m, |t| in_pool(t.device, || t.evaluate(&x, &y, bs)))
     })
 }
 
