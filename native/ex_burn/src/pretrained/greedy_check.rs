@@ -18,10 +18,11 @@ use super::LmSession;
 
 /// The reference margin (in logits) below which the other token is an acceptable pick. Measured
 /// (SmolLM2 Q4_1, 120 teacher-forced steps): Candle's quantised engine flips three steps, at margins
-/// 0.082, 0.139 and 0.160, its first-step logits being within 0.27 of the reference's (Q8_1
-/// activations); Burn's engine flips none (logits within 6e-5). Deliberately broken Candle
-/// engines flip steps above it: attention scaled by 1/sqrt(1.1·d) instead of 1/sqrt(d) at 0.352,
-/// the last of 30 layers skipped at margins up to 5.0.
+/// 0.082, 0.139 and 0.160, where gemm runs its AVX-512 kernels (first-step logits within 0.27 of
+/// the reference's: Q8_1 activations), and two, at 0.082 and 0.220, with its AVX2 kernels (within
+/// 0.50); Burn's engine flips none (logits within 6e-5). Deliberately broken Candle engines flip
+/// steps above it: attention scaled by 1/sqrt(1.1·d) instead of 1/sqrt(d) at 0.352, the last of 30
+/// layers skipped at margins up to 5.0.
 pub const NEAR_TIE: f64 = 0.3;
 
 pub fn argmax(v: &[f32]) -> u32 {

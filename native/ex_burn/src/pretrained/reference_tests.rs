@@ -199,8 +199,9 @@ fn smollm_candle_sessions_are_independent_and_first_logits_match() {
         worst = worst.max((first[id] as f64 - logit).abs());
     }
     println!("SmolLM2 candle: first-step top-10 logits within {worst:.4} of transformers'");
-    // 0.27 measured: the Q8_1-quantised activations (greedy_check); one layer skipped gives 9.0
-    assert!(worst < 0.35, "first-step logits differ by {worst}");
+    // measured 0.27 where gemm runs its AVX-512 kernels and 0.50 with its AVX2 ones (the Q8_1-
+    // quantised activations, greedy_check); one layer skipped gives 9.0
+    assert!(worst < 0.75, "first-step logits differ by {worst}");
 }
 
 #[test]
