@@ -180,7 +180,7 @@ if Code.ensure_loaded?(Nx) do
 
     defp run({:staged, _, _, _, _} = entry, params, device) do
       Cache.bump(:native_runs)
-      entry |> Host.run(params, device) |> dealias(params)
+      entry |> Host.run(params, device) |> dealias()
     end
 
     defp run({:native, program, used, literal_refs, template, hooks}, params, device) do
@@ -196,7 +196,10 @@ if Code.ensure_loaded?(Nx) do
       # the Evaluator ignores its key; entries never hold jit keys (see Graph.key/1)
       eval = Nx.Defn.Evaluator.__compile__(nil, templates, fn _ -> expr end, eval_opts)
       backend = {ExBurn.Backend, device: device}
-      params = Enum.map(params, fn param -> fn -> to_backend(param.(), backend) end end)
+      # each input the Evaluator reads enters under a reference of its own (a new reference to
+      # the same buffer where it is already on the device), so a result that is an input as it
+      # came is not the caller's tensor
+      params = Enum.map(params, fn param -> fn -> copy_in(param.(), backend) end end)
       previous = Nx.default_backend(backend)
 
       try do
@@ -205,23 +208,20 @@ if Code.ensure_loaded?(Nx) do
       after
         Nx.default_backend(previous)
       end
-      |> dealias(params)
+      |> dealias()
     end
 
-    # Every result must be a reference of its own, so that Nx.backend_transfer/1 or
-    # Nx.backend_deallocate/1 on one result frees nothing another result, or an input, still
-    # holds. Native programs answer fresh references; the Evaluator and host nodes can hand back
-    # one tensor twice (the two gradients of x + y) or an input as it came. Those get a new
-    # reference to the same buffer (to_device on the tensor's own device: no copy).
-    defp dealias(result, params) do
-      inputs =
-        for param <- params,
-            %Nx.Tensor{data: %ExBurn.Backend{ref: ref}} <- [param.()],
-            into: MapSet.new(),
-            do: ref
+    defp copy_in(%Nx.Tensor{} = t, backend), do: Nx.backend_copy(t, backend)
+    defp copy_in(other, _backend), do: other
 
+    # Every result must be a reference of its own, so that Nx.backend_transfer/1 or
+    # Nx.backend_deallocate/1 on one result frees nothing another result still holds. Native
+    # programs answer fresh references; the Evaluator and host nodes can hand back one tensor
+    # twice (the two gradients of x + y). The repeats get a new reference to the same buffer
+    # (to_device on the tensor's own device: no copy).
+    defp dealias(result) do
       {result, _} =
-        Composite.traverse(result, inputs, fn
+        Composite.traverse(result, MapSet.new(), fn
           %Nx.Tensor{data: %ExBurn.Backend{ref: ref, device: device}} = t, seen when is_reference(ref) ->
             if MapSet.member?(seen, ref),
               do: {Nx.backend_copy(t, {ExBurn.Backend, device: device}), seen},
