@@ -533,11 +533,7 @@ mod tests {
             flips.extend(forced.flips.iter().map(|f| (i, f.0, f.2)));
             let got = greedy(&model, &ids(&case["prompt_ids"]), ids(&case["generated_ids"]).len());
             identical += greedy_check::assert_free_run(&label, &got, case) as usize;
-            let mut worst: f64 = 0.0;
-            for pair in case["first_step_top10"].as_array().unwrap() {
-                let (id, want) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap());
-                worst = worst.max((forced.first[id] as f64 - want).abs());
-            }
+            let worst = greedy_check::first_step_error(&forced.first, case);
             println!("  {label}: first-step top-10 logits: max |diff| {worst:.5}");
             worst_logit = worst_logit.max(worst);
         }

@@ -43,6 +43,15 @@ fn margins(case: &Json) -> Vec<f64> {
     case["step_margins"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
 }
 
+/// The largest distance of `first` (the logits after `case`'s prompt) from transformers' top 10
+/// there (`first_step_top10`: `[id, logit]` pairs).
+pub fn first_step_error(first: &[f32], case: &Json) -> f64 {
+    case["first_step_top10"].as_array().unwrap().iter().fold(0f64, |worst, pair| {
+        let (id, logit) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap());
+        worst.max((first[id] as f64 - logit).abs())
+    })
+}
+
 /// What teacher forcing found for one reference case.
 pub struct Forced {
     pub steps: usize,
