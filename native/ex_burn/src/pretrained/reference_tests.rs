@@ -7,7 +7,6 @@
 //! `$EXBURN_REFERENCE_DIR` (default the repository's `test/data/pretrained/`).
 
 
-use serde_json::Value as Json;
 
 use super::errors::{self, kind};
 use super::greedy_check::ids;
