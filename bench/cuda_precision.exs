@@ -69,3 +69,28 @@ end
 
 ns = timed_each.(fn acc -> T.add(acc, y) end, x, 50)
 report.("add_f32", m, ns, "#{Float.round(12 * m / ns, 1)} GB/s")
+
+# adds queued back to back, as a training step or a pipeline issues them: k adds of distinct
+# operand pairs per round, every result kept alive until one read of all their first elements.
+# Fusion may merge the k adds into fewer kernels, but every operand is read and every result
+# written, so the bytes moved are the same as k separate kernels'.
+k = 8
+xs = for i <- 0..(k - 1), do: T.add(x, i * 1.0)
+ys = for i <- 0..(k - 1), do: T.subtract(y, i * 1.0)
+
+# returns the host time spent issuing the k adds (before the read)
+round = fn ->
+  t0 = System.monotonic_time(:nanosecond)
+  outs = Enum.zip_with(xs, ys, &T.add/2)
+  issued = System.monotonic_time(:nanosecond) - t0
+  _ = outs |> Enum.map(&T.slice(&1, [0], [1])) |> T.concatenate() |> T.sum() |> T.to_binary()
+  Enum.each(outs, &T.deallocate/1)
+  issued
+end
+
+Enum.each(1..3, fn _ -> round.() end)
+t0 = System.monotonic_time(:nanosecond)
+issued = Enum.map(1..10, fn _ -> round.() end) |> Enum.sum()
+ns = (System.monotonic_time(:nanosecond) - t0) / (10 * k)
+issue_us = Float.round(issued / (10 * k) / 1000, 1)
+report.("add_f32_many", m, ns, "#{Float.round(12 * m / ns, 1)} GB/s issue_us=#{issue_us}")

@@ -48,6 +48,25 @@ def timed_each(step, start_value, iters):
     return (time.perf_counter() - start) / iters
 
 
+def timed_many(x, y, k=8, rounds=10):
+    """Adds queued back to back: k adds of distinct operand pairs per round, every result kept
+    until one read of all their first elements (as bench/cuda_precision.exs does)."""
+    xs = [x + i for i in range(k)]
+    ys = [y - i for i in range(k)]
+
+    def one_round():
+        outs = [a + b for a, b in zip(xs, ys)]
+        torch.stack([o[0] for o in outs]).sum().item()
+
+    for _ in range(3):
+        one_round()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(rounds):
+        one_round()
+    return (time.perf_counter() - start) / (rounds * k)
+
+
 def load(d, name, shape):
     return torch.from_file(os.path.join(d, name), size=int(torch.tensor(shape).prod()), dtype=torch.float32).reshape(shape)
 
@@ -79,6 +98,8 @@ def bench(d):
     torch.backends.cuda.matmul.allow_tf32 = False
     s = timed_each(lambda acc: acc + y, x, 50)
     line("add_f32", M, s, f"{12 * M / s / 1e9:.1f} GB/s")
+    s = timed_many(x, y)
+    line("add_f32_many", M, s, f"{12 * M / s / 1e9:.1f} GB/s")
 
     # conv2d forward and forward+backward, f32 (cuDNN; TF32 off and on)
     for tf32 in [False, True]:
