@@ -43,10 +43,16 @@ if [ "$remove" = 1 ]; then
 fi
 
 if [ "$check" = 1 ]; then
-  if [ -f "$DEST/.tracel-llvm-installed" ] && "$DEST/bin/llvm-config" --version >/dev/null 2>&1; then
-    echo "stand-in ready: $DEST (LLVM $("$DEST/bin/llvm-config" --version))"; exit 0
+  if ! [ -f "$DEST/.tracel-llvm-installed" ] || ! "$DEST/bin/llvm-config" --version >/dev/null 2>&1; then
+    echo "stand-in missing or broken: $DEST" >&2; exit 1
   fi
-  echo "stand-in missing or broken: $DEST" >&2; exit 1
+  # with --rocm the stand-in alone is not enough: cubecl-llvm's AMDGPU path compiles against LLD
+  if [ "$rocm" = 1 ]; then
+    for f in include/lld/Common/Driver.h lib/liblldCommon.a lib/liblldELF.a; do
+      [ -e "$LLVM_PREFIX/$f" ] || { echo "stand-in ready but $LLVM_PREFIX/$f is missing (rocm needs liblld-$LLVM_MAJOR-dev)" >&2; exit 1; }
+    done
+  fi
+  echo "stand-in ready: $DEST (LLVM $("$DEST/bin/llvm-config" --version))"; exit 0
 fi
 
 # The bundler ships LLVM 23; a different one must never be mistaken for it silently.
@@ -92,8 +98,8 @@ for lib in libLLVMCore.a libLLVMNVPTXCodeGen.a; do
   [ -f "$LLVM_PREFIX/lib/$lib" ] || { echo "missing $LLVM_PREFIX/lib/$lib (is llvm-$LLVM_MAJOR-dev complete?)" >&2; exit 1; }
 done
 if [ "$rocm" = 1 ]; then
-  for lib in liblldCommon.a liblldELF.a libLLVMAMDGPUCodeGen.a; do
-    [ -f "$LLVM_PREFIX/lib/$lib" ] || { echo "missing $LLVM_PREFIX/lib/$lib (rocm needs liblld-$LLVM_MAJOR-dev)" >&2; exit 1; }
+  for f in lib/liblldCommon.a lib/liblldELF.a lib/libLLVMAMDGPUCodeGen.a include/lld/Common/Driver.h; do
+    [ -e "$LLVM_PREFIX/$f" ] || { echo "missing $LLVM_PREFIX/$f (rocm needs liblld-$LLVM_MAJOR-dev)" >&2; exit 1; }
   done
 fi
 
