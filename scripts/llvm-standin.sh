@@ -13,7 +13,8 @@
 # Usage:  scripts/llvm-standin.sh [--install] [--rocm] [--check] [--remove]
 #   --install  apt-get install the missing Debian packages (needs root or sudo)
 #   --rocm     also require what the `rocm` feature needs (LLD 22 libraries)
-#   --check    only report whether the stand-in is in place (exit 1 if not)
+#   --check    only report whether the stand-in is in place (exit 1 if not); with --rocm,
+#              also whether LLD's headers and libraries are there
 #   --remove   delete the stand-in directory (the bundler then downloads again)
 # Idempotent: running it again rewrites the same files.
 set -euo pipefail
@@ -22,7 +23,8 @@ LLVM_MAJOR=22
 BUNDLE_VERSION=23.1.0-4
 DATA_HOME=${XDG_DATA_HOME:-$HOME/.local/share}
 DEST="$DATA_HOME/tracel/tracel-llvm-$BUNDLE_VERSION"
-LLVM_PREFIX=/usr/lib/llvm-$LLVM_MAJOR
+# where Debian installs LLVM 22; EXBURN_LLVM_PREFIX points elsewhere (another layout, or tests)
+LLVM_PREFIX=${EXBURN_LLVM_PREFIX:-/usr/lib/llvm-$LLVM_MAJOR}
 PKGS=(llvm-$LLVM_MAJOR-dev libpolly-$LLVM_MAJOR-dev libzstd-dev)
 
 install=0 rocm=0 check=0 remove=0
