@@ -95,8 +95,7 @@ pub fn matmul(a: DispatchTensor, b: DispatchTensor, precision: MatmulPrecision) 
 /// `EXBURN_CUBLAS=0` keeps every product on Burn's own kernel (TF32 for f32 on tensor-core
 /// cards): for comparisons, and to show the precision tests catch it.
 fn enabled() -> bool {
-    static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("EXBURN_CUBLAS").map_or(true, |v| v != "0"))
+    crate::switch::on_once!("EXBURN_CUBLAS")
 }
 
 fn library_present() -> bool {
@@ -344,7 +343,6 @@ fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeT
 /// `EXBURN_CUBLAS_EXCLUSIVE=0` makes each cubecl call of a product its own round trip again (for
 /// comparison).
 fn exclusive() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("EXBURN_CUBLAS_EXCLUSIVE").map_or(true, |v| v != "0"))
+    crate::switch::on_once!("EXBURN_CUBLAS_EXCLUSIVE")
 }
 

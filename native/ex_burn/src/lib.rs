@@ -19,6 +19,7 @@ pub mod model;
 pub mod ops;
 pub mod precision;
 pub mod pretrained;
+pub mod switch;
 pub mod tensor;
 
 #[cfg(feature = "nif")]

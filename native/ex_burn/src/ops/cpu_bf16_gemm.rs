@@ -80,7 +80,7 @@ pub fn matmul(a: &Prim, b: &Prim) -> Option<Prim> {
 /// once), and (in tests) the calling thread has not switched it off.
 fn available() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    let on = *ON.get_or_init(|| detected() && std::env::var("EXBURN_BF16_GEMM").map_or(true, |v| v != "0"));
+    let on = *ON.get_or_init(|| detected() && crate::switch::on("EXBURN_BF16_GEMM"));
     #[cfg(test)]
     let on = on && !tests::OFF.with(|off| off.get());
     on
