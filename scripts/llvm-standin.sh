@@ -26,6 +26,17 @@ DEST="$DATA_HOME/tracel/tracel-llvm-$BUNDLE_VERSION"
 # where Debian installs LLVM 22; EXBURN_LLVM_PREFIX points elsewhere (another layout, or tests)
 LLVM_PREFIX=${EXBURN_LLVM_PREFIX:-/usr/lib/llvm-$LLVM_MAJOR}
 PKGS=(llvm-$LLVM_MAJOR-dev libpolly-$LLVM_MAJOR-dev libzstd-dev)
+# what the `rocm` feature needs of LLD (liblld-22-dev): cubecl-llvm's AMDGPU shim compiles
+# against its headers and links its libraries
+LLD_FILES=(include/lld/Common/Driver.h lib/liblldCommon.a lib/liblldELF.a)
+
+# prints the first of LLD_FILES missing under LLVM_PREFIX; fails when none is
+missing_lld() {
+  for f in "${LLD_FILES[@]}"; do
+    [ -e "$LLVM_PREFIX/$f" ] || { echo "$LLVM_PREFIX/$f"; return 0; }
+  done
+  return 1
+}
 
 install=0 rocm=0 check=0 remove=0
 for a in "$@"; do
@@ -48,11 +59,9 @@ if [ "$check" = 1 ]; then
   if ! [ -f "$DEST/.tracel-llvm-installed" ] || ! "$DEST/bin/llvm-config" --version >/dev/null 2>&1; then
     echo "stand-in missing or broken: $DEST" >&2; exit 1
   fi
-  # with --rocm the stand-in alone is not enough: cubecl-llvm's AMDGPU path compiles against LLD
-  if [ "$rocm" = 1 ]; then
-    for f in include/lld/Common/Driver.h lib/liblldCommon.a lib/liblldELF.a; do
-      [ -e "$LLVM_PREFIX/$f" ] || { echo "stand-in ready but $LLVM_PREFIX/$f is missing (rocm needs liblld-$LLVM_MAJOR-dev)" >&2; exit 1; }
-    done
+  # with --rocm the stand-in alone is not enough
+  if [ "$rocm" = 1 ] && f=$(missing_lld); then
+    echo "stand-in ready but $f is missing (rocm needs liblld-$LLVM_MAJOR-dev)" >&2; exit 1
   fi
   echo "stand-in ready: $DEST (LLVM $("$DEST/bin/llvm-config" --version))"; exit 0
 fi
@@ -96,13 +105,13 @@ case "$ver" in
   *) echo "expected LLVM $LLVM_MAJOR.x from $REAL, got $ver" >&2; exit 1 ;;
 esac
 # the static libraries the bundler links (llvm-config --link-static --libs)
-for lib in libLLVMCore.a libLLVMNVPTXCodeGen.a; do
+LLVM_LIBS=(libLLVMCore.a libLLVMNVPTXCodeGen.a)
+[ "$rocm" = 1 ] && LLVM_LIBS+=(libLLVMAMDGPUCodeGen.a)
+for lib in "${LLVM_LIBS[@]}"; do
   [ -f "$LLVM_PREFIX/lib/$lib" ] || { echo "missing $LLVM_PREFIX/lib/$lib (is llvm-$LLVM_MAJOR-dev complete?)" >&2; exit 1; }
 done
-if [ "$rocm" = 1 ]; then
-  for f in lib/liblldCommon.a lib/liblldELF.a lib/libLLVMAMDGPUCodeGen.a include/lld/Common/Driver.h; do
-    [ -e "$LLVM_PREFIX/$f" ] || { echo "missing $LLVM_PREFIX/$f (rocm needs liblld-$LLVM_MAJOR-dev)" >&2; exit 1; }
-  done
+if [ "$rocm" = 1 ] && f=$(missing_lld); then
+  echo "missing $f (rocm needs liblld-$LLVM_MAJOR-dev)" >&2; exit 1
 fi
 
 mkdir -p "$DEST/bin"
