@@ -96,6 +96,14 @@ impl TensorSlot {
             .ok_or(ExError::Deallocated)
     }
 
+    /// Runs `f` on the live handle without cloning it. A scheduling check must look only: cloning a
+    /// fusion tensor on a thread other than the one that made it (a normal scheduler asking about
+    /// a result of a dirty one) makes a cross-stream view, which drains the producer's queue and
+    /// later registers a drop, costing a GPU op tens of microseconds before it even starts.
+    pub fn peek<R>(&self, f: impl FnOnce(&Handle) -> R) -> ExResult<R> {
+        self.slot.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(f).ok_or(ExError::Deallocated)
+    }
+
     /// Drops the primitive now instead of at garbage collection. Returns false when it was
     /// already gone.
     pub fn deallocate(&self) -> bool {
@@ -152,5 +160,14 @@ mod tests {
         assert!(res.deallocate());
         assert!(!res.deallocate());
         assert!(matches!(res.get(), Err(ExError::Deallocated)));
+    }
+
+    #[test]
+    fn peek_reads_the_live_handle_and_reports_deallocated() {
+        let h = Handle::from_bytes(vec![0; 24], vec![2, 3], NxType::F(32), crate::testing::device()).unwrap();
+        let res = TensorSlot::new(h);
+        assert_eq!(res.peek(|h| (h.shape.clone(), h.ty)).unwrap(), (vec![2, 3], NxType::F(32)));
+        res.deallocate();
+        assert!(matches!(res.peek(|h| h.numel()), Err(ExError::Deallocated)));
     }
 }

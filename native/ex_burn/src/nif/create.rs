@@ -23,8 +23,9 @@ fn from_binary<'a>(env: Env<'a>, data: Term<'a>, shape: Term<'a>, ty: Term<'a>, 
 #[rustler::nif]
 fn to_binary<'a>(env: Env<'a>, t: Term<'a>, limit: Term<'a>) -> Term<'a> {
     let limit_n = term::opt_usize(limit, "limit").ok().flatten();
-    let inline = resource::arg(t).is_ok_and(|h| {
-        h.device.kind == crate::device::DeviceKind::Cpu && limit_n.unwrap_or(h.numel()).min(h.numel()) <= schedule::INLINE_MAX
+    let inline = resource::meta(t).is_ok_and(|m| {
+        let n = crate::tensor::numel(&m.shape);
+        m.kind == crate::device::DeviceKind::Cpu && limit_n.unwrap_or(n).min(n) <= schedule::INLINE_MAX
     });
     schedule::run(env, &[t, limit], inline, to_binary_body, c"to_binary", to_binary_dirty)
 }
@@ -81,17 +82,17 @@ fn deallocate<'a>(env: Env<'a>, t: Term<'a>) -> Term<'a> {
 
 #[rustler::nif]
 fn shape<'a>(env: Env<'a>, t: Term<'a>) -> Term<'a> {
-    guard(env, "shape", || Ok(term::shape(env, &resource::arg(t)?.shape)))
+    guard(env, "shape", || resource::peek(t, |h| term::shape(env, &h.shape)))
 }
 
 #[rustler::nif(name = "type")]
 fn type_of<'a>(env: Env<'a>, t: Term<'a>) -> Term<'a> {
-    guard(env, "type", || Ok(term::nx_type(env, resource::arg(t)?.ty)))
+    guard(env, "type", || resource::peek(t, |h| term::nx_type(env, h.ty)))
 }
 
 #[rustler::nif(name = "device")]
 fn device_of<'a>(env: Env<'a>, t: Term<'a>) -> Term<'a> {
-    guard(env, "device", || Ok(term::device(env, resource::arg(t)?.device)))
+    guard(env, "device", || resource::peek(t, |h| term::device(env, h.device)))
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]

@@ -2,14 +2,14 @@
 
 use rustler::{Env, Term};
 
-use super::resource::{arg, TensorOut};
+use super::resource::{arg, meta, TensorOut};
 use super::{guard, op_name, schedule, term};
 use crate::ops::elementwise as ew;
 
 // unary and binary run in place for small CPU tensors (nif::schedule).
 #[rustler::nif]
 fn unary<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, out_type: Term<'a>) -> Term<'a> {
-    let inline = arg(t).is_ok_and(|t| schedule::small_on_cpu(&[&t]));
+    let inline = meta(t).is_ok_and(|t| schedule::small_on_cpu(&[t]));
     schedule::run(env, &[op, t, out_type], inline, unary_body, c"unary", unary_dirty)
 }
 schedule::dirty_trampoline!(unary_dirty, unary_body);
@@ -23,7 +23,10 @@ fn unary_body<'a>(env: Env<'a>, args: &[Term<'a>]) -> Term<'a> {
 
 #[rustler::nif]
 fn binary<'a>(env: Env<'a>, op: Term<'a>, a: Term<'a>, b: Term<'a>, compute_type: Term<'a>) -> Term<'a> {
-    let inline = matches!((arg(a), arg(b)), (Ok(x), Ok(y)) if schedule::small_on_cpu(&[&x, &y]));
+    let inline = match (meta(a), meta(b)) {
+        (Ok(x), Ok(y)) => schedule::small_on_cpu(&[x, y]),
+        _ => false,
+    };
     schedule::run(env, &[op, a, b, compute_type], inline, binary_body, c"binary", binary_dirty)
 }
 schedule::dirty_trampoline!(binary_dirty, binary_body);

@@ -30,6 +30,17 @@ pub fn arg(term: Term) -> ExResult<Handle> {
     tensor_ref(term)?.0.get()
 }
 
+/// Reads a tensor argument without cloning its handle (`TensorSlot::peek` says why): for NIFs
+/// that only look at metadata.
+pub fn peek<R>(term: Term, f: impl FnOnce(&Handle) -> R) -> ExResult<R> {
+    tensor_ref(term)?.0.peek(f)
+}
+
+/// What scheduling needs of a tensor argument: its device kind and shape.
+pub fn meta(term: Term) -> ExResult<super::schedule::Meta> {
+    peek(term, |h| super::schedule::Meta { kind: h.device.kind, shape: h.shape.clone() })
+}
+
 pub fn arg_list(term: Term) -> ExResult<Vec<Handle>> {
     let refs: Vec<TensorRef> = term
         .decode()

@@ -14,20 +14,28 @@ use rustler::sys::{ErlNifEnv, ErlNifTerm, ERL_NIF_DIRTY_JOB_CPU_BOUND};
 use rustler::{Env, Term};
 
 use crate::device::DeviceKind;
-use crate::tensor::Handle;
+
+/// A tensor argument as scheduling sees it (`resource::meta`).
+pub struct Meta {
+    pub kind: DeviceKind,
+    pub shape: Vec<usize>,
+}
 
 /// The most elements a NIF works on in place (inputs and result).
 pub const INLINE_MAX: usize = 4096;
 
 /// Whether an op over `inputs` (broadcast together) is short enough to run in place.
-pub fn small_on_cpu(inputs: &[&Handle]) -> bool {
-    if inputs.iter().any(|h| h.device.kind != DeviceKind::Cpu || h.numel() > INLINE_MAX) {
+pub fn small_on_cpu(inputs: &[Meta]) -> bool {
+    let numel = |m: &Meta| crate::tensor::numel(&m.shape);
+    if inputs.iter().any(|m| m.kind != DeviceKind::Cpu || numel(m) > INLINE_MAX) {
         return false;
     }
     // the broadcast result: each trailing-aligned axis takes its largest extent
-    let rank = inputs.iter().map(|h| h.rank()).max().unwrap_or(0);
+    let rank = inputs.iter().map(|m| m.shape.len()).max().unwrap_or(0);
     let out: usize = (0..rank)
-        .map(|i| inputs.iter().map(|h| if i < h.rank() { h.shape[h.rank() - 1 - i] } else { 1 }).max().unwrap_or(1))
+        .map(|i| {
+            inputs.iter().map(|m| if i < m.shape.len() { m.shape[m.shape.len() - 1 - i] } else { 1 }).max().unwrap_or(1)
+        })
         .product();
     out <= INLINE_MAX
 }
