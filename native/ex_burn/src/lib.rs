@@ -15,6 +15,7 @@ pub mod device;
 pub mod dispatch;
 pub mod dtype;
 pub mod error;
+pub mod flush;
 pub mod model;
 pub mod ops;
 pub mod precision;
