@@ -4,8 +4,9 @@
     python3 bench/cuda_precision.py torch DIR     # PyTorch timings, same card; writes torch_<case>.bin
     python3 bench/cuda_precision.py errors DIR    # every <side>_<case>.bin against an f64 product
 
-Timing is the same as the NIF side (bench/cuda_precision.exs) and burn_bench: three warm-up steps,
-then every iteration feeds an accumulator whose sum is read back at the end.
+Timing is the same as the NIF side (bench/cuda_precision.exs): three warm-up steps, then five runs
+in which every iteration feeds an accumulator whose sum is read back at the end; the median run
+is reported.
 """
 import glob
 import os
@@ -18,20 +19,24 @@ N = 4096
 M = 1 << 24
 
 
-def timed(step, start_value, iters, warmup=3):
+def timed(step, start_value, iters, warmup=3, runs_of=5):
     # warm-up: first steps pick algorithms and (for the optimizer) create state
     acc = start_value
     for _ in range(warmup):
         acc = step(acc)
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    acc = start_value
-    for _ in range(iters):
-        acc = step(acc)
-    # read back one number that depends on every iteration: copying the whole accumulator
-    # (64 MB to pageable memory) took longer than the work on the lent H100
-    acc.float().sum().item()
-    return (time.perf_counter() - start) / iters
+    runs = []
+    for _ in range(runs_of):
+        start = time.perf_counter()
+        acc = start_value
+        for _ in range(iters):
+            acc = step(acc)
+        # read back one number that depends on every iteration: copying the whole accumulator
+        # (64 MB to pageable memory) took longer than the work on the lent H100
+        acc.float().sum().item()
+        runs.append((time.perf_counter() - start) / iters)
+    # the median run, as the NIF side reports
+    return sorted(runs)[len(runs) // 2]
 
 
 def timed_each(step, start_value, iters):
