@@ -43,11 +43,11 @@ pub fn after_result(h: &Handle) {
     #[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
     {
         use burn::backend::{BackendTensor, DispatchTensorKind};
-        match &h.prim.kind {
-            DispatchTensorKind::Cube(BackendTensor::Float(f)) => f.client.flush_queue(),
-            DispatchTensorKind::Cube(BackendTensor::Int(f)) => f.client.flush_queue(),
-            DispatchTensorKind::Cube(BackendTensor::Bool(f)) => f.client.flush_queue(),
-            _ => {}
+        // float, int and bool primitives of the cube backend are the same fusion tensor type
+        if let DispatchTensorKind::Cube(BackendTensor::Float(f) | BackendTensor::Int(f) | BackendTensor::Bool(f)) =
+            &h.prim.kind
+        {
+            f.client.flush_queue();
         }
     }
 }
