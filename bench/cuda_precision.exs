@@ -5,8 +5,8 @@
 #
 # Reads the f32 inputs DIR/a.bin, DIR/b.bin (4096x4096) and DIR/x.bin, DIR/y.bin (16M) that the
 # Python side wrote, times through the NIF (products: every iteration feeds an accumulator whose
-# sum is read back at the end, median of five runs; adds: one at a time, each read before the next, so fusion can
-# neither drop nor merge work):
+# sum is read back at the end, median of five runs; adds: one at a time, each read before the
+# next, so fusion can neither drop nor merge work):
 #   matmul 4096² f32 at :highest and :high, bf16 matmul 4096², add of 16M f32
 # and writes one product of each precision to DIR/exburn_<case>.bin for the error report.
 alias ExBurn.Tensor, as: T
