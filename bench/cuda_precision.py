@@ -3,6 +3,8 @@
     python3 bench/cuda_precision.py prepare DIR   # inputs (f32 .bin files) for both sides
     python3 bench/cuda_precision.py torch DIR     # PyTorch timings, same card; writes torch_<case>.bin
     python3 bench/cuda_precision.py errors DIR    # every <side>_<case>.bin against an f64 product
+    python3 bench/cuda_precision.py steps DIR CASE  # the loops of `burn_bench steps` (bf16, add),
+                                                    # per round, for bench/cuda_kernel_profile.sh
 
 Timing is the same as the NIF side (bench/cuda_precision.exs): three warm-up steps, then five runs
 in which every iteration feeds an accumulator whose sum is read back at the end; the median run
@@ -166,5 +168,39 @@ def errors(d):
               f"rel_fro={(err.norm() / r.norm()).item():.3e}", flush=True)
 
 
+def steps(d, case):
+    """The loops `burn_bench steps DIR CASE` runs, in the same rounds (timed_handle there: three
+    untimed steps, then the timed ones)."""
+    dev = torch.device("cuda")
+    if case == "bf16":
+        a, b = (load(d, f"{n}.bin", (N, N)).to(dev).bfloat16() for n in "ab")
+        rounds, iters, start = 8, 20, a
+
+        def run(n):
+            acc = start
+            for _ in range(n):
+                acc = acc + a @ b
+            acc.float().sum().item()
+    else:
+        x, y = load(d, "x.bin", (M,)).to(dev), load(d, "y.bin", (M,)).to(dev)
+        rounds, iters, start = 5, 10, x
+
+        def run(n):
+            acc = start
+            for _ in range(n):
+                acc = acc + y
+                acc[0].item()
+    for r in range(rounds):
+        run(3)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run(iters)
+        us = (time.perf_counter() - t0) / iters * 1e6
+        print(f"STEPS side=torch device=torch:{torch.cuda.get_device_name()} case={case} round={r} us_per_step={us:.1f}", flush=True)
+
+
 if __name__ == "__main__":
-    {"prepare": prepare, "torch": bench, "errors": errors}[sys.argv[1]](sys.argv[2])
+    if sys.argv[1] == "steps":
+        steps(sys.argv[2], sys.argv[3])
+    else:
+        {"prepare": prepare, "torch": bench, "errors": errors}[sys.argv[1]](sys.argv[2])

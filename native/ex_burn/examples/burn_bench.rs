@@ -15,6 +15,11 @@
 //!   `:highest`/`:high` and bf16, and through Burn's own kernel; conv2d forward and
 //!   forward+backward; an MLP training step (Adam). Writes `burn_<case>.bin` products for the
 //!   error report (`bench/cuda_precision.py errors DIR`).
+//! * `steps DIR CASE [DEVICE]` - the NIF benchmark's two loops from one Rust thread, in rounds
+//!   short enough to run under a kernel profiler: `bf16` (`acc + a·b`, 4096², eight rounds of 20
+//!   steps, the sum read after each round) and `add` (16M f32, each result's first element read,
+//!   five rounds of 10). One `STEPS` line per round; `bench/cuda_kernel_profile.sh` runs it beside
+//!   PyTorch's same loops under Nsight Compute.
 
 use std::time::Instant;
 
@@ -308,6 +313,34 @@ fn conv_and_mlp(dev: &burn::tensor::Device, label: DeviceRef) {
     println!("BENCH side=burn device={label} case=mlp_step_f32 size=1024x[1024,4096,4096,10] ms={:.4} {:.3} ms/step", ns / 1e6, ns / 1e6);
 }
 
+fn steps(dir: &str, case: &str, device: DeviceRef) {
+    let add = |x: &Handle, y: &Handle| ew::binary(BinaryOp::Add, x, y, x.ty).unwrap();
+    let (rounds, iters, read, step): (usize, usize, Read, Box<dyn Fn(&Handle) -> Handle>) = match case {
+        "bf16" => {
+            let a = ew::as_type(&read_f32(dir, "a.bin", &[4096, 4096], device), NxType::BF16).unwrap();
+            let b = ew::as_type(&read_f32(dir, "b.bin", &[4096, 4096], device), NxType::BF16).unwrap();
+            let sp = |c: usize| DotSpec { contract: vec![c], batch: vec![] };
+            let mm = move |x: &Handle, y: &Handle| linalg::dot(x, &sp(1), y, &sp(0), NxType::BF16).unwrap();
+            (8, 20, Read::SumAtEnd, Box::new(move |acc: &Handle| add(acc, &mm(&a, &b))))
+        }
+        "add" => {
+            let m = 1 << 24;
+            let y = read_f32(dir, "y.bin", &[m], device);
+            (5, 10, Read::FirstEach, Box::new(move |acc: &Handle| add(acc, &y)))
+        }
+        other => panic!("unknown case {other} (bf16 or add)"),
+    };
+    let start = match case {
+        "bf16" => ew::as_type(&read_f32(dir, "a.bin", &[4096, 4096], device), NxType::BF16).unwrap(),
+        _ => read_f32(dir, "x.bin", &[1 << 24], device),
+    };
+    for round in 0..rounds {
+        // timed_handle's three warm-up steps run before each round's timed ones
+        let ns = timed_handle(&start, iters, read, &step);
+        println!("STEPS side=burn device={device} case={case} round={round} us_per_step={:.1}", ns / 1e3);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
@@ -320,8 +353,12 @@ fn main() {
         ["kernels"] => kernels(),
         ["precision", dir] => precision_bench(dir, parse_device("cuda")),
         ["precision", dir, spec] => precision_bench(dir, parse_device(spec)),
+        ["steps", dir, case] => steps(dir, case, parse_device("cuda")),
+        ["steps", dir, case, spec] => steps(dir, case, parse_device(spec)),
         _ => {
-            eprintln!("usage: burn_bench (peer OP SIZE ITERS | device [DEVICE] | kernels | precision DIR [DEVICE])");
+            eprintln!(
+                "usage: burn_bench (peer OP SIZE ITERS | device [DEVICE] | kernels | precision DIR [DEVICE] | steps DIR CASE [DEVICE])"
+            );
             std::process::exit(2);
         }
     }
