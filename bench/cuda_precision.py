@@ -169,33 +169,17 @@ def errors(d):
 
 
 def steps(d, case):
-    """The loops `burn_bench steps DIR CASE` runs, in the same rounds (timed_handle there: three
-    untimed steps, then the timed ones)."""
+    """The loops `burn_bench steps DIR CASE` runs, in the same rounds, each timed as `bench` times
+    them: three untimed steps, then the timed ones."""
     dev = torch.device("cuda")
     if case == "bf16":
         a, b = (load(d, f"{n}.bin", (N, N)).to(dev).bfloat16() for n in "ab")
-        rounds, iters, start = 8, 20, a
-
-        def run(n):
-            acc = start
-            for _ in range(n):
-                acc = acc + a @ b
-            acc.float().sum().item()
+        rounds, time_round = 8, lambda: timed(lambda acc: acc + a @ b, a, 20, runs_of=1)
     else:
         x, y = load(d, "x.bin", (M,)).to(dev), load(d, "y.bin", (M,)).to(dev)
-        rounds, iters, start = 5, 10, x
-
-        def run(n):
-            acc = start
-            for _ in range(n):
-                acc = acc + y
-                acc[0].item()
+        rounds, time_round = 5, lambda: timed_each(lambda acc: acc + y, x, 10)
     for r in range(rounds):
-        run(3)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run(iters)
-        us = (time.perf_counter() - t0) / iters * 1e6
+        us = time_round() * 1e6
         print(f"STEPS side=torch device=torch:{torch.cuda.get_device_name()} case={case} round={r} us_per_step={us:.1f}", flush=True)
 
 

@@ -315,24 +315,22 @@ fn conv_and_mlp(dev: &burn::tensor::Device, label: DeviceRef) {
 
 fn steps(dir: &str, case: &str, device: DeviceRef) {
     let add = |x: &Handle, y: &Handle| ew::binary(BinaryOp::Add, x, y, x.ty).unwrap();
-    let (rounds, iters, read, step): (usize, usize, Read, Box<dyn Fn(&Handle) -> Handle>) = match case {
+    type Step = Box<dyn Fn(&Handle) -> Handle>;
+    let (rounds, iters, read, start, step): (usize, usize, Read, Handle, Step) = match case {
         "bf16" => {
             let a = ew::as_type(&read_f32(dir, "a.bin", &[4096, 4096], device), NxType::BF16).unwrap();
             let b = ew::as_type(&read_f32(dir, "b.bin", &[4096, 4096], device), NxType::BF16).unwrap();
             let sp = |c: usize| DotSpec { contract: vec![c], batch: vec![] };
             let mm = move |x: &Handle, y: &Handle| linalg::dot(x, &sp(1), y, &sp(0), NxType::BF16).unwrap();
-            (8, 20, Read::SumAtEnd, Box::new(move |acc: &Handle| add(acc, &mm(&a, &b))))
+            (8, 20, Read::SumAtEnd, a.clone(), Box::new(move |acc: &Handle| add(acc, &mm(&a, &b))))
         }
         "add" => {
             let m = 1 << 24;
+            let x = read_f32(dir, "x.bin", &[m], device);
             let y = read_f32(dir, "y.bin", &[m], device);
-            (5, 10, Read::FirstEach, Box::new(move |acc: &Handle| add(acc, &y)))
+            (5, 10, Read::FirstEach, x, Box::new(move |acc: &Handle| add(acc, &y)))
         }
         other => panic!("unknown case {other} (bf16 or add)"),
-    };
-    let start = match case {
-        "bf16" => ew::as_type(&read_f32(dir, "a.bin", &[4096, 4096], device), NxType::BF16).unwrap(),
-        _ => read_f32(dir, "x.bin", &[1 << 24], device),
     };
     for round in 0..rounds {
         // timed_handle's three warm-up steps run before each round's timed ones
