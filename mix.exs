@@ -1,10 +1,15 @@
-# The native compiler lives outside lib/ so it is not compiled into the application twice.
-unless Code.ensure_loaded?(Mix.Tasks.Compile.ExBurnNative) do
-  Code.require_file("mix/tasks/compile.ex_burn_native.ex", __DIR__)
-end
+# The project's own Mix tasks live outside lib/ so they are not compiled into the application.
+for {module, file} <- [
+      {Mix.Tasks.Compile.ExBurnNative, "tasks/compile.ex_burn_native.ex"},
+      {Mix.Tasks.Test.All, "tasks/test.all.ex"},
+      {ExBurn.MixProject.OverriddenSCM, "overridden_scm.ex"}
+    ],
+    not Code.ensure_loaded?(module),
+    do: Code.require_file(Path.join("mix", file), __DIR__)
 
 defmodule ExBurn.MixProject do
   use Mix.Project
+  alias ExBurn.MixProject.OverriddenSCM
 
   @version "0.1.0"
 
@@ -44,7 +49,8 @@ defmodule ExBurn.MixProject do
   #
   # EXBURN_LOCAL_DEPS="nx=/path,complex=/path,telemetry=/path" adds (or replaces) path deps,
   # overriding whatever those packages' own mix.exs require: that is how an offline machine with
-  # local checkouts satisfies Nx's transitive requirements.
+  # local checkouts satisfies Nx's transitive requirements (scripts/nx-stack.sh prints such a
+  # list). Without Hex, OverriddenSCM lets Mix parse the requirements these paths replace.
   defp deps do
     hex? = Code.ensure_loaded?(Hex) and System.get_env("EXBURN_NO_HEX") in [nil, ""]
     local = local_deps()
@@ -60,7 +66,11 @@ defmodule ExBurn.MixProject do
         end
       end)
 
-    optional ++ Enum.map(local, fn {name, path} -> {name, path: path, override: true, optional: true} end)
+    deps =
+      optional ++ Enum.map(local, fn {name, path} -> {name, path: path, override: true, optional: true} end)
+
+    if deps != [] and not hex?, do: OverriddenSCM.register()
+    deps
   end
 
   defp local_deps do
@@ -75,29 +85,6 @@ defmodule ExBurn.MixProject do
   end
 
   defp aliases do
-    [
-      "test.all": [&cargo_test/1, "test"],
-      quickstart: ["run examples/quickstart.exs"]
-    ]
-  end
-
-  # Runs the Rust core's own tests (release: Burn is unusably slow unoptimised), streaming cargo's
-  # output; a failure stops the alias with a non-zero exit before `mix test` runs. The NIF layer
-  # (feature `nif`) is left out: test binaries run outside the BEAM, which provides `enif_*`.
-  defp cargo_test(_args) do
-    cargo = System.find_executable("cargo") || Mix.raise("cargo not found in PATH (Rust >= 1.85 is required)")
-    env = [{"CARGO_TARGET_DIR", Mix.Tasks.Compile.ExBurnNative.target_dir()}]
-    args = ["test", "--release", "-p", "ex_burn", "--no-default-features"]
-    Mix.shell().info("==> cargo " <> Enum.join(args, " "))
-
-    {_, status} =
-      System.cmd(cargo, args,
-        cd: __DIR__,
-        env: env,
-        into: IO.stream(:stdio, :line),
-        stderr_to_stdout: true
-      )
-
-    if status != 0, do: Mix.raise("cargo test failed (exit #{status}); see output above")
+    [quickstart: ["run examples/quickstart.exs"]]
   end
 end
