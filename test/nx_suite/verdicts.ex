@@ -16,9 +16,12 @@ defmodule ExBurn.NxSuite.Verdicts do
      message: "non-default backend (ExBurn.NxSuite.CheckedBackend)",
      message: "Nx.Defn.Expr and ExBurn.NxSuite.CheckedBackend"},
     {:random_property,
-     "eigh on fresh random matrices each run (System.unique_integer seed) with atol 1e-7: 29 of 30 " <>
-       "seeds pass on Nx.BinaryBackend and on ExBurn alike, with identical errors",
-     test: ~r/^test eigh properties for matrices with different eigenvalues$/},
+     "properties checked on fresh random inputs each run (System.unique_integer seed), which fail " <>
+       "for some seeds on Nx.BinaryBackend too: eigh with atol 1e-7 (1 of 30 seeds on both, " <>
+       "identical errors); least_squares of noisy, sometimes ill-conditioned systems with atol " <>
+       "0.1 (2 of 300 seeds on ExBurn, both among the 10 that fail or raise on BinaryBackend)",
+     test:
+       ~r/^test eigh properties for matrices with different eigenvalues$|^test least_squares properties for linear equations$/},
     {:otp_negative_zero,
      "the test's -0.0 literal is +0.0 before OTP 27; Nx.BinaryBackend fails these too on this OTP",
      test: ~r/^test (f8|bf16) pretty printing$|^test f8_e4m3fn dump_f8_e4m3fn\/1$/},

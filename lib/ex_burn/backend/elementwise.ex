@@ -4,7 +4,6 @@ if Code.ensure_loaded?(Nx) do
 
     import ExBurn.Backend.Util
 
-    alias Nx.Tensor, as: T
     alias ExBurn.{Backend, Native}
     alias ExBurn.Tensor, as: ET
 
