@@ -324,7 +324,7 @@ defmodule ServerLoad do
     [{_, %{server: llm}}] = Registry.lookup(config.registry, @llm)
     # the killed clients' generations must all have stopped
     wait = fn wait, tries ->
-      info = ExBurn.LLM.Server.info(llm)
+      info = ExBurn.LLM.Scheduler.info(llm)
 
       if (info.running > 0 or info.queued > 0) and tries > 0,
         do:

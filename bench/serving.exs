@@ -3,11 +3,11 @@
 #
 #   mix run bench/serving.exs [requests_per_client] [clients]
 #
-# Always measures ExBurn.Serving.Server (no Nx needed); with Nx loaded also the Nx.Serving path
+# Always measures ExBurn.Serving.Batcher (no Nx needed); with Nx loaded also the Nx.Serving path
 # (ExBurn.Serving.supervise/2 + batched_run/2). Latency is per request, from the client's call
 # to its reply; req/s is all requests over the wall time of the whole run.
 alias ExBurn.{Model, Tensor}
-alias ExBurn.Serving.Server
+alias ExBurn.Serving.Batcher
 
 {per_client, clients} =
   case System.argv() do

@@ -21,8 +21,8 @@ defmodule ExBurn.Server do
 
   Model ids are the directory names of the models directory (`ExBurn.Models.list/1`). Models
   load on their first request (or at start with `:preload`); each embedding model is served by
-  an `ExBurn.Serving.Server` (concurrent requests share batches) and each LLM by an
-  `ExBurn.LLM.Server` (generations queued first come, first served). A client that hangs up
+  an `ExBurn.Serving.Batcher` (concurrent requests share batches) and each LLM by an
+  `ExBurn.LLM.Scheduler` (generations queued first come, first served). A client that hangs up
   mid-stream stops its generation.
 
   ## Options

@@ -2,7 +2,7 @@ defmodule ExBurn.Serving do
   @moduledoc """
   Production inference on ExBurn: an `Nx.Serving` for a native `ExBurn.Model` or a numerical
   function, batched, partitioned over devices, supervised and reachable from other BEAM nodes.
-  Needs Nx; without it, use `ExBurn.Serving.Server` (same batching, no Nx).
+  Needs Nx; without it, use `ExBurn.Serving.Batcher` (same batching, no Nx).
 
       serving = ExBurn.Serving.build(model, batch_size: 32, batch_timeout: 10)
       ExBurn.Serving.run(serving, Nx.tensor([0.5, 1.0]))         # inline, in this process
@@ -57,7 +57,7 @@ defmodule ExBurn.Serving do
       else:
         raise(Error,
           op: :serving,
-          reason: "Nx is not loaded; use ExBurn.Serving.Server",
+          reason: "Nx is not loaded; use ExBurn.Serving.Batcher",
           details: %{function: fun}
         )
   end

@@ -1,8 +1,8 @@
 defmodule ExBurn.Server.Inference do
   @moduledoc false
   # What the /api/v1 and the OpenAI routes share: picking the model, checking inputs and
-  # generation parameters, embedding through the model's ExBurn.Serving.Server and generating
-  # through its ExBurn.LLM.Server. Failures come back as `{:error, %ExBurn.Server.Response{}}`.
+  # generation parameters, embedding through the model's ExBurn.Serving.Batcher and generating
+  # through its ExBurn.LLM.Scheduler. Failures come back as `{:error, %ExBurn.Server.Response{}}`.
 
   import ExBurn.Server.Handler, only: [error: 2, error: 3]
 
@@ -151,14 +151,16 @@ defmodule ExBurn.Server.Inference do
     results =
       case texts do
         [text] ->
-          [ExBurn.Serving.Server.run(server, text, @embed_timeout)]
+          [ExBurn.Serving.Batcher.run(server, text, @embed_timeout)]
 
         _ ->
           # Unlinked helpers (the request process may trap exits, as :httpd's does): each
           # answers through its exit reason.
           texts
           |> Enum.map(fn text ->
-            spawn_monitor(fn -> exit({:embedded, ExBurn.Serving.Server.run(server, text, @embed_timeout)}) end)
+            spawn_monitor(fn ->
+              exit({:embedded, ExBurn.Serving.Batcher.run(server, text, @embed_timeout)})
+            end)
           end)
           |> Enum.map(fn {pid, mref} ->
             receive do
@@ -346,7 +348,7 @@ defmodule ExBurn.Server.Inference do
 
   @doc "Generates to the end: `{:ok, %{text, finish_reason, usage}}` or `{:error, response}`."
   def generate(served, prompt, opts, request) do
-    case retrying(served, &ExBurn.LLM.Server.generate(&1.server, prompt, opts ++ [alive?: request.alive?])) do
+    case retrying(served, &ExBurn.LLM.Scheduler.generate(&1.server, prompt, opts ++ [alive?: request.alive?])) do
       {:ok, result} -> {:ok, result}
       {:error, e} -> {:error, llm_error(e)}
     end
@@ -360,11 +362,14 @@ defmodule ExBurn.Server.Inference do
   def start_stream(served, prompt, opts, request) do
     case retrying(
            served,
-           &with({:ok, ref} <- ExBurn.LLM.Server.request(&1.server, prompt, opts), do: {:ok, &1.server, ref})
+           &with(
+             {:ok, ref} <- ExBurn.LLM.Scheduler.request(&1.server, prompt, opts),
+             do: {:ok, &1.server, ref}
+           )
          ) do
       {:ok, server, ref} ->
-        events = ExBurn.LLM.Server.events(server, ref, alive?: request.alive?)
-        {:ok, events, fn -> ExBurn.LLM.Server.cancel(server, ref) end}
+        events = ExBurn.LLM.Scheduler.events(server, ref, alive?: request.alive?)
+        {:ok, events, fn -> ExBurn.LLM.Scheduler.cancel(server, ref) end}
 
       {:error, e} ->
         {:error, llm_error(e)}

@@ -162,7 +162,7 @@ defmodule ExBurn.Server.Model do
   defp load(:llm, id, opts), do: ExBurn.LLM.load(id, opts)
 
   defp serve(%ExBurn.Embedding{} = model, config) do
-    ExBurn.Serving.Server.start_link(model,
+    ExBurn.Serving.Batcher.start_link(model,
       batch_size: config.batch_size,
       batch_timeout: config.batch_timeout,
       max_queue: max(4 * config.max_inputs, 1024)
@@ -170,6 +170,6 @@ defmodule ExBurn.Server.Model do
   end
 
   defp serve(%ExBurn.LLM{} = model, config) do
-    ExBurn.LLM.Server.start_link(model, max_concurrent: config.max_concurrent, max_queue: config.max_queue)
+    ExBurn.LLM.Scheduler.start_link(model, max_concurrent: config.max_concurrent, max_queue: config.max_queue)
   end
 end

@@ -1,6 +1,6 @@
 defmodule ExBurn.Serving.Batch do
   @moduledoc false
-  # Runs one batch for ExBurn.Serving.Server, in the batch process (never in the server's loop).
+  # Runs one batch for ExBurn.Serving.Batcher, in the batch process (never in the server's loop).
   #
   # Samples are stacked along a new axis 0, run through the target, and the output is sliced
   # back into one row per sample. When the batch fails (a bad sample, a model or function

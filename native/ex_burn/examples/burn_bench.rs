@@ -205,7 +205,7 @@ fn timed_handle(start: &Handle, iters: usize, read: Read, step: impl Fn(&Handle)
 }
 
 fn precision_bench(dir: &str, device: DeviceRef) {
-    use ex_burn::precision::MatmulPrecision;
+    use ex_burn::ops::precision::MatmulPrecision;
     let n = 4096;
     let (f32t, bf16t) = (NxType::F(32), NxType::BF16);
     let a = read_f32(dir, "a.bin", &[n, n], device);

@@ -40,6 +40,15 @@ pub(crate) use by_kind2;
 
 pub const BOOL: BoolStore = BoolStore::U8;
 
+/// Burn's shape for an Nx shape (Burn has no rank 0: a scalar is stored as `[1]`).
+pub fn burn_shape(shape: &[usize]) -> Vec<usize> {
+    if shape.is_empty() {
+        vec![1]
+    } else {
+        shape.to_vec()
+    }
+}
+
 pub fn is_float(t: &Prim) -> bool {
     t.dtype().is_float()
 }
@@ -93,7 +102,7 @@ pub fn cast(t: Prim, to: DType) -> Prim {
 }
 
 pub fn reshape(t: Prim, shape: &[usize]) -> Prim {
-    let shape = crate::tensor::burn_shape(shape);
+    let shape = burn_shape(shape);
     if dims(&t) == shape {
         return t;
     }
@@ -113,9 +122,9 @@ pub fn permute(t: Prim, axes: &[usize]) -> Prim {
 }
 
 /// Broadcasts `t` to the Nx `shape`; like `reshape` and `full`, it applies the burn-shape rule
-/// itself (`tensor::burn_shape`: rank 0 is stored as `[1]`), so callers pass Nx shapes.
+/// itself (`burn_shape`: rank 0 is stored as `[1]`), so callers pass Nx shapes.
 pub fn expand(t: Prim, shape: &[usize]) -> Prim {
-    let shape = crate::tensor::burn_shape(shape);
+    let shape = burn_shape(shape);
     if dims(&t) == shape {
         return t;
     }
@@ -144,7 +153,7 @@ pub fn cat(ts: Vec<Prim>, dim: usize) -> Prim {
 }
 
 pub fn full(shape: &[usize], value: Scalar, dtype: DType, device: &Device) -> Prim {
-    let shape = Shape::from(crate::tensor::burn_shape(shape));
+    let shape = Shape::from(burn_shape(shape));
     let d = device.as_dispatch();
     if dtype.is_float() {
         Dispatch::float_full(shape, value, d, dtype.into())

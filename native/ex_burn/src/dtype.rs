@@ -5,8 +5,6 @@
 
 use burn::backend::DType;
 
-use crate::error::{ExError, ExResult};
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NxType {
     S(u8),
@@ -58,12 +56,9 @@ impl NxType {
         }
     }
 
-    pub fn from_dtype(dtype: DType) -> ExResult<Self> {
-        ALL_TYPES
-            .iter()
-            .copied()
-            .find(|t| t.dtype() == dtype)
-            .ok_or_else(|| ExError::UnsupportedType { given: format!("{dtype:?}") })
+    /// The Nx type of a Burn dtype, if Nx has one.
+    pub fn from_dtype(dtype: DType) -> Option<Self> {
+        ALL_TYPES.iter().copied().find(|t| t.dtype() == dtype)
     }
 
     pub fn from_parts(kind: &str, bits: u64) -> Option<Self> {

@@ -4,23 +4,18 @@
 //! `cargo test` exercises directly, plus the NIF layer (`nif`, feature `nif`, on by default) that
 //! only decodes terms, calls the core and encodes results.
 
-pub mod alloc;
-pub mod cpu_target;
 pub mod compiler;
-#[cfg(feature = "cuda")]
-pub mod cublas;
-#[cfg(feature = "cuda")]
-pub mod cuda_handoff;
 pub mod device;
 pub mod dispatch;
 pub mod dtype;
 pub mod error;
-pub mod flush;
+pub mod gpu;
+pub mod kernels;
 pub mod model;
 pub mod ops;
-pub mod precision;
 pub mod pretrained;
-pub mod switch;
+pub mod probe;
+pub mod process;
 pub mod tensor;
 
 #[cfg(feature = "nif")]

@@ -26,15 +26,6 @@ pub struct TensorSlot {
     slot: RwLock<Option<Handle>>,
 }
 
-/// Burn's shape for an Nx shape.
-pub fn burn_shape(shape: &[usize]) -> Vec<usize> {
-    if shape.is_empty() {
-        vec![1]
-    } else {
-        shape.to_vec()
-    }
-}
-
 pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
@@ -64,7 +55,7 @@ impl Handle {
             });
         }
         device.check_type(ty)?;
-        let data = TensorData::from_bytes_vec(bytes, burn_shape(&shape), ty.dtype());
+        let data = TensorData::from_bytes_vec(bytes, dispatch::burn_shape(&shape), ty.dtype());
         let prim = dispatch::from_data(data, &device.burn()?);
         Ok(Handle::new(prim, ty, shape, device))
     }

@@ -4,7 +4,7 @@ defmodule ExBurn.Server.APIErrorsTest do
   # {:error, %ExBurn.Error{}} (or a lazy stream that does so when run), never another exception.
   use ExUnit.Case, async: false
 
-  @modules [ExBurn.Server, ExBurn.LLM.Server]
+  @modules [ExBurn.Server, ExBurn.LLM.Scheduler]
   @junk [nil, :atom, "str", {1, 2}, %{}, [1, :x], -1, 1.5, self()]
 
   defp documented(module) do

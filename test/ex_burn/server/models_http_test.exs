@@ -319,7 +319,7 @@ defmodule ExBurn.Server.ModelsHttpTest do
         Support.http(:post, url <> "/v1/chat/completions", body: request.(12, "Name a planet."))
       end)
 
-    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Server.info(server).queued == 1 end)
+    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Scheduler.info(server).queued == 1 end)
 
     Process.exit(a, :kill)
     {200, _, stream} = Task.await(b, 120_000)
@@ -334,7 +334,7 @@ defmodule ExBurn.Server.ModelsHttpTest do
 
     assert text == expected.text
 
-    assert %{running: 0, queued: 0} = ExBurn.LLM.Server.info(server)
+    assert %{running: 0, queued: 0} = ExBurn.LLM.Scheduler.info(server)
     {200, _, metrics} = Support.http(:get, url <> "/metrics")
 
     assert Support.metric(metrics, ~s(exburn_http_requests_aborted_total{route="/v1/chat/completions"})) ==
@@ -364,13 +364,13 @@ defmodule ExBurn.Server.ModelsHttpTest do
         Process.sleep(:infinity)
       end)
 
-    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Server.info(server).queued == 1 end)
+    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Scheduler.info(server).queued == 1 end)
     Process.exit(waiting, :kill)
-    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Server.info(server).queued == 0 end)
-    assert ExBurn.LLM.Server.info(server).running == 1
+    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Scheduler.info(server).queued == 0 end)
+    assert ExBurn.LLM.Scheduler.info(server).running == 1
 
     Process.exit(holder, :kill)
-    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Server.info(server).running == 0 end)
+    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Scheduler.info(server).running == 0 end)
   end
 
   test "a client that hangs up during a non-streamed generation stops it", %{name: name} do
@@ -384,9 +384,9 @@ defmodule ExBurn.Server.ModelsHttpTest do
         Process.sleep(:infinity)
       end)
 
-    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Server.info(server).running == 1 end)
+    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Scheduler.info(server).running == 1 end)
     Process.exit(client, :kill)
-    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Server.info(server).running == 0 end)
+    ExBurn.TestHelpers.wait_until(fn -> ExBurn.LLM.Scheduler.info(server).running == 0 end)
   end
 
   test "a model process that dies is restarted and serves the next request", %{name: name, url: url, llm: llm} do

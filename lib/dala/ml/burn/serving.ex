@@ -1,7 +1,7 @@
 defmodule Dala.ML.Burn.Serving do
   @moduledoc """
   Production inference for Dala: `build/2`, `run/2`, `batched_run/2` and `supervise/2` over
-  `ExBurn.Serving` (an `Nx.Serving` on ExBurn; needs Nx). Without Nx, `ExBurn.Serving.Server`
+  `ExBurn.Serving` (an `Nx.Serving` on ExBurn; needs Nx). Without Nx, `ExBurn.Serving.Batcher`
   batches requests for a model with no Nx at all.
 
   `run/2` and `batched_run/2` answer in the caller's representation (see `Dala.ML.Burn`): Nx

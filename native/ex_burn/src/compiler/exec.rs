@@ -48,7 +48,7 @@ impl Program {
                 let mut pick = clauses.len();
                 for (c, (pred, _)) in clauses.iter().enumerate() {
                     self.exec_range(i, pred, values, chosen, inputs, alive)?;
-                    if indexing::read_ints(&value(values, pred.outs[0]))?.first().is_some_and(|&p| p != 0) {
+                    if ew::read_ints(&value(values, pred.outs[0]))?.first().is_some_and(|&p| p != 0) {
                         pick = c;
                         break;
                     }
@@ -76,7 +76,7 @@ impl Program {
                         return Err(ExError::Cancelled);
                     }
                     self.exec_range(i, cond, values, chosen, inputs, alive)?;
-                    if !indexing::read_ints(&value(values, cond.outs[0]))?.first().is_some_and(|&p| p != 0) {
+                    if !ew::read_ints(&value(values, cond.outs[0]))?.first().is_some_and(|&p| p != 0) {
                         break;
                     }
                     self.exec_range(i, body, values, chosen, inputs, alive)?;

@@ -3,7 +3,7 @@
 //! Softmax: Nx has no softmax op, so Axon (and users) compose it, and op by op it is five passes
 //! over memory, each allocating a result: `reduce_max`, `subtract`, `exp`, `sum`, then `divide`
 //! (or Axon's `multiply` by `1 / sum`). `Op::Softmax` does it row by row in one pass
-//! (`cpu_kernels::softmax_last`); the parts it replaces are marked dead, so they do not run.
+//! (`kernels::cpu::vector::softmax_last`); the parts it replaces are marked dead, so they do not run.
 
 use burn::backend::Scalar;
 

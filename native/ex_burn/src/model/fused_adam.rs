@@ -17,7 +17,7 @@ use burn::optim::{Adam, AdamConfig, AdamState, AdamW, AdamWConfig, AdamWState, A
 use burn::tensor::{Device, Tensor};
 
 use crate::dispatch;
-use crate::ops::cpu_kernels::{flex_f32, par_tasks, SharedMut};
+use crate::kernels::cpu::vector::{flex_f32, par_tasks, SharedMut};
 
 /// Elements a parallel task updates.
 const CHUNK: usize = 1 << 14;

@@ -120,7 +120,7 @@ fn devices(env: Env) -> Term {
 #[rustler::nif(schedule = "DirtyCpu")]
 fn auto_device(env: Env) -> Term {
     guard(env, "auto_device", || {
-        let (device, reason) = crate::device::auto();
+        let (device, reason) = crate::probe::auto();
         Ok((term::device(env, device), reason).encode(env))
     })
 }

@@ -5,7 +5,7 @@ use rustler::{Env, Term};
 use super::resource::{arg, TensorOut};
 use super::{guard, term};
 use crate::ops::linalg::{self, DotSpec};
-use crate::precision::MatmulPrecision;
+use crate::ops::precision::MatmulPrecision;
 
 /// Nx.dot/6 at an f32 matmul precision: `:highest` | `:high`, or `nil` for the VM-wide level.
 #[rustler::nif(schedule = "DirtyCpu")]

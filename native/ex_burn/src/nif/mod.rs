@@ -58,7 +58,7 @@ fn op_name(op: Term, fallback: &str) -> String {
 }
 
 fn load(_env: Env, _info: Term) -> bool {
-    let missing = crate::cpu_target::missing_here();
+    let missing = crate::process::cpu_target::missing_here();
     if !missing.is_empty() {
         eprintln!(
             "ExBurn: this native library was built for x86-64-v3 but the CPU lacks {}; rebuild it with \
@@ -68,7 +68,7 @@ fn load(_env: Env, _info: Term) -> bool {
         return false;
     }
     crate::error::install_panic_hook();
-    crate::alloc::tune();
+    crate::process::alloc::tune();
     true
 }
 

@@ -56,7 +56,7 @@ impl Encoder for TensorOut {
     fn encode<'a>(&self, env: Env<'a>) -> Term<'a> {
         let h = &self.0;
         // every tensor a NIF returns passes here: a large GPU result starts its work now
-        crate::flush::after_result(h);
+        crate::gpu::flush::after_result(h);
         let res = ResourceArc::new(TensorRes(TensorSlot::new(h.clone())));
         (res, term::shape(env, &h.shape), term::nx_type(env, h.ty), term::device(env, h.device)).encode(env)
     }

@@ -154,7 +154,7 @@ pub fn conv(x: &Handle, k: &Handle, spec: &ConvSpec, out: NxType) -> ExResult<Ha
         1 => Dispatch::conv1d(px, pk, None, options::<1>(spec, &padding, groups)),
         2 => {
             let opts = options::<2>(spec, &padding, groups);
-            match super::cpu_conv::conv2d(&px, &pk, &opts) {
+            match crate::kernels::cpu::conv::conv2d(&px, &pk, &opts) {
                 Some(y) => y,
                 None => Dispatch::conv2d(px, pk, None, opts),
             }

@@ -54,7 +54,7 @@ fn fscalar(v: f64) -> Scalar {
 }
 
 fn float_unary(op: UnaryOp, t: Prim) -> ExResult<Prim> {
-    if let Some(p) = super::cpu_kernels::unary(op, &t) {
+    if let Some(p) = crate::kernels::cpu::vector::unary(op, &t) {
         return Ok(p);
     }
     if let Some((_, f)) = FLOAT_UNARY.iter().find(|(name, _)| *name == op) {
@@ -646,7 +646,7 @@ pub fn binary(op: BinaryOp, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Hand
     }
     // f32/f64 arithmetic on the CPU: parallel, broadcasting rows without expanding them
     if device.kind == crate::device::DeviceKind::Cpu && matches!(ty, NxType::F(32) | NxType::F(64)) {
-        use super::cpu_kernels::{arith, Arith};
+        use crate::kernels::cpu::vector::{arith, Arith};
         let kernel_op = match op {
             BinaryOp::Add => Some(Arith::Add),
             BinaryOp::Subtract => Some(Arith::Sub),
@@ -659,7 +659,7 @@ pub fn binary(op: BinaryOp, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Hand
         }
         if op == BinaryOp::Pow && a.ty == ty {
             let exponent = dispatch::cast(b.prim.clone(), ty.dtype());
-            if let Some(prim) = super::cpu_kernels::pow(&a.prim, &a.shape, &exponent, &shape) {
+            if let Some(prim) = crate::kernels::cpu::vector::pow(&a.prim, &a.shape, &exponent, &shape) {
                 return Ok(Handle::new(prim, ty, shape, device));
             }
         }
@@ -680,7 +680,7 @@ pub fn binary(op: BinaryOp, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Hand
 /// device-defined result.
 fn check_shift(op: BinaryOp, amount: &Handle) -> ExResult<()> {
     if let NxType::S(_) = amount.ty {
-        if let Some(min) = crate::ops::indexing::read_ints(amount)?.into_iter().min() {
+        if let Some(min) = read_ints(amount)?.into_iter().min() {
             if min < 0 {
                 let verb = if op == BinaryOp::LeftShift { "left" } else { "right" };
                 return Err(ExError::NxArgument(format!("cannot {verb} shift by {min}")));
@@ -739,6 +739,16 @@ pub fn as_type(h: &Handle, ty: NxType) -> ExResult<Handle> {
     }
     Ok(Handle::new(cast_to(h, ty), ty, h.shape.clone(), h.device))
 }
+
+/// The values of an integer tensor, read back to the host.
+pub fn read_ints(h: &Handle) -> ExResult<Vec<i64>> {
+    if h.numel() == 0 {
+        return Ok(Vec::new());
+    }
+    let bytes = as_type(h, NxType::S(64))?.to_bytes()?;
+    Ok(bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes"))).collect())
+}
+
 
 #[cfg(test)]
 mod tests {

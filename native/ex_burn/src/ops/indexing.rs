@@ -9,6 +9,7 @@ use crate::dispatch::{self, by_kind, Prim, BOOL};
 use crate::dtype::NxType;
 use crate::error::{Detail, ExError, ExResult};
 use crate::ops::{cast_to, check_alloc, check_axes, dims_detail, empty, colocate};
+use crate::ops::elementwise;
 use crate::ops::vocab::{CumulativeOp, IndexedOp};
 use crate::tensor::{numel, Handle};
 
@@ -82,7 +83,7 @@ pub fn argsort(h: &Handle, axis: usize, descending: bool, out: NxType) -> ExResu
     if h.numel() == 0 {
         return empty(h.shape.clone(), out, h.device);
     }
-    let idx = match super::cpu_sort::sort_f32(&h.prim, axis, descending) {
+    let idx = match crate::kernels::cpu::sort::sort_f32(&h.prim, axis, descending) {
         Some((_, idx)) => idx,
         None => stable_argsort(h.prim.clone(), &h.shape, axis, descending),
     };
@@ -95,7 +96,7 @@ pub fn sort(h: &Handle, axis: usize, descending: bool) -> ExResult<Handle> {
     if h.numel() == 0 {
         return Ok(h.clone());
     }
-    if let Some((values, _)) = super::cpu_sort::sort_f32(&h.prim, axis, descending) {
+    if let Some((values, _)) = crate::kernels::cpu::sort::sort_f32(&h.prim, axis, descending) {
         return Ok(h.with(values, h.shape.clone()));
     }
     let idx = stable_argsort(h.prim.clone(), &h.shape, axis, descending);
@@ -153,7 +154,7 @@ fn checked_indices(idx: &Handle, bound: usize) -> ExResult<Prim> {
         return Err(ExError::invalid(format!("indices must be integers, got {}", idx.ty)));
     }
     let p = cast_to(idx, NxType::S(64));
-    let in_bounds = match super::cpu_kernels::indices_in_bounds(&p, bound) {
+    let in_bounds = match crate::kernels::cpu::vector::indices_in_bounds(&p, bound) {
         Some(ok) => ok,
         None => {
             let low = Dispatch::int_lower_elem(p.clone(), Scalar::Int(0), BOOL);
@@ -181,7 +182,7 @@ pub fn take(h: &Handle, idx: &Handle, axis: usize) -> ExResult<Handle> {
         return empty(shape, h.ty, device);
     }
     let flat = dispatch::reshape(checked_indices(idx, h.shape[axis])?, &[idx.numel()]);
-    let prim = match super::cpu_gather::take(&h.prim, &flat, axis) {
+    let prim = match crate::kernels::cpu::gather::take(&h.prim, &flat, axis) {
         Some(p) => p,
         None => by_kind!(h.prim.clone(), float_select, int_select, axis, flat),
     };
@@ -247,15 +248,6 @@ pub fn index_update(op: IndexedOp, h: &Handle, idx: &Handle, updates: &Handle, o
 
 // Nx's indexing rules, the one implementation the backend's NIFs and compiled programs share.
 
-/// The values of an integer tensor, read back to the host.
-pub fn read_ints(h: &Handle) -> ExResult<Vec<i64>> {
-    if h.numel() == 0 {
-        return Ok(Vec::new());
-    }
-    let bytes = crate::ops::elementwise::as_type(h, NxType::S(64))?.to_bytes()?;
-    Ok(bytes.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes"))).collect())
-}
-
 /// A slice start: a number, or a scalar tensor read when the op runs.
 pub enum Start {
     Fixed(i64),
@@ -276,7 +268,7 @@ pub fn clamp_starts(starts: &[Start], shape: &[usize], lengths: &[usize]) -> ExR
         .map(|(s, (&dim, &len))| {
             let v = match s {
                 Start::Fixed(v) => *v,
-                Start::Dynamic(h) if h.numel() == 1 => read_ints(h)?[0],
+                Start::Dynamic(h) if h.numel() == 1 => elementwise::read_ints(h)?[0],
                 Start::Dynamic(h) => {
                     return Err(ExError::invalid_with("a slice start must be a scalar", vec![dims_detail("shape", &h.shape)]))
                 }
@@ -325,7 +317,7 @@ fn linearize(x: &Handle, idx: &Handle, axes: &[usize]) -> ExResult<(Handle, Hand
     let mut merged = vec![dims.iter().product()];
     merged.extend_from_slice(&permuted[k..]);
     let moved = crate::ops::shape::reshape(&moved, merged)?;
-    let coords = read_ints(idx)?;
+    let coords = elementwise::read_ints(idx)?;
     let mut flat = Vec::with_capacity(coords.len() / k * 8);
     for row in coords.chunks_exact(k) {
         let mut f = 0i64;

@@ -6,7 +6,8 @@ use burn::backend::Dispatch;
 use crate::dispatch::{self, by_kind2, Prim};
 use crate::dtype::NxType;
 use crate::error::{ExError, ExResult};
-use crate::ops::{cast_to, check_alloc, check_axes, colocate, cpu_bf16_gemm, cpu_row_split, dims_detail, empty};
+use crate::kernels::cpu::{bf16_gemm, row_split};
+use crate::ops::{cast_to, check_alloc, check_axes, colocate, dims_detail, empty};
 use crate::tensor::{numel, Handle};
 
 pub struct DotSpec {
@@ -23,16 +24,16 @@ pub fn dot(a: &Handle, sa: &DotSpec, b: &Handle, sb: &DotSpec, out: NxType) -> E
     dot_with(a, sa, b, sb, out, None)
 }
 
-/// `dot` at a chosen f32 matmul precision (`None`: the global level, `crate::precision`).
+/// `dot` at a chosen f32 matmul precision (`None`: the global level, `crate::ops::precision`).
 pub fn dot_with(
     a: &Handle,
     sa: &DotSpec,
     b: &Handle,
     sb: &DotSpec,
     out: NxType,
-    precision: Option<crate::precision::MatmulPrecision>,
+    precision: Option<crate::ops::precision::MatmulPrecision>,
 ) -> ExResult<Handle> {
-    let _precision = crate::precision::MatmulPrecision::resolve(precision);
+    let _precision = crate::ops::precision::MatmulPrecision::resolve(precision);
     let (device, [a, b]) = colocate([a, b])?;
     let (a, b) = (a.as_ref(), b.as_ref());
     device.check_type(out)?;
@@ -92,8 +93,8 @@ pub fn dot_with(
     // to TF32 regardless); bf16 products on a CPU with AVX512-BF16 to our kernel (flex widens
     // them to f32); everything else stays on Burn's matmul.
     #[cfg(feature = "cuda")]
-    let prod = if crate::cublas::applies(&pa, &pb, compute.dtype()) {
-        crate::cublas::matmul(pa, pb, _precision)
+    let prod = if crate::gpu::cuda::cublas::applies(&pa, &pb, compute.dtype()) {
+        crate::gpu::cuda::cublas::matmul(pa, pb, _precision)
     } else {
         cpu_product(pa, pb, [bsz, m, k, n])
     };
@@ -105,11 +106,11 @@ pub fn dot_with(
 }
 
 /// `pa · pb` (`[bsz, m, k]`, `[bsz, k, n]`) off cuBLAS: bf16 on our AVX512-BF16/AMX kernel,
-/// mid-size f32/f64 products in row blocks (`cpu_row_split`), the rest on Burn's matmul; each
+/// mid-size f32/f64 products in row blocks (`kernels::cpu::row_split`), the rest on Burn's matmul; each
 /// kernel declines what it does not cover.
 fn cpu_product(pa: Prim, pb: Prim, sizes: [usize; 4]) -> Prim {
-    cpu_bf16_gemm::matmul(&pa, &pb)
-        .or_else(|| cpu_row_split::matmul(&pa, &pb, sizes))
+    bf16_gemm::matmul(&pa, &pb)
+        .or_else(|| row_split::matmul(&pa, &pb, sizes))
         .unwrap_or_else(|| by_kind2!(pa, pb, float_matmul, int_matmul))
 }
 
@@ -208,7 +209,7 @@ mod tests {
     /// f32 accumulation error of the f64 product; plain, transposed-operand and batched layouts.
     #[test]
     fn f32_products_are_true_f32_at_highest_precision() {
-        use crate::precision::MatmulPrecision;
+        use crate::ops::precision::MatmulPrecision;
         let (m, k, n) = (96, 512, 80);
         let a = noise(2 * m * k, 1);
         let b = noise(2 * k * n, 2);
@@ -274,7 +275,7 @@ mod tests {
     /// `:high` may use TF32 (about 1e-3 relative error on tensor-core GPUs), never worse.
     #[test]
     fn f32_products_at_high_precision_stay_within_tf32_error() {
-        use crate::precision::MatmulPrecision;
+        use crate::ops::precision::MatmulPrecision;
         let (m, k, n) = (96, 512, 80);
         let (a, b) = (noise(m * k, 3), noise(k * n, 4));
         let (ha, hb) = (f32s(&a, &[m, k]), f32s(&b, &[k, n]));

@@ -2,17 +2,11 @@
 //! broadcasting, device agreement and the allocation check.
 
 pub mod conv;
-pub(crate) mod cpu_bf16_gemm;
-pub(crate) mod cpu_conv;
-pub(crate) mod cpu_gather;
-pub(crate) mod cpu_sort;
-pub(crate) mod cpu_winograd;
-pub(crate) mod cpu_kernels;
-pub(crate) mod cpu_row_split;
 pub mod create;
 pub mod elementwise;
 pub mod indexing;
 pub mod linalg;
+pub mod precision;
 pub mod reduce;
 pub mod shape;
 pub mod vocab;

@@ -73,17 +73,17 @@ pub fn reduce(op: ReduceOp, h: &Handle, axes: Option<Vec<usize>>, keep: bool, ou
     if op == ReduceOp::Mean && !out.is_float() {
         return Err(ExError::invalid(format!("mean needs a floating output type, got {out}")));
     }
-    // f32/f64 sums on the CPU: one pass over the storage, accumulating in f64 (cpu_kernels).
+    // f32/f64 sums on the CPU: one pass over the storage, accumulating in f64 (kernels::cpu::vector).
     if matches!(op, ReduceOp::Sum | ReduceOp::Mean) && matches!(out, NxType::F(32) | NxType::F(64)) && h.device.kind == crate::device::DeviceKind::Cpu {
         let x = cast_to(h, out);
-        if let Some(prim) = super::cpu_kernels::sum(&x, &h.shape, &axes, op == ReduceOp::Mean) {
+        if let Some(prim) = crate::kernels::cpu::vector::sum(&x, &h.shape, &axes, op == ReduceOp::Mean) {
             return Ok(Handle::new(dispatch::reshape(prim, &shape), out, shape, h.device));
         }
     }
     // f32/f64 maxima on the CPU (softmax's first step): one parallel pass, NaN as Nx ranks it.
     if op == ReduceOp::ReduceMax && matches!(out, NxType::F(32) | NxType::F(64)) && h.device.kind == crate::device::DeviceKind::Cpu {
         let x = cast_to(h, out);
-        if let Some(prim) = super::cpu_kernels::reduce_max(&x, &h.shape, &axes) {
+        if let Some(prim) = crate::kernels::cpu::vector::reduce_max(&x, &h.shape, &axes) {
             return Ok(Handle::new(dispatch::reshape(prim, &shape), out, shape, h.device));
         }
     }
@@ -109,14 +109,14 @@ pub fn reduce(op: ReduceOp, h: &Handle, axes: Option<Vec<usize>>, keep: bool, ou
 
 /// Softmax over the last axis, as the composition the compiler fuses (`compiler::fuse`):
 /// `e = exp(x - reduce_max(x))`, then `e / sum(e)` or, with `recip`, `e * (1 / sum(e))`, every
-/// step in `ty`. One pass on the CPU for f32 (`cpu_kernels::softmax_last`, the same bits);
+/// step in `ty`. One pass on the CPU for f32 (`kernels::cpu::vector::softmax_last`, the same bits);
 /// elsewhere the same core ops one after another.
 pub fn softmax_last(h: &Handle, recip: bool, ty: NxType) -> ExResult<Handle> {
     use super::elementwise::{binary, unary};
     use super::vocab::{BinaryOp, UnaryOp};
     let last = h.rank().checked_sub(1).ok_or_else(|| ExError::invalid("softmax of a scalar"))?;
     if ty == NxType::F(32) && h.ty == ty && h.device.kind == crate::device::DeviceKind::Cpu {
-        if let Some(prim) = super::cpu_kernels::softmax_last(&h.prim, recip) {
+        if let Some(prim) = crate::kernels::cpu::vector::softmax_last(&h.prim, recip) {
             return Ok(Handle::new(prim, ty, h.shape.clone(), h.device));
         }
     }

@@ -38,7 +38,7 @@ pub(crate) fn filled(shape: &[usize], fill: &Fill, dtype: DType, device: &Device
             let zeros = dispatch::full(shape, dispatch::zero_of(dtype), dtype, device);
             let one = dispatch::reshape(dispatch::cast(t.clone(), dtype), &vec![1; shape.len()]);
             let value = dispatch::expand(one, shape);
-            let slices = full_slices(&crate::tensor::burn_shape(shape));
+            let slices = full_slices(&crate::dispatch::burn_shape(shape));
             by_kind!(zeros, float_slice_assign, int_slice_assign, &slices, value)
         }
     }

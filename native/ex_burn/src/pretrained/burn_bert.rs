@@ -13,7 +13,7 @@ use super::weights::{f32_tensor, Safetensors};
 use super::{Encoder, TokenBatch};
 use crate::device::DeviceRef;
 use crate::error::{catch, ExError, ExResult};
-use crate::ops::cpu_kernels::flex_f32;
+use crate::kernels::cpu::vector::flex_f32;
 
 /// Up to this many rows a dense layer runs on the host (`Dense::host_forward`). all-MiniLM-L6-v2
 /// on 2 cores, whole forward: 11 rows 5.1 -> 2.2 ms, 18 rows 5.2 -> 3.6 ms, 30 rows 6.4 -> 6.6 ms,
@@ -299,7 +299,7 @@ impl BurnBert {
                 None => ctx,
             };
             x = layer.attn_norm.forward(layer.attn_out.forward(ctx) + x, eps);
-            let inter = crate::ops::cpu_kernels::gelu_tensor(layer.intermediate.forward(x.clone()));
+            let inter = crate::kernels::cpu::vector::gelu_tensor(layer.intermediate.forward(x.clone()));
             x = layer.out_norm.forward(layer.output.forward(inter) + x, eps);
         }
         let data = unpack(x).try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;

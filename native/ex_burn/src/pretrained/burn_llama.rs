@@ -17,7 +17,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
 use super::qmatmul::QStack;
 use super::weights::{f32_tensor, Gguf};
-use crate::ops::cpu_kernels::flex_f32;
+use crate::kernels::cpu::vector::flex_f32;
 use super::{CausalLm, LmSession};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::error::{catch, ExError, ExResult};
@@ -776,8 +776,8 @@ mod tests {
             let n = 2 * s * dh;
             let values: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.731).sin() * 3.0).collect();
             let x = f32_tensor(values, [1, 2, s, dh], &dense.w.device);
-            let a = dense.w.rope(x.clone(), pos).into_data().to_vec::<f32>().unwrap();
-            let b = dense.w.rope_pairs(x, pos).into_data().to_vec::<f32>().unwrap();
+            let a = dense.w.rope(x.clone(), pos).into_data().try_into_vec::<f32>().unwrap();
+            let b = dense.w.rope_pairs(x, pos).into_data().try_into_vec::<f32>().unwrap();
             if dev.kind == crate::device::DeviceKind::Cpu {
                 assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "s {s} pos {pos}");
             } else {

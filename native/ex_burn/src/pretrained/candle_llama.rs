@@ -239,7 +239,7 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     if token_embd.shape().dims() != [cfg.vocab_size, h] {
         return Err(ExError::invalid(format!("token_embd.weight in {} is {:?}, not [{}, {h}]", path.display(), token_embd.shape().dims(), cfg.vocab_size)));
     }
-    crate::alloc::trim();
+    crate::process::alloc::trim();
     let mut blocks = Vec::with_capacity(cfg.block_count);
     for (l, (attn_norm, ffn_norm)) in norms.into_iter().enumerate() {
         let n = |name: &str| format!("blk.{l}.{name}.weight");
@@ -256,7 +256,7 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
         });
         // candle's reader copies each tensor once on the way in: hand the freed copies back
         // per block rather than letting them pile up in the heap
-        crate::alloc::trim();
+        crate::process::alloc::trim();
     }
     // tied: the output projection multiplies the embedding's own blocks
     let output = if tied { QMatMul::from_arc(Arc::clone(&token_embd)).map_err(engine_err)? } else { qmat(qtensor("output.weight")?)? };

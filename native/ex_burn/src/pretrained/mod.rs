@@ -199,7 +199,7 @@ impl EmbeddingModel {
             Engine::Burn => burn_bert::load(dir, &device)?,
             Engine::Candle => candle_bert::load(dir, &device)?,
         };
-        crate::alloc::trim();
+        crate::process::alloc::trim();
         let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         Ok(EmbeddingModel { encoder, tokenizer, pooling, normalize, max_seq_len, engine, device, name, arch, path: dir.to_path_buf() })
     }
@@ -314,7 +314,7 @@ impl TextModel {
             Engine::Burn => burn_llama::load(&file, &device)?,
             Engine::Candle => candle_llama::load(&file, &device)?,
         };
-        crate::alloc::trim();
+        crate::process::alloc::trim();
         let name = if path.is_dir() {
             path.file_name()
         } else {

@@ -15,7 +15,7 @@
 use burn::tensor::f16;
 use candle_core::quantized::GgmlDType;
 
-use crate::ops::cpu_kernels::{par_chunks_for, simd, Simd};
+use crate::kernels::cpu::vector::{par_chunks_for, simd, Simd};
 
 /// Values per GGML block, for every format here.
 const BLOCK: usize = 32;

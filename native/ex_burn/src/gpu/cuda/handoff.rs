@@ -72,7 +72,7 @@ fn vendor_wait(flags: &[Atomic<u32>], a: &[u16], b: &[u16], out: &mut [u16], slo
     }
 }
 
-use crate::cublas::CudaServer;
+use super::CudaServer;
 type Client = cubecl_runtime::client::Client;
 type Pinned = cubecl_runtime::storage::ManagedResource<
     <<CudaServer as cubecl_runtime::server::ServerStorage>::Storage as cubecl_runtime::storage::ComputeStorage>::Resource,

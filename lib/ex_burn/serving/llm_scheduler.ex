@@ -1,24 +1,23 @@
-defmodule ExBurn.LLM.Server do
+defmodule ExBurn.LLM.Scheduler do
   @moduledoc """
   A process that owns a loaded `ExBurn.LLM` model and serves generation requests from many
   processes: queued in arrival order, streamed token by token to the process that asked, and
   stopped when that process dies or cancels. No Nx needed.
 
-  This is ExBurn's answer to issue #12's "generation streaming on `ExBurn.Serving.Server`
-  without Nx": `ExBurn.Serving.Server` batches one-shot requests (tensors, embedding texts);
-  generation is a long, incremental computation, so it has its own server, and the inference
-  server (`ExBurn.Server`) uses both.
+  `ExBurn.Serving.Batcher` batches one-shot requests (tensors, embedding texts); generation is
+  a long, incremental computation, so it has its own scheduler, and the HTTP server
+  (`ExBurn.Server`) uses both.
 
       {:ok, model} = ExBurn.LLM.load("smollm2-135m-instruct")
-      {:ok, _} = ExBurn.LLM.Server.start_link(model, name: Chat)
+      {:ok, _} = ExBurn.LLM.Scheduler.start_link(model, name: Chat)
 
-      ExBurn.LLM.Server.stream(Chat, [%{role: "user", content: "Hi!"}], max_tokens: 32)
+      ExBurn.LLM.Scheduler.stream(Chat, [%{role: "user", content: "Hi!"}], max_tokens: 32)
       |> Enum.each(&IO.write/1)
 
       {:ok, %{text: text, finish_reason: :length, usage: usage}} =
-        ExBurn.LLM.Server.generate(Chat, "Once upon a time", max_tokens: 16)
+        ExBurn.LLM.Scheduler.generate(Chat, "Once upon a time", max_tokens: 16)
 
-  In a supervision tree: `{ExBurn.LLM.Server, model: model, name: Chat}`.
+  In a supervision tree: `{ExBurn.LLM.Scheduler, model: model, name: Chat}`.
 
   ## Scheduling and fairness
 
@@ -59,7 +58,7 @@ defmodule ExBurn.LLM.Server do
   ## Messages
 
   `request/3` is the low-level interface: it returns `{:ok, ref}` and the caller then receives
-  `{ExBurn.LLM.Server, ref, event}` messages, `event` being `{:text, piece}` (any number),
+  `{ExBurn.LLM.Scheduler, ref, event}` messages, `event` being `{:text, piece}` (any number),
   then `{:done, %{finish_reason: :stop | :length, usage: %{prompt_tokens: n,
   completion_tokens: m}}}` or `{:error, %ExBurn.Error{}}`. `ref` also monitors the server:
   `{:DOWN, ref, :process, _, reason}` means it stopped. `await/2` receives the next event.
@@ -93,7 +92,7 @@ defmodule ExBurn.LLM.Server do
   end
 
   def start_link(other, _opts),
-    do: raise(Error, op: :llm_server, reason: "expected a loaded ExBurn.LLM model", details: %{got: other})
+    do: raise(Error, op: :llm_scheduler, reason: "expected a loaded ExBurn.LLM model", details: %{got: other})
 
   @doc """
   `start_link(opts)` takes the model under `:model` (for child specs); `start_link(model)` uses
@@ -106,7 +105,7 @@ defmodule ExBurn.LLM.Server do
     start_link(model, opts)
   end
 
-  @doc "A child spec: `{ExBurn.LLM.Server, model: model, name: name}`; the id is the name."
+  @doc "A child spec: `{ExBurn.LLM.Scheduler, model: model, name: name}`; the id is the name."
   def child_spec(opts) do
     %{id: Keyword.get(keyword!(opts), :name, __MODULE__), start: {__MODULE__, :start_link, [opts]}}
   end
@@ -275,7 +274,7 @@ defmodule ExBurn.LLM.Server do
         error
 
       :cancelled ->
-        {:error, %Error{op: :llm_server, reason: "the caller went away", details: %{cause: :cancelled}}}
+        {:error, %Error{op: :llm_scheduler, reason: "the caller went away", details: %{cause: :cancelled}}}
     end
   end
 
@@ -314,7 +313,7 @@ defmodule ExBurn.LLM.Server do
       case await(ref, slice) do
         :timeout when left != :infinity and left <= slice ->
           cancel(server, ref)
-          {:error, %Error{op: :llm_server, reason: "no answer in time", details: %{cause: :timeout}}}
+          {:error, %Error{op: :llm_scheduler, reason: "no answer in time", details: %{cause: :timeout}}}
 
         :timeout ->
           next_event(server, ref, wait)
@@ -365,7 +364,7 @@ defmodule ExBurn.LLM.Server do
 
   defp down(reason),
     do: %Error{
-      op: :llm_server,
+      op: :llm_scheduler,
       reason: "the LLM server is not running",
       details: %{cause: :down, exit: reason}
     }
@@ -384,7 +383,7 @@ defmodule ExBurn.LLM.Server do
   def handle_call({:request, ref, caller, prompt, opts}, _from, s) do
     if s.max_queue != :infinity and :queue.len(s.queue) >= s.max_queue do
       error = %Error{
-        op: :llm_server,
+        op: :llm_scheduler,
         reason: "overloaded: #{:queue.len(s.queue)} requests are already queued",
         details: %{cause: :overloaded, max_queue: s.max_queue}
       }
@@ -514,7 +513,7 @@ defmodule ExBurn.LLM.Server do
 
   defp worker_error(reason) do
     %Error{
-      op: :llm_server,
+      op: :llm_scheduler,
       reason: "the generation failed",
       details: %{cause: :exception, exit: inspect(reason)}
     }
@@ -526,14 +525,14 @@ defmodule ExBurn.LLM.Server do
         do: fail!("unknown option #{inspect(key)}", %{option: key, allowed: @options})
 
     %{
-      max_concurrent: ExBurn.Tensor.Util.int_option!(:llm_server, opts, :max_concurrent, 1),
+      max_concurrent: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :max_concurrent, 1),
       max_queue:
         if(opts[:max_queue] == :infinity,
           do: :infinity,
-          else: ExBurn.Tensor.Util.int_option!(:llm_server, opts, :max_queue, 256)
+          else: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :max_queue, 256)
         )
     }
   end
 
-  defp fail!(reason, details), do: raise(Error, op: :llm_server, reason: reason, details: details)
+  defp fail!(reason, details), do: raise(Error, op: :llm_scheduler, reason: reason, details: details)
 end

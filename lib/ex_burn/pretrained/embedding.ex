@@ -11,10 +11,10 @@ defmodule ExBurn.Embedding do
   `1_Pooling/config.json` says and normalised when `modules.json` has a `Normalize` module, as
   sentence-transformers does.
 
-  Batch requests from many processes through `ExBurn.Serving.Server` (no Nx needed):
+  Batch requests from many processes through `ExBurn.Serving.Batcher` (no Nx needed):
 
-      {:ok, _} = ExBurn.Serving.Server.start_link(model, name: Embedder, batch_size: 32)
-      {:ok, vector} = ExBurn.Serving.Server.run(Embedder, "some text")
+      {:ok, _} = ExBurn.Serving.Batcher.start_link(model, name: Embedder, batch_size: 32)
+      {:ok, vector} = ExBurn.Serving.Batcher.run(Embedder, "some text")
 
   ## Options of `load/2`
 
@@ -130,9 +130,9 @@ defmodule ExBurn.Embedding do
   An `Nx.Serving` that embeds texts for many callers in shared batches (needs Nx):
   `Nx.Serving.run(serving, "text")` gives `%{embedding: tensor}`, a list of texts a list of
   them, as Bumblebee's `text_embedding`. Options `:batch_size` (32), `:batch_timeout` (10 ms),
-  `:sequence_length`, `:partitions`; see `ExBurn.Pretrained.NxServing`.
+  `:sequence_length`, `:partitions`; see `ExBurn.Serving.Pretrained`.
   """
-  def serving(model, opts \\ []), do: ExBurn.Pretrained.NxServing.embedding(model, opts)
+  def serving(model, opts \\ []), do: ExBurn.Serving.Pretrained.embedding(model, opts)
 
   defp run(model, texts) when is_list(texts) do
     case call(model, :embedder_embed, &ExBurn.Native.embedder_embed(&1, texts)) do

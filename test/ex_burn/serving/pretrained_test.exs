@@ -1,7 +1,7 @@
 # Compiled only where Nx is present (Nx calls would warn as undefined); the :nx tag keeps it
 # out of runs without Nx either way.
 if Code.ensure_loaded?(Nx) do
-  defmodule ExBurn.Pretrained.NxServing.EmbeddingTest do
+  defmodule ExBurn.Serving.Pretrained.EmbeddingTest do
     # The embedding serving against ExBurn.Embedding.embed/3 (the non-serving path) and the
     # sentence-transformers reference (test/data/pretrained/minilm_reference.json).
     use ExUnit.Case, async: false
@@ -131,7 +131,7 @@ if Code.ensure_loaded?(Nx) do
     end
 
     def executed(_event, _measurements, %{module: module, metadata: metadata}, parent) do
-      if module == ExBurn.Pretrained.NxServing.Embedding, do: send(parent, {:executed, metadata})
+      if module == ExBurn.Serving.Pretrained.Embedding, do: send(parent, {:executed, metadata})
     end
 
     defp collect_executed(acc) do
@@ -195,7 +195,7 @@ if Code.ensure_loaded?(Nx) do
     end
   end
 
-  defmodule ExBurn.Pretrained.NxServing.LLMTest do
+  defmodule ExBurn.Serving.Pretrained.LLMTest do
     # The generation serving against ExBurn.LLM.generate/3 (the non-serving path).
     use ExUnit.Case, async: false
     @moduletag :nx
@@ -309,7 +309,7 @@ if Code.ensure_loaded?(Nx) do
     end
 
     def execute_event([_, _, _, event], _measurements, %{module: module}, parent) do
-      if module == ExBurn.Pretrained.NxServing.LLM, do: send(parent, {event, System.monotonic_time()})
+      if module == ExBurn.Serving.Pretrained.LLM, do: send(parent, {event, System.monotonic_time()})
     end
 
     test "bad input raises ExBurn.Error in the caller; the serving process lives on", %{model: model} do
@@ -343,7 +343,7 @@ if Code.ensure_loaded?(Nx) do
     end
   end
 else
-  defmodule ExBurn.Pretrained.NxServing.WithoutNxTest do
+  defmodule ExBurn.Serving.Pretrained.WithoutNxTest do
     # Without Nx the builders exist and say what is missing.
     use ExUnit.Case, async: true
 

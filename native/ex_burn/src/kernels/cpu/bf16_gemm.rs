@@ -45,7 +45,7 @@ mod amx;
 use burn::backend::{BackendTensor, DType, DispatchTensorKind, TensorData};
 use burn::tensor::bf16;
 
-use super::cpu_kernels::par_tasks;
+use super::vector::par_tasks;
 use crate::dispatch::{self, Prim};
 
 /// Pairs of k per block: a panel's block is 256 x 64 lanes, 64 KiB (L2 on Zen 5; 128 measured
@@ -80,7 +80,7 @@ pub fn matmul(a: &Prim, b: &Prim) -> Option<Prim> {
 /// once), and (in tests) the calling thread has not switched it off.
 fn available() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    let on = *ON.get_or_init(|| detected() && crate::switch::on("EXBURN_BF16_GEMM"));
+    let on = *ON.get_or_init(|| detected() && crate::process::switch::on("EXBURN_BF16_GEMM"));
     #[cfg(test)]
     let on = on && !tests::OFF.with(|off| off.get());
     on

@@ -5,13 +5,13 @@
 //! switch, so an f32 product carries ~1e-3 relative error; and its kernels reach a fraction of
 //! cuBLAS' throughput on Hopper. Here f32/f16/bf16/f64 products on a CUDA device go to
 //! `cublasGemmStridedBatchedEx` instead, with `CUBLAS_COMPUTE_32F` (true f32) unless the user
-//! opted into TF32 (`CUBLAS_COMPUTE_32F_FAST_TF32`, `crate::precision`).
+//! opted into TF32 (`CUBLAS_COMPUTE_32F_FAST_TF32`, `crate::ops::precision`).
 //!
 //! How: a Burn backend extension (`#[backend_extension]`), so the call takes part in fusion's
 //! ordering like any other op: fusion records it lazily and runs it on its execution thread with
 //! the inputs materialised as `CubeTensor`s. cubecl does not expose its CUDA stream, so cuBLAS
 //! runs on its own stream of the same (primary) context, ordered against cubecl's on the device
-//! by `crate::cuda_handoff` (no host wait; where the driver refuses that, the call waits for
+//! by `crate::gpu::cuda::handoff` (no host wait; where the driver refuses that, the call waits for
 //! cubecl's queue before and for its stream after, as it did first).
 //! libcublas/libcublasLt are loaded at run time (cudarc's dynamic loading): without them, or
 //! on any non-CUDA cube device, the product falls back to Burn's own kernel.
@@ -32,7 +32,8 @@ use burn_cubecl::CubeBackend;
 use cudarc::cublas::{result as blas, sys as bsys, CudaBlas};
 use cudarc::driver::{CudaContext, CudaStream};
 
-use crate::precision::MatmulPrecision;
+use super::CudaServer;
+use crate::ops::precision::MatmulPrecision;
 
 #[backend_extension(Cube: cfg(feature = "cuda"), Fusion: cfg(feature = "cuda"))]
 pub trait VendorMatmul: Backend {
@@ -95,7 +96,7 @@ pub fn matmul(a: DispatchTensor, b: DispatchTensor, precision: MatmulPrecision) 
 /// `EXBURN_CUBLAS=0` keeps every product on Burn's own kernel (TF32 for f32 on tensor-core
 /// cards): for comparisons, and to show the precision tests catch it.
 fn enabled() -> bool {
-    crate::switch::on_once!("EXBURN_CUBLAS")
+    crate::process::switch::on_once!("EXBURN_CUBLAS")
 }
 
 fn library_present() -> bool {
@@ -184,8 +185,6 @@ fn operand(t: &CubeTensor) -> Operand {
     }
 }
 
-pub(crate) type CudaServer = <cubecl::cuda::CudaRuntime as cubecl_runtime::runtime::Runtime>::Server;
-
 fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeTensor, String> {
     let index = match &lhs.device {
         cubecl::Device::Cuda(d) => d.index,
@@ -270,8 +269,8 @@ fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeT
         let size = |t: &CubeTensor| t.meta.shape().num_elements() * t.dtype.size();
         let inputs = [(&a.tensor.handle, size(&a.tensor)), (&b.tensor.handle, size(&b.tensor))];
         // cuBLAS must start after the inputs' producers: ordered on the device where the driver
-        // allows it (crate::cuda_handoff), else by waiting for cubecl's queue here
-        let handoff = crate::cuda_handoff::Handoff::begin(&client, index, blas.stream.cu_stream(), inputs);
+        // allows it (crate::gpu::cuda::handoff), else by waiting for cubecl's queue here
+        let handoff = crate::gpu::cuda::handoff::Handoff::begin(&client, index, blas.stream.cu_stream(), inputs);
         if handoff.is_none() {
             cubecl::future::block_on(client.sync()).map_err(|e| format!("{e:?}"))?;
         }
@@ -343,6 +342,6 @@ fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeT
 /// `EXBURN_CUBLAS_EXCLUSIVE=0` makes each cubecl call of a product its own round trip again (for
 /// comparison).
 fn exclusive() -> bool {
-    crate::switch::on_once!("EXBURN_CUBLAS_EXCLUSIVE")
+    crate::process::switch::on_once!("EXBURN_CUBLAS_EXCLUSIVE")
 }
 

@@ -1,14 +1,14 @@
-defmodule ExBurn.Serving.Server do
+defmodule ExBurn.Serving.Batcher do
   @moduledoc """
   A batching inference server that needs no Nx: requests for one sample each are stacked into a
   batch for an `ExBurn.Model` or a function `fn batch_tensor -> output_tensor end`, and the
   output rows are sent back to their callers. For an `ExBurn.Embedding` model each request is a
   text, the batch is one padded model call, and each caller gets its vector (a list of floats).
 
-      {:ok, _pid} = ExBurn.Serving.Server.start_link(model, name: MyModel, batch_size: 32, batch_timeout: 5)
-      {:ok, row} = ExBurn.Serving.Server.run(MyModel, [0.5, 1.0])
+      {:ok, _pid} = ExBurn.Serving.Batcher.start_link(model, name: MyModel, batch_size: 32, batch_timeout: 5)
+      {:ok, row} = ExBurn.Serving.Batcher.run(MyModel, [0.5, 1.0])
 
-  In a supervision tree: `{ExBurn.Serving.Server, model: model, name: MyModel, batch_size: 32}`.
+  In a supervision tree: `{ExBurn.Serving.Batcher, model: model, name: MyModel, batch_size: 32}`.
 
   ## Options
 
@@ -68,7 +68,7 @@ defmodule ExBurn.Serving.Server do
   def start_link(model_or_fun), do: start_link(model_or_fun, [])
 
   @doc """
-  A child spec: `{ExBurn.Serving.Server, model: model_or_fun, name: name, batch_size: ...}`.
+  A child spec: `{ExBurn.Serving.Batcher, model: model_or_fun, name: name, batch_size: ...}`.
   The id is the name (or the module), so several servers can share a supervisor.
   """
   def child_spec(opts) when is_list(opts) do

@@ -11,14 +11,14 @@
 use burn::backend::ops::{ConvOptions, FloatTensorOps};
 use burn::backend::{Dispatch, TensorData};
 
-use super::cpu_kernels::{flex_f32, par_chunks_for};
+use super::vector::{flex_f32, par_chunks_for};
 use crate::dispatch::{self, Prim};
 
 /// `conv2d(x, k)` without bias for contiguous f32 flex tensors and one group, else `None`: 3x3
-/// kernels at stride 1 through Winograd (`cpu_winograd`, which declines non-finite values),
+/// kernels at stride 1 through Winograd (`winograd`, which declines non-finite values),
 /// everything else through im2col.
 pub fn conv2d(x: &Prim, k: &Prim, opts: &ConvOptions<2>) -> Option<Prim> {
-    if let Some(y) = super::cpu_winograd::conv2d(x, k, opts) {
+    if let Some(y) = super::winograd::conv2d(x, k, opts) {
         return Some(y);
     }
     im2col(x, k, opts)

@@ -5,7 +5,7 @@
 //! * `High` — f32 inputs may be rounded to TF32 (10-bit mantissa) on tensor-core GPUs: ~8× the
 //!   throughput on an H100, ~1e-3 relative error instead of ~1e-6.
 //!
-//! The level only changes CUDA f32 matrix products routed to cuBLAS (`crate::cublas`); flex (CPU)
+//! The level only changes CUDA f32 matrix products routed to cuBLAS (`crate::gpu::cuda::cublas`); flex (CPU)
 //! and Vulkan are true f32 either way, and f16/bf16/f64 products are unaffected.
 
 use std::sync::atomic::{AtomicU8, Ordering};

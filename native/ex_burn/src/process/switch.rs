@@ -13,7 +13,7 @@ pub fn on(name: &str) -> bool {
 macro_rules! on_once {
     ($name:literal) => {{
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| $crate::switch::on($name))
+        *ON.get_or_init(|| $crate::process::switch::on($name))
     }};
 }
 #[cfg_attr(not(feature = "cuda"), allow(unused_imports))]

@@ -1,8 +1,8 @@
-defmodule ExBurn.Pretrained.NxServing do
+defmodule ExBurn.Serving.Pretrained do
   @moduledoc """
   `Nx.Serving` builders for the pre-trained models: `ExBurn.Embedding.serving/2` and
   `ExBurn.LLM.serving/2`. They need Nx; without it they raise `ExBurn.Error` (use
-  `ExBurn.Serving.Server` for embeddings, `ExBurn.LLM.stream/3` for generation).
+  `ExBurn.Serving.Batcher` for embeddings, `ExBurn.LLM.stream/3` for generation).
 
   Both servings work as Bumblebee's do: run one inline with `Nx.Serving.run/2`, or start it
   under a name (`{Nx.Serving, serving: serving, name: MyServing}`) and call
@@ -70,10 +70,10 @@ defmodule ExBurn.Pretrained.NxServing do
   alias ExBurn.Error
 
   @doc false
-  def embedding(model, opts), do: call(ExBurn.Pretrained.NxServing.Embedding, ExBurn.Embedding, model, opts)
+  def embedding(model, opts), do: call(ExBurn.Serving.Pretrained.Embedding, ExBurn.Embedding, model, opts)
 
   @doc false
-  def llm(model, opts), do: call(ExBurn.Pretrained.NxServing.LLM, ExBurn.LLM, model, opts)
+  def llm(model, opts), do: call(ExBurn.Serving.Pretrained.LLM, ExBurn.LLM, model, opts)
 
   # The Nx path is compiled only when Nx is loaded; `apply/3` keeps this module warning-free
   # without it.
@@ -84,14 +84,14 @@ defmodule ExBurn.Pretrained.NxServing do
         raise(Error,
           op: :serving,
           reason:
-            "Nx is not loaded; Nx.Serving builders need Nx (use ExBurn.Serving.Server or ExBurn.LLM.stream/3)",
+            "Nx is not loaded; Nx.Serving builders need Nx (use ExBurn.Serving.Batcher or ExBurn.LLM.stream/3)",
           details: %{function: {caller, :serving, 2}}
         )
   end
 end
 
 if Code.ensure_loaded?(Nx) do
-  defmodule ExBurn.Pretrained.NxServing.Util do
+  defmodule ExBurn.Serving.Pretrained.Util do
     @moduledoc false
     # What both servings share: option checks, batch access, errors.
 
@@ -115,13 +115,13 @@ if Code.ensure_loaded?(Nx) do
     def fail!(reason, details), do: raise(Error, op: :serving, reason: reason, details: details)
   end
 
-  defmodule ExBurn.Pretrained.NxServing.Embedding do
+  defmodule ExBurn.Serving.Pretrained.Embedding do
     @moduledoc false
-    # ExBurn.Embedding.serving/2 (see ExBurn.Pretrained.NxServing).
+    # ExBurn.Embedding.serving/2 (see ExBurn.Serving.Pretrained).
     @behaviour Nx.Serving
 
     alias ExBurn.{Embedding, Pretrained}
-    import ExBurn.Pretrained.NxServing.Util
+    import ExBurn.Serving.Pretrained.Util
 
     @options [:batch_size, :batch_timeout, :sequence_length, :partitions]
 
@@ -283,15 +283,15 @@ if Code.ensure_loaded?(Nx) do
     end
   end
 
-  defmodule ExBurn.Pretrained.NxServing.LLM do
+  defmodule ExBurn.Serving.Pretrained.LLM do
     @moduledoc false
-    # ExBurn.LLM.serving/2 (see ExBurn.Pretrained.NxServing). A request travels to the serving
+    # ExBurn.LLM.serving/2 (see ExBurn.Serving.Pretrained). A request travels to the serving
     # as its prompt and options (`term_to_binary`) in a u8 tensor: batches of one, so the rows
     # never need to stack.
     @behaviour Nx.Serving
 
     alias ExBurn.LLM
-    import ExBurn.Pretrained.NxServing.Util
+    import ExBurn.Serving.Pretrained.Util
 
     @generation [:max_tokens, :greedy, :temperature, :top_k, :top_p, :seed, :stop, :stop_token_ids]
     @options [:stream, :stream_done, :partitions | @generation]

@@ -19,7 +19,7 @@ use burn::backend::ops::FloatTensorOps;
 use burn::backend::{BackendTensor, DType, Dispatch, DispatchTensorKind};
 use burn::tensor::Slice;
 
-use super::cpu_kernels::par_tasks;
+use super::vector::par_tasks;
 use crate::dispatch::{self, Prim};
 
 /// burn-flex's PARALLEL_THRESHOLD (ops/matmul.rs): products from here up are threaded by gemm.

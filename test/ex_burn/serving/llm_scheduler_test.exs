@@ -1,11 +1,11 @@
-Code.require_file("support.exs", __DIR__)
+Code.require_file("../server/support.exs", __DIR__)
 
-defmodule ExBurn.LLM.ServerTest do
-  # ExBurn.LLM.Server with the real SmolLM2 model: same text as ExBurn.LLM, first come first
+defmodule ExBurn.LLM.SchedulerTest do
+  # ExBurn.LLM.Scheduler with the real SmolLM2 model: same text as ExBurn.LLM, first come first
   # served, streaming to the caller, and cancellation when the caller dies or cancels.
   use ExUnit.Case, async: false
 
-  alias ExBurn.LLM.Server
+  alias ExBurn.LLM.Scheduler
   alias ExBurn.ServerTest.Support
 
   @moduletag skip:
@@ -17,7 +17,7 @@ defmodule ExBurn.LLM.ServerTest do
     %{model: model}
   end
 
-  defp start(model, opts \\ []), do: start_supervised!({Server, Keyword.merge([model: model], opts)})
+  defp start(model, opts \\ []), do: start_supervised!({Scheduler, Keyword.merge([model: model], opts)})
 
   # Processes that stay in a generation until killed: a long prompt budget, no stop string.
   defp long(opts \\ []), do: Keyword.merge([max_tokens: 2_000, greedy: true], opts)
@@ -27,17 +27,18 @@ defmodule ExBurn.LLM.ServerTest do
     prompt = [%{role: "user", content: "Name a color."}]
     {:ok, direct} = ExBurn.LLM.generate(model, prompt, max_tokens: 12, greedy: true)
 
-    assert {:ok, result} = Server.generate(server, prompt, max_tokens: 12, greedy: true)
+    assert {:ok, result} = Scheduler.generate(server, prompt, max_tokens: 12, greedy: true)
     assert result.text == direct.text
     assert result.finish_reason == direct.finish_reason
     assert result.usage == direct.usage
 
-    pieces = Server.stream(server, prompt, max_tokens: 12, greedy: true) |> Enum.to_list()
+    pieces = Scheduler.stream(server, prompt, max_tokens: 12, greedy: true) |> Enum.to_list()
     assert Enum.join(pieces) == direct.text
     assert length(pieces) > 1
 
     events =
-      Server.stream_events(server, "The capital of France is", max_tokens: 5, greedy: true) |> Enum.to_list()
+      Scheduler.stream_events(server, "The capital of France is", max_tokens: 5, greedy: true)
+      |> Enum.to_list()
 
     assert [{:done, %{finish_reason: :length, usage: %{prompt_tokens: p, completion_tokens: 5}}} | _] =
              Enum.reverse(events)
@@ -48,22 +49,25 @@ defmodule ExBurn.LLM.ServerTest do
   test "the same seed samples the same text", %{model: model} do
     server = start(model)
     opts = [max_tokens: 10, temperature: 0.9, seed: 1234]
-    {:ok, a} = Server.generate(server, "Once upon a time", opts)
-    {:ok, b} = Server.generate(server, "Once upon a time", opts)
+    {:ok, a} = Scheduler.generate(server, "Once upon a time", opts)
+    {:ok, b} = Scheduler.generate(server, "Once upon a time", opts)
     {:ok, direct} = ExBurn.LLM.generate(model, "Once upon a time", opts)
     assert a.text == b.text and a.text == direct.text
   end
 
   test "bad prompts and options are errors at once, not after the queue", %{model: model} do
     server = start(model)
-    assert {:error, %ExBurn.Error{details: %{kind: :invalid_option}}} = Server.request(server, "hi", nope: 1)
-    assert {:error, %ExBurn.Error{details: %{kind: :invalid_prompt}}} = Server.request(server, 42, [])
+
+    assert {:error, %ExBurn.Error{details: %{kind: :invalid_option}}} =
+             Scheduler.request(server, "hi", nope: 1)
+
+    assert {:error, %ExBurn.Error{details: %{kind: :invalid_prompt}}} = Scheduler.request(server, 42, [])
 
     assert_raise ExBurn.Error, fn ->
-      Server.stream(server, "hi", max_tokens: 3, bogus: true) |> Enum.to_list()
+      Scheduler.stream(server, "hi", max_tokens: 3, bogus: true) |> Enum.to_list()
     end
 
-    assert Server.info(server).queued == 0
+    assert Scheduler.info(server).queued == 0
   end
 
   test "requests run one at a time, first come first served", %{model: model} do
@@ -71,12 +75,12 @@ defmodule ExBurn.LLM.ServerTest do
     test = self()
 
     # The first request holds the model until cancelled, so the others queue behind it in order.
-    {:ok, blocker} = Server.request(server, "Count to a thousand:", long())
-    assert {:text, _} = Server.await(blocker, 60_000)
+    {:ok, blocker} = Scheduler.request(server, "Count to a thousand:", long())
+    assert {:text, _} = Scheduler.await(blocker, 60_000)
 
     for i <- 1..3 do
       spawn_link(fn ->
-        {:ok, ref} = Server.request(server, "Say #{i}", max_tokens: 3, greedy: true)
+        {:ok, ref} = Scheduler.request(server, "Say #{i}", max_tokens: 3, greedy: true)
         send(test, {:queued, i})
         collect(ref)
         send(test, {:finished, i})
@@ -85,8 +89,8 @@ defmodule ExBurn.LLM.ServerTest do
       assert_receive {:queued, ^i}, 10_000
     end
 
-    assert %{running: 1, queued: 3} = Server.info(server)
-    :ok = Server.cancel(server, blocker)
+    assert %{running: 1, queued: 3} = Scheduler.info(server)
+    :ok = Scheduler.cancel(server, blocker)
 
     order = for _ <- 1..3, do: assert_receive({:finished, i}, 60_000) && i
     assert order == [1, 2, 3]
@@ -94,14 +98,14 @@ defmodule ExBurn.LLM.ServerTest do
 
   test "max_concurrent runs several generations at once", %{model: model} do
     server = start(model, max_concurrent: 2)
-    {:ok, a} = Server.request(server, "Count to a thousand:", long())
-    {:ok, b} = Server.request(server, "List every animal:", long())
-    assert {:text, _} = Server.await(a, 60_000)
-    assert {:text, _} = Server.await(b, 60_000)
-    assert %{running: 2, queued: 0} = Server.info(server)
-    Server.cancel(server, a)
-    Server.cancel(server, b)
-    assert %{running: 0} = Server.info(server)
+    {:ok, a} = Scheduler.request(server, "Count to a thousand:", long())
+    {:ok, b} = Scheduler.request(server, "List every animal:", long())
+    assert {:text, _} = Scheduler.await(a, 60_000)
+    assert {:text, _} = Scheduler.await(b, 60_000)
+    assert %{running: 2, queued: 0} = Scheduler.info(server)
+    Scheduler.cancel(server, a)
+    Scheduler.cancel(server, b)
+    assert %{running: 0} = Scheduler.info(server)
   end
 
   test "a caller that dies stops its generation; one that dies while queued leaves the queue", %{model: model} do
@@ -110,8 +114,8 @@ defmodule ExBurn.LLM.ServerTest do
 
     running =
       spawn(fn ->
-        {:ok, ref} = Server.request(server, "Count to a thousand:", long())
-        {:text, _} = Server.await(ref, 60_000)
+        {:ok, ref} = Scheduler.request(server, "Count to a thousand:", long())
+        {:text, _} = Scheduler.await(ref, 60_000)
         send(test, :running)
         Process.sleep(:infinity)
       end)
@@ -120,80 +124,80 @@ defmodule ExBurn.LLM.ServerTest do
 
     queued =
       spawn(fn ->
-        {:ok, _ref} = Server.request(server, "Hello", long())
+        {:ok, _ref} = Scheduler.request(server, "Hello", long())
         send(test, :queued)
         Process.sleep(:infinity)
       end)
 
     assert_receive :queued, 10_000
-    assert %{running: 1, queued: 1} = Server.info(server)
+    assert %{running: 1, queued: 1} = Scheduler.info(server)
 
     Process.exit(queued, :kill)
-    ExBurn.TestHelpers.wait_until(fn -> Server.info(server).queued == 0 end)
-    assert Server.info(server).running == 1
+    ExBurn.TestHelpers.wait_until(fn -> Scheduler.info(server).queued == 0 end)
+    assert Scheduler.info(server).running == 1
 
     Process.exit(running, :kill)
-    ExBurn.TestHelpers.wait_until(fn -> Server.info(server).running == 0 end)
+    ExBurn.TestHelpers.wait_until(fn -> Scheduler.info(server).running == 0 end)
 
     # and the server goes on serving
-    assert {:ok, %{finish_reason: :length}} = Server.generate(server, "Hi", max_tokens: 2)
+    assert {:ok, %{finish_reason: :length}} = Scheduler.generate(server, "Hi", max_tokens: 2)
   end
 
   test "a stream consumer that stops early cancels the rest; cancel/2 leaves no messages", %{model: model} do
     server = start(model)
-    assert [_, _] = Server.stream(server, "Count to a thousand:", long()) |> Enum.take(2)
-    assert %{running: 0, queued: 0} = Server.info(server)
+    assert [_, _] = Scheduler.stream(server, "Count to a thousand:", long()) |> Enum.take(2)
+    assert %{running: 0, queued: 0} = Scheduler.info(server)
 
-    {:ok, ref} = Server.request(server, "Count to a thousand:", long())
-    assert {:text, _} = Server.await(ref, 60_000)
-    :ok = Server.cancel(server, ref)
-    refute_received {Server, ^ref, _}
-    assert Server.info(server).running == 0
+    {:ok, ref} = Scheduler.request(server, "Count to a thousand:", long())
+    assert {:text, _} = Scheduler.await(ref, 60_000)
+    :ok = Scheduler.cancel(server, ref)
+    refute_received {Scheduler, ^ref, _}
+    assert Scheduler.info(server).running == 0
   end
 
   test ":alive? false cancels a waiting request", %{model: model} do
     server = start(model)
-    {:ok, blocker} = Server.request(server, "Count to a thousand:", long())
-    assert {:text, _} = Server.await(blocker, 60_000)
+    {:ok, blocker} = Scheduler.request(server, "Count to a thousand:", long())
+    assert {:text, _} = Scheduler.await(blocker, 60_000)
 
     gone = :atomics.new(1, [])
     alive? = fn -> :atomics.get(gone, 1) == 0 end
 
     task =
-      Task.async(fn -> Server.generate(server, "Hi", max_tokens: 2, alive?: alive?, check_interval: 10) end)
+      Task.async(fn -> Scheduler.generate(server, "Hi", max_tokens: 2, alive?: alive?, check_interval: 10) end)
 
-    ExBurn.TestHelpers.wait_until(fn -> Server.info(server).queued == 1 end)
+    ExBurn.TestHelpers.wait_until(fn -> Scheduler.info(server).queued == 1 end)
     :atomics.put(gone, 1, 1)
 
     assert {:error, %ExBurn.Error{details: %{cause: :cancelled}}} = Task.await(task, 10_000)
-    assert Server.info(server).queued == 0
-    Server.cancel(server, blocker)
+    assert Scheduler.info(server).queued == 0
+    Scheduler.cancel(server, blocker)
   end
 
   test "a full queue refuses with :overloaded; a stopped server with :down", %{model: model} do
     server = start(model, max_queue: 1)
-    {:ok, blocker} = Server.request(server, "Count to a thousand:", long())
-    assert {:text, _} = Server.await(blocker, 60_000)
-    {:ok, _queued} = Server.request(server, "Hi", max_tokens: 2)
+    {:ok, blocker} = Scheduler.request(server, "Count to a thousand:", long())
+    assert {:text, _} = Scheduler.await(blocker, 60_000)
+    {:ok, _queued} = Scheduler.request(server, "Hi", max_tokens: 2)
 
     assert {:error, %ExBurn.Error{details: %{cause: :overloaded}}} =
-             Server.request(server, "Hi", max_tokens: 2)
+             Scheduler.request(server, "Hi", max_tokens: 2)
 
     # the blocker's events end with the server's exit
     GenServer.stop(server)
     assert {:error, %ExBurn.Error{details: %{cause: :down}}} = flush_to_error(blocker)
-    assert {:error, %ExBurn.Error{details: %{cause: :down}}} = Server.request(server, "Hi", max_tokens: 2)
+    assert {:error, %ExBurn.Error{details: %{cause: :down}}} = Scheduler.request(server, "Hi", max_tokens: 2)
   end
 
   defp flush_to_error(ref) do
-    case Server.await(ref, 10_000) do
+    case Scheduler.await(ref, 10_000) do
       {:text, _} -> flush_to_error(ref)
       other -> other
     end
   end
 
   defp collect(ref) do
-    case Server.await(ref, 60_000) do
+    case Scheduler.await(ref, 60_000) do
       {:text, _} -> collect(ref)
       {:done, _} -> :ok
     end

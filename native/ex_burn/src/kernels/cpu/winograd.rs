@@ -1,6 +1,6 @@
 //! Winograd convolution for 3x3 kernels (stride 1, no dilation, one group, f32) on the CPU.
 //!
-//! Why: most of the im2col path's time (`cpu_conv`) is its matrix product, 9 C multiplications
+//! Why: most of the im2col path's time (`conv`) is its matrix product, 9 C multiplications
 //! per output. Winograd's minimal filtering F(m x m, 3 x 3) computes an m x m block of outputs
 //! from an a x a block of inputs (a = m + 2) with a^2 products instead of 9 m^2: 2.25 times fewer
 //! for F(2x2, 3x3), 4 times fewer for F(4x4, 3x3), at the price of cheap linear transforms of
@@ -61,7 +61,7 @@
 //! back to the im2col path (checks folded into copies the passes make anyway), whose results,
 //! like Nx's, are the direct convolution's.
 //!
-//! Only the forward `conv` of the Nx backend comes here (through `cpu_conv::conv2d`); its
+//! Only the forward `conv` of the Nx backend comes here (through `conv::conv2d`); its
 //! gradients are convs too and take this path when they qualify (3x3 kernel, stride 1, ...).
 //! Written against Burn's public API so it could move upstream into burn-flex.
 
@@ -70,7 +70,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use burn::backend::ops::ConvOptions;
 use burn::backend::TensorData;
 
-use super::cpu_kernels::{flex_f32, par_tasks, simd, SharedMut, Simd};
+use super::vector::{flex_f32, par_tasks, simd, SharedMut, Simd};
 use crate::dispatch::{self, Prim};
 
 /// Tiles transformed side by side: one 256-bit vector of f32 (LLVM's preferred width for
@@ -1063,9 +1063,9 @@ mod tests {
         for (xs, ks, what) in [(xs.clone(), ks.clone(), "input"), (random(n * c * h * w, 7, -0.5), ks_inf, "kernel")] {
             let (x, k) = (flex(xs, &[n, c, h, w]), flex(ks, &[o, c, 3, 3]));
             let before = taken();
-            let ours = values(super::super::cpu_conv::conv2d(&x, &k, &opts(pads)).unwrap());
+            let ours = values(super::super::conv::conv2d(&x, &k, &opts(pads)).unwrap());
             assert_eq!(taken(), before, "{what}: Winograd declined");
-            let im2col = values(super::super::cpu_conv::im2col(&x, &k, &opts(pads)).unwrap());
+            let im2col = values(super::super::conv::im2col(&x, &k, &opts(pads)).unwrap());
             assert_eq!(bits(&ours), bits(&im2col), "{what}");
             assert!(non_finite(&ours) > 0, "{what}");
             let geo = Geometry::of(&x, &k, &opts(pads)).unwrap();
@@ -1096,9 +1096,9 @@ mod tests {
         let ([n, c, h, w], o, pads) = ([1, 3, 8, 8], 2, [1, 1, 1, 1]);
         let (x, k) = (flex(vec![3e38; n * c * h * w], &[n, c, h, w]), flex(vec![1e-3; o * c * 9], &[o, c, 3, 3]));
         let before = taken();
-        let ours = values(super::super::cpu_conv::conv2d(&x, &k, &opts(pads)).unwrap());
+        let ours = values(super::super::conv::conv2d(&x, &k, &opts(pads)).unwrap());
         assert_eq!(taken(), before);
-        assert_eq!(bits(&ours), bits(&values(super::super::cpu_conv::im2col(&x, &k, &opts(pads)).unwrap())));
+        assert_eq!(bits(&ours), bits(&values(super::super::conv::im2col(&x, &k, &opts(pads)).unwrap())));
         assert_eq!(non_finite(&ours), 0);
         let geo = Geometry::of(&x, &k, &opts(pads)).unwrap();
         for tile in [Tile::F2, Tile::F4] {
@@ -1106,7 +1106,7 @@ mod tests {
         }
     }
 
-    /// 3x3 kernels at stride 1 in f32 go through Winograd from `cpu_conv::conv2d`; other strides,
+    /// 3x3 kernels at stride 1 in f32 go through Winograd from `conv::conv2d`; other strides,
     /// dilations, kernel sizes, groups and dtypes do not (im2col or flex, as before), and give
     /// flex's results.
     #[test]
@@ -1115,7 +1115,7 @@ mod tests {
         let k3 = flex(random(6 * 4 * 9, 2, -0.5), &[6, 4, 3, 3]);
         let base = opts([1, 1, 1, 1]);
         let before = taken();
-        let y = super::super::cpu_conv::conv2d(&x, &k3, &base).unwrap();
+        let y = super::super::conv::conv2d(&x, &k3, &base).unwrap();
         assert_eq!(taken(), before + 1);
         let flex_y = values(Dispatch::conv2d(x.clone(), k3.clone(), None, base.clone()));
         for (a, b) in values(y).iter().zip(&flex_y) {
@@ -1132,7 +1132,7 @@ mod tests {
             assert!(conv2d(&x, &k, &o).is_none(), "{what}");
             let before = taken();
             let want = values(Dispatch::conv2d(x.clone(), k.clone(), None, o.clone()));
-            let got = super::super::cpu_conv::conv2d(&x, &k, &o).map(values).unwrap_or_else(|| want.clone());
+            let got = super::super::conv::conv2d(&x, &k, &o).map(values).unwrap_or_else(|| want.clone());
             assert_eq!(taken(), before, "{what}");
             assert_eq!(got.len(), want.len(), "{what}");
             for (a, b) in got.iter().zip(&want) {
@@ -1174,7 +1174,7 @@ mod timing {
                 ts.sort_by(f64::total_cmp);
                 (ts[5], ts[20])
             };
-            let im2col = time(&|| super::super::cpu_conv::im2col(&x, &k, &opts).unwrap());
+            let im2col = time(&|| super::super::conv::im2col(&x, &k, &opts).unwrap());
             let f2 = time(&|| conv2d_with(&x, &k, &geo, Tile::F2, true).unwrap());
             let f4 = time(&|| conv2d_with(&x, &k, &geo, Tile::F4, true).unwrap());
             println!("x {:?} o {o}, us (p12/median): im2col {:.0}/{:.0}, F(2,3) {:.0}/{:.0}, F(4,3) {:.0}/{:.0}", [n, c, h, w], im2col.0, im2col.1, f2.0, f2.1, f4.0, f4.1);

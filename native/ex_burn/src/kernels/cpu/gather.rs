@@ -8,7 +8,7 @@
 
 use burn::backend::{BackendTensor, DispatchTensorKind, Element, TensorData};
 
-use super::cpu_kernels::par_chunks_for;
+use super::vector::par_chunks_for;
 use crate::dispatch::{self, Prim};
 
 /// Rows of `inner` values copied per task, at least this many values in all.

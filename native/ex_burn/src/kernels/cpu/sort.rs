@@ -10,7 +10,7 @@
 
 use burn::backend::TensorData;
 
-use super::cpu_kernels::{flex_f32, par_chunks_for};
+use super::vector::{flex_f32, par_chunks_for};
 use crate::dispatch::{self, Prim};
 
 /// The u32 whose unsigned order is Nx's order of f32 values (ascending, NaN last).

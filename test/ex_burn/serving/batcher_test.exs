@@ -1,9 +1,9 @@
-defmodule ExBurn.Serving.ServerTest do
+defmodule ExBurn.Serving.BatcherTest do
   use ExUnit.Case, async: true
   import ExBurn.TestHelpers, only: [wait_until: 1]
 
   alias ExBurn.{Error, Model, Tensor}
-  alias ExBurn.Serving.Server
+  alias ExBurn.Serving.Batcher
 
   # Exact integer arithmetic: row [a, b] -> [2a + 1, 2b + 1]; reports each batch's size.
   defp affine(test_pid) do
@@ -30,9 +30,9 @@ defmodule ExBurn.Serving.ServerTest do
   end
 
   test "256 requests from 64 processes get their own rows (exact, function target)" do
-    {:ok, server} = Server.start_link(affine(self()), batch_size: 16, batch_timeout: 5)
+    {:ok, server} = Batcher.start_link(affine(self()), batch_size: 16, batch_timeout: 5)
 
-    results = concurrently(64, 4, fn i -> {i, Server.run(server, Tensor.tensor([i, -i], type: :s32))} end)
+    results = concurrently(64, 4, fn i -> {i, Batcher.run(server, Tensor.tensor([i, -i], type: :s32))} end)
 
     assert length(results) == 256
 
@@ -50,12 +50,12 @@ defmodule ExBurn.Serving.ServerTest do
 
   test "256 requests from 64 processes on an MLP match per-sample predictions" do
     model = mlp()
-    {:ok, server} = Server.start_link(model, batch_size: 32, batch_timeout: 5)
+    {:ok, server} = Batcher.start_link(model, batch_size: 32, batch_timeout: 5)
     input = &ExBurn.ModelTestData.serving_input/1
 
     # a cold GPU compiles each batch shape's kernels first (seconds each on the H100)
     timeout = if model.device == {:cpu, 0}, do: 5_000, else: 120_000
-    results = concurrently(64, 4, fn i -> {i, Server.run(server, input.(i), timeout)} end)
+    results = concurrently(64, 4, fn i -> {i, Batcher.run(server, input.(i), timeout)} end)
     assert length(results) == 256
     # a batch row and a one-row call take different kernels: f32 rounding on the CPU, TF32 on a
     # GPU's dense layers (1.6e-5 apart measured on the H100)
@@ -71,15 +71,15 @@ defmodule ExBurn.Serving.ServerTest do
   end
 
   test "inputs may be lists, tensors and {binary, type, shape}; run! raises" do
-    {:ok, server} = Server.start_link(affine(self()), batch_timeout: 0)
-    assert Tensor.to_flat_list(Server.run!(server, [1, 2])) == [3, 5]
+    {:ok, server} = Batcher.start_link(affine(self()), batch_timeout: 0)
+    assert Tensor.to_flat_list(Batcher.run!(server, [1, 2])) == [3, 5]
 
     assert Tensor.to_flat_list(
-             Server.run!(server, {<<7::signed-native-32, 8::signed-native-32>>, {:s, 32}, {2}})
+             Batcher.run!(server, {<<7::signed-native-32, 8::signed-native-32>>, {:s, 32}, {2}})
            ) == [15, 17]
 
-    assert {:error, %Error{op: :serving}} = Server.run(server, :junk)
-    assert_raise Error, fn -> Server.run!(server, %{}) end
+    assert {:error, %Error{op: :serving}} = Batcher.run(server, :junk)
+    assert_raise Error, fn -> Batcher.run!(server, %{}) end
   end
 
   test "an erroring function fails only the requests that fail on their own" do
@@ -88,8 +88,10 @@ defmodule ExBurn.Serving.ServerTest do
       Tensor.add(batch, 10)
     end
 
-    {:ok, server} = Server.start_link(fun, batch_size: 8, batch_timeout: 20)
-    results = concurrently(10, 10, fn i -> {i, Server.run(server, [if(rem(i, 7) == 0, do: -i, else: i)])} end)
+    {:ok, server} = Batcher.start_link(fun, batch_size: 8, batch_timeout: 20)
+
+    results =
+      concurrently(10, 10, fn i -> {i, Batcher.run(server, [if(rem(i, 7) == 0, do: -i, else: i)])} end)
 
     for {i, result} <- results do
       if rem(i, 7) == 0 do
@@ -106,11 +108,11 @@ defmodule ExBurn.Serving.ServerTest do
 
   test "a bad sample fails alone when batched with good ones for a model" do
     model = mlp()
-    {:ok, server} = Server.start_link(model, batch_size: 4, batch_timeout: 50)
+    {:ok, server} = Batcher.start_link(model, batch_size: 4, batch_timeout: 50)
 
     [good1, bad, good2] =
       [[1.0, 2.0, 3.0, 4.0], [1.0, 2.0], [0.0, 0.5, 0.0, -1.0]]
-      |> Enum.map(fn x -> Task.async(fn -> Server.run(server, x) end) end)
+      |> Enum.map(fn x -> Task.async(fn -> Batcher.run(server, x) end) end)
       |> Enum.map(&Task.await/1)
 
     assert {:error, %Error{op: :predict}} = bad
@@ -122,20 +124,20 @@ defmodule ExBurn.Serving.ServerTest do
   end
 
   test "a function returning the wrong number of rows fails with a clear error" do
-    {:ok, server} = Server.start_link(fn batch -> Tensor.sum(batch) end, batch_timeout: 0)
+    {:ok, server} = Batcher.start_link(fn batch -> Tensor.sum(batch) end, batch_timeout: 0)
 
     assert {:error, %Error{op: :serving, reason: "the model must return a tensor with one row per input"}} =
-             Server.run(server, [1, 2])
+             Batcher.run(server, [1, 2])
   end
 
   test "callers killed while queued are dropped from the batch; the others get their rows" do
     # a batch timeout long enough that all ten are queued before it fires on a loaded machine
-    {:ok, server} = Server.start_link(affine(self()), batch_size: 100, batch_timeout: 2_000)
+    {:ok, server} = Batcher.start_link(affine(self()), batch_size: 100, batch_timeout: 2_000)
     parent = self()
 
     callers =
       for i <- 1..10 do
-        spawn(fn -> send(parent, {:result, i, Server.run(server, [i, i])}) end)
+        spawn(fn -> send(parent, {:result, i, Batcher.run(server, [i, i])}) end)
       end
 
     # All ten are queued (the batch waits for its timeout), then every odd one dies.
@@ -149,7 +151,7 @@ defmodule ExBurn.Serving.ServerTest do
 
     assert rows_seen() == [5]
     refute_received {:result, _, _}
-    assert {:ok, _} = Server.run(server, [0, 0])
+    assert {:ok, _} = Batcher.run(server, [0, 0])
   end
 
   test "a caller killed while its batch runs does not break the batch for the others" do
@@ -158,9 +160,9 @@ defmodule ExBurn.Serving.ServerTest do
       Tensor.add(batch, 1)
     end
 
-    {:ok, server} = Server.start_link(fun, batch_size: 4, batch_timeout: 0)
+    {:ok, server} = Batcher.start_link(fun, batch_size: 4, batch_timeout: 0)
     parent = self()
-    pids = for i <- 1..4, do: spawn(fn -> send(parent, {:result, i, Server.run(server, [i])}) end)
+    pids = for i <- 1..4, do: spawn(fn -> send(parent, {:result, i, Batcher.run(server, [i])}) end)
     wait_until(fn -> :sys.get_state(server).task != nil end)
     Process.exit(hd(pids), :kill)
 
@@ -168,7 +170,7 @@ defmodule ExBurn.Serving.ServerTest do
     # (generous: on a GPU the first add compiles its kernel, seconds on the H100)
     for i <- 2..4, do: assert_receive({:result, ^i, {:ok, _}}, 60_000)
     assert Process.alive?(server)
-    assert {:ok, row} = Server.run(server, [41])
+    assert {:ok, row} = Batcher.run(server, [41])
     assert Tensor.to_flat_list(row) == [42]
   end
 
@@ -178,9 +180,9 @@ defmodule ExBurn.Serving.ServerTest do
       batch
     end
 
-    {:ok, server} = Server.start_link(fun, batch_timeout: 0)
-    assert {:error, %Error{details: %{cause: :batch_exit, exit: :killed}}} = Server.run(server, [13])
-    assert {:ok, row} = Server.run(server, [12])
+    {:ok, server} = Batcher.start_link(fun, batch_timeout: 0)
+    assert {:error, %Error{details: %{cause: :batch_exit, exit: :killed}}} = Batcher.run(server, [13])
+    assert {:ok, row} = Batcher.run(server, [12])
     assert Tensor.to_flat_list(row) == [12]
   end
 
@@ -192,15 +194,15 @@ defmodule ExBurn.Serving.ServerTest do
       receive do: (:go -> batch)
     end
 
-    {:ok, server} = Server.start_link(fun, batch_size: 1, batch_timeout: 0, max_queue: 3)
-    first = Task.async(fn -> Server.run(server, [0]) end)
+    {:ok, server} = Batcher.start_link(fun, batch_size: 1, batch_timeout: 0, max_queue: 3)
+    first = Task.async(fn -> Batcher.run(server, [0]) end)
     assert_receive {:running, batch_pid}, 2_000
 
-    queued = for i <- 1..3, do: Task.async(fn -> Server.run(server, [i]) end)
+    queued = for i <- 1..3, do: Task.async(fn -> Batcher.run(server, [i]) end)
     wait_until(fn -> :sys.get_state(server).queued == 3 end)
 
     assert {:error, %Error{op: :serving, details: %{cause: :overloaded, max_queue: 3}} = e} =
-             Server.run(server, [99])
+             Batcher.run(server, [99])
 
     assert Exception.message(e) =~ "overloaded"
 
@@ -225,17 +227,17 @@ defmodule ExBurn.Serving.ServerTest do
       batch
     end
 
-    {:ok, server} = Server.start_link(fun, batch_size: 1, batch_timeout: 0)
-    busy = Task.async(fn -> Server.run(server, [1]) end)
+    {:ok, server} = Batcher.start_link(fun, batch_size: 1, batch_timeout: 0)
+    busy = Task.async(fn -> Batcher.run(server, [1]) end)
     wait_until(fn -> :sys.get_state(server).task != nil end)
-    assert {:error, %Error{details: %{cause: :timeout, timeout: 50}}} = Server.run(server, [2], 50)
+    assert {:error, %Error{details: %{cause: :timeout, timeout: 50}}} = Batcher.run(server, [2], 50)
     assert {:ok, _} = Task.await(busy)
-    assert {:error, %Error{details: %{cause: :down}}} = Server.run(:no_such_server, [1])
+    assert {:error, %Error{details: %{cause: :down}}} = Batcher.run(:no_such_server, [1])
   end
 
   test "a supervised server is restarted and serves again" do
     name = :"serving_restart_#{System.unique_integer([:positive])}"
-    children = [{Server, model: affine(self()), name: name, batch_timeout: 0}]
+    children = [{Batcher, model: affine(self()), name: name, batch_timeout: 0}]
 
     start_supervised!(%{
       id: :sup,
@@ -244,14 +246,14 @@ defmodule ExBurn.Serving.ServerTest do
     })
 
     old = Process.whereis(name)
-    assert {:ok, _} = Server.run(name, [1, 1])
+    assert {:ok, _} = Batcher.run(name, [1, 1])
 
     ref = Process.monitor(old)
     Process.exit(old, :kill)
     assert_receive {:DOWN, ^ref, :process, ^old, :killed}
     wait_until(fn -> Process.whereis(name) not in [nil, old] end)
 
-    assert {:ok, row} = Server.run(name, [20, 21])
+    assert {:ok, row} = Batcher.run(name, [20, 21])
     assert Tensor.to_flat_list(row) == [41, 43]
   end
 
@@ -268,8 +270,8 @@ defmodule ExBurn.Serving.ServerTest do
       batch
     end
 
-    {:ok, server} = Server.start_link(fun, batch_size: 3, batch_timeout: 1_000)
-    tasks = for x <- [1, -2, 3], do: Task.async(fn -> Server.run(server, [x]) end)
+    {:ok, server} = Batcher.start_link(fun, batch_size: 3, batch_timeout: 1_000)
+    tasks = for x <- [1, -2, 3], do: Task.async(fn -> Batcher.run(server, [x]) end)
     assert [{:ok, _}, {:error, _}, {:ok, _}] = Enum.map(tasks, &Task.await/1)
 
     assert_receive {:telemetry, %{batch_size: 3, queue_time: q, execution_time: e},
@@ -282,20 +284,20 @@ defmodule ExBurn.Serving.ServerTest do
     if Code.ensure_loaded?(ExBurn.Serving.Nx) do
       assert %{__struct__: Nx.Serving} = Dala.ML.Burn.Serving.build(& &1)
     else
-      assert_raise Error, ~r/Nx is not loaded; use ExBurn.Serving.Server/, fn ->
+      assert_raise Error, ~r/Nx is not loaded; use ExBurn.Serving.Batcher/, fn ->
         Dala.ML.Burn.Serving.build(& &1)
       end
     end
   end
 
   test "options are validated" do
-    assert_raise Error, ~r/unknown option :batch/, fn -> Server.start_link(& &1, batch: 3) end
+    assert_raise Error, ~r/unknown option :batch/, fn -> Batcher.start_link(& &1, batch: 3) end
 
     assert_raise Error, ~r/:batch_size must be a positive integer/, fn ->
-      Server.start_link(& &1, batch_size: 0)
+      Batcher.start_link(& &1, batch_size: 0)
     end
 
-    assert_raise Error, ~r/expected an ExBurn.Model/, fn -> Server.start_link(:nope, []) end
-    assert %{id: :x, start: {Server, :start_link, [_]}} = Server.child_spec(model: & &1, name: :x)
+    assert_raise Error, ~r/expected an ExBurn.Model/, fn -> Batcher.start_link(:nope, []) end
+    assert %{id: :x, start: {Batcher, :start_link, [_]}} = Batcher.child_spec(model: & &1, name: :x)
   end
 end

@@ -162,9 +162,9 @@ defmodule ExBurn.LLM do
   An `Nx.Serving` for generation (needs Nx): `Nx.Serving.run(serving, prompt)` gives
   `%{results: [%{text: ..., token_summary: ...}]}` as Bumblebee's `generation`, and with
   `stream: true` a stream of text pieces. Takes the generation options of `generate/3`; see
-  `ExBurn.Pretrained.NxServing`.
+  `ExBurn.Serving.Pretrained`.
   """
-  def serving(model, opts \\ []), do: ExBurn.Pretrained.NxServing.llm(model, opts)
+  def serving(model, opts \\ []), do: ExBurn.Serving.Pretrained.llm(model, opts)
 
   @doc "The token ids of `text` (`add_special: true` adds the model's BOS token when it uses one)."
   @spec tokenize(t, String.t(), keyword) :: {:ok, [non_neg_integer]} | {:error, Error.t()}

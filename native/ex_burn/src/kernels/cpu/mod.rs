@@ -1,0 +1,10 @@
+//! CPU kernels on Burn's flex storage: each reads contiguous flex tensors directly and returns
+//! `None` for anything it does not cover (another device, a strided view, another dtype).
+
+pub(crate) mod bf16_gemm;
+pub(crate) mod conv;
+pub(crate) mod gather;
+pub(crate) mod row_split;
+pub(crate) mod sort;
+pub(crate) mod vector;
+pub(crate) mod winograd;

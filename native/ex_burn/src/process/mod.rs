@@ -1,0 +1,6 @@
+//! Process-wide setup: the CPU features the build assumes (checked at load), glibc's allocator
+//! settings, and the environment switches.
+
+pub mod alloc;
+pub mod cpu_target;
+pub mod switch;
