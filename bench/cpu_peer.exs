@@ -108,7 +108,7 @@ cases =
     {"layer_norm_composed_1024x1024", fn -> layer_norm.(sq) |> consume.() end},
     {"layer_norm_fused_1024x1024", fn -> layer_norm.(sq) |> consume.() end},
     {"take_1M", fn -> Native.take(a.ref, idx.ref, 0) |> wrap.() |> consume.() end},
-    {"sort_1M", fn -> Native.sort(a.ref, 0, false) |> wrap.() |> consume.() end}
+    {"sort_1M", fn -> Native.sort(a.ref, 0, false, a.type) |> wrap.() |> consume.() end}
   ] ++
     for k <- [256, 1024, 2048] do
       {x, w} = mats[k]

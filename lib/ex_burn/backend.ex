@@ -106,6 +106,14 @@ if Code.ensure_loaded?(Nx) do
       end)
     end
 
+    @merged_compute ExBurn.Tensor.Ops.binary_classes().predicate
+
+    # The type a binary op computes in: comparisons and logical ops in their operands' merged
+    # type (their result is {:u, 8}), every other op in Nx's result type. Backend and compiler.
+    @doc false
+    def compute_type(op, left, right, _out) when op in @merged_compute, do: Nx.Type.merge(left, right)
+    def compute_type(_op, _left, _right, out), do: out
+
     # True when every tensor in `args` can be computed on Burn.
     @doc false
     def native_args?(args) do

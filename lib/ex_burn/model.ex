@@ -267,10 +267,6 @@ defmodule ExBurn.Model do
   """
   def fit_with_history(model, data, opts \\ []), do: ExBurn.Model.Fit.run(model, data, opts)
 
-  @doc deprecated: "Use fit_with_history/3 instead"
-  @doc "The former name of `fit_with_history/3`, kept as a delegate."
-  def fit_with_progress(model, data, opts \\ []), do: fit_with_history(model, data, opts)
-
   @doc """
   Asks a running `fit` of `model` to stop (from any process): training stops before the next
   batch, the interrupted epoch is discarded and `fit` returns the model as of its last completed

@@ -16,32 +16,12 @@ if Code.ensure_loaded?(Nx) do
 
     def constant(%T{type: type, shape: shape} = out, number, opts) do
       if Backend.native_type?(type) and (is_number(number) or number in [:nan, :infinity, :neg_infinity]) do
-        value = constant_value(number, type)
-
-        if is_integer(value) and value > 0x7FFFFFFFFFFFFFFF do
-          # Burn's fill takes a signed 64-bit scalar: the top half of u64 is uploaded as bytes.
-          from_binary(out, :binary.copy(ET.encode!(:constant, value, type), Nx.size(shape)), opts)
-        else
-          Backend.put(out, wrap_native(Native.full(value, Tuple.to_list(shape), type, backend_device(opts))))
-        end
+        value = ExBurn.Tensor.Util.fit(number, type)
+        Backend.put(out, wrap_native(Native.full(value, Tuple.to_list(shape), type, backend_device(opts))))
       else
         Fallback.bump(:constant)
         from_binary(out, Nx.to_binary(Nx.BinaryBackend.constant(out, number, [])), opts)
       end
-    end
-
-    defp constant_value(number, {kind, _} = type) when is_number(number) and kind in [:s, :u] do
-      # Nx wraps out-of-range integers into the type like a cast; so does the scalar encoder.
-      <<x::native-size(elem(type, 1))-integer>> = ET.encode!(:constant, trunc(number), type)
-      if kind == :s, do: signed(x, elem(type, 1)), else: x
-    end
-
-    defp constant_value(number, _type) when is_number(number), do: number * 1.0
-    defp constant_value(atom, _type), do: atom
-
-    defp signed(x, bits) do
-      <<s::signed-size(bits)>> = <<x::size(bits)>>
-      s
     end
 
     def from_binary(%T{type: type, shape: shape} = out, binary, opts) do

@@ -18,26 +18,15 @@ if Code.ensure_loaded?(Nx) do
     def clip(out, t, min, max) do
       native :clip, out, [t, min, max] do
         d = Backend.device_of([t, min, max])
-        [x, lo, hi] = Enum.map([t, min, max], &ET.as_type(Backend.et(&1, d), out.type))
-        Backend.put(out, wrap_native(Native.clip(x.ref, lo.ref, hi.ref)))
+        Backend.put(out, wrap_native(Native.clip(ref(t, d), ref(min, d), ref(max, d), out.type)))
       end
     end
-
-    # Comparisons and logical ops compute in the operands' merged type; everything else in
-    # out's type (Nx already made it the merged, floating or integer type the op needs).
-    @merged_compute [:equal, :not_equal, :greater, :less, :greater_equal, :less_equal] ++
-                      [:logical_and, :logical_or, :logical_xor]
 
     for op <- ExBurn.Tensor.Ops.binary_ops() do
       def unquote(op)(out, l, r) do
         native unquote(op), out, [l, r] do
           d = Backend.device_of([l, r])
-
-          compute =
-            if unquote(op in @merged_compute),
-              do: Nx.Type.merge(l.type, r.type),
-              else: out.type
-
+          compute = Backend.compute_type(unquote(op), l.type, r.type, out.type)
           Backend.put(out, wrap_native(Native.binary(unquote(op), ref(l, d), ref(r, d), compute)))
         end
       end

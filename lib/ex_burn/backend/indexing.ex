@@ -10,14 +10,16 @@ if Code.ensure_loaded?(Nx) do
 
     def reverse(out, t, axes) do
       native :reverse, out, [t, axes] do
-        Backend.put(out, wrap_native(Native.reverse(ET.as_type(Backend.et(t, nil), out.type).ref, axes)))
+        Backend.put(out, wrap_native(Native.reverse(ref(t, nil), axes, out.type)))
       end
     end
 
     def sort(out, t, opts) do
       native :sort, out, [t, opts] do
-        x = ET.as_type(Backend.et(t, nil), out.type)
-        Backend.put(out, wrap_native(Native.sort(x.ref, opts[:axis], opts[:direction] == :desc)))
+        Backend.put(
+          out,
+          wrap_native(Native.sort(ref(t, nil), opts[:axis], opts[:direction] == :desc, out.type))
+        )
       end
     end
 
@@ -31,8 +33,8 @@ if Code.ensure_loaded?(Nx) do
     def put_slice(out, t, starts, slice) do
       native :put_slice, out, [t, starts, slice] do
         d = Backend.device_of([t, slice | starts])
-        x = ET.as_type(Backend.et(t, d), out.type)
-        Backend.put(out, wrap_native(Native.put_slice(x.ref, Shape.start_args(starts, d), ref(slice, d))))
+        answer = Native.put_slice(ref(t, d), Shape.start_args(starts, d), ref(slice, d), out.type)
+        Backend.put(out, wrap_native(answer))
       end
     end
 

@@ -36,9 +36,7 @@ if Code.ensure_loaded?(Nx) do
 
     def broadcast(out, t, shape, axes) do
       native :broadcast, out, [t, shape, axes] do
-        x = Backend.et(t, nil)
-        x = if x.type == out.type, do: x, else: ET.as_type(x, out.type)
-        Backend.put(out, wrap_native(Native.broadcast(x.ref, Tuple.to_list(shape), axes)))
+        Backend.put(out, wrap_native(Native.broadcast(ref(t, nil), Tuple.to_list(shape), axes, out.type)))
       end
     end
 

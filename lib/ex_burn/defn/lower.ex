@@ -2,12 +2,12 @@ if Code.ensure_loaded?(Nx) do
   defmodule ExBurn.Defn.Lower do
     @moduledoc false
     # Lowers an Nx.Defn.Expr graph into the flat instruction list the native program runs:
-    # `{op, operand_indices, attrs, type, shape}`, operands always earlier in the list. Nodes are
-    # shared by expression id, so common subexpressions run once. Each op mirrors what
-    # ExBurn.Backend does for the same callback (compute types, casts, clamped slice starts), so
-    # the program and op-by-op evaluation give the same answers. Where the backend composes
-    # several native calls (pad, float argmax), the same composition is emitted as several
-    # instructions.
+    # `{op, operand_indices, type, shape}`, operands always earlier in the list, where `op` is
+    # an atom or a tuple tagged with the op's name, in the shapes `Wire` in nif/compiler.rs
+    # declares. Nodes are shared by expression id, so common subexpressions run once. Each
+    # instruction runs the same native op the backend's callback calls, with the same operands
+    # and result type, so programs and op-by-op evaluation agree; Nx's rules (NaN in argmax,
+    # slice clamping, padding, casts to the result type) live in those native ops only.
     #
     # A top-level node with no lowering becomes a host node (see ExBurn.Defn.Host): a `:host`
     # pseudo-instruction per output, evaluated by Nx.Defn.Evaluator over the values the
@@ -20,8 +20,6 @@ if Code.ensure_loaded?(Nx) do
     alias Nx.Tensor, as: T
 
     @binary ExBurn.Tensor.Ops.binary_ops()
-    @merged_compute [:equal, :not_equal, :greater, :less, :greater_equal, :less_equal] ++
-                      [:logical_and, :logical_or, :logical_xor]
     @unary ExBurn.Tensor.Ops.unary_ops()
     @reduce [:sum, :product, :reduce_max, :reduce_min, :all, :any]
     @control_flow [:cond, :while]
@@ -72,15 +70,20 @@ if Code.ensure_loaded?(Nx) do
     # literals: a parameter the graph never reads as a native value is never materialised, so
     # templates and unused lazy fields may be passed, as Nx.Defn.Evaluator allows.
     defp compact_inputs(instrs, n_params) do
-      params = for({:input, [], i, _, _} <- instrs, i < n_params, uniq: true, do: i) |> Enum.sort()
+      params = for({{:input, i}, [], _, _} <- instrs, i < n_params, uniq: true, do: i) |> Enum.sort()
       position = params |> Enum.with_index() |> Map.new()
       shift = length(params) - n_params
 
       instrs =
         Enum.map(instrs, fn
-          {:input, [], i, type, shape} when i < n_params -> {:input, [], Map.fetch!(position, i), type, shape}
-          {:input, [], i, type, shape} -> {:input, [], i + shift, type, shape}
-          instr -> instr
+          {{:input, i}, [], type, shape} when i < n_params ->
+            {{:input, Map.fetch!(position, i)}, [], type, shape}
+
+          {{:input, i}, [], type, shape} ->
+            {{:input, i + shift}, [], type, shape}
+
+          instr ->
+            instr
         end)
 
       {instrs, params}
@@ -121,7 +124,7 @@ if Code.ensure_loaded?(Nx) do
 
     defp control_flow?(_), do: false
 
-    defp emit(op, args, attrs, %T{type: type, shape: shape}, state) do
+    defp emit(op, args, %T{type: type, shape: shape}, state) do
       cond do
         not ExBurn.Backend.native_type?(type) ->
           unsupported({:type, type}, state)
@@ -131,12 +134,12 @@ if Code.ensure_loaded?(Nx) do
           unsupported(:foreign_operand, state)
 
         true ->
-          emit!(op, args, attrs, type, shape, state)
+          emit!(op, args, type, shape, state)
       end
     end
 
-    defp emit!(op, args, attrs, type, shape, state) do
-      instr = {op, args, attrs, type, Tuple.to_list(shape)}
+    defp emit!(op, args, type, shape, state) do
+      instr = {op, args, type, Tuple.to_list(shape)}
       {state.count, %{state | instrs: [instr | state.instrs], count: state.count + 1}}
     end
 
@@ -149,7 +152,7 @@ if Code.ensure_loaded?(Nx) do
     defp lower_node(%T{data: %Expr{op: :parameter, args: [i]}} = t, state) do
       cond do
         state.scope != nil -> {Enum.at(state.scope, i), state}
-        ExBurn.Backend.native_type?(t.type) -> emit(:input, [], i, t, state)
+        ExBurn.Backend.native_type?(t.type) -> emit({:input, i}, [], t, state)
         # a parameter the program cannot hold (complex, f8, ...) enters as a host value
         state.depth == 0 and state.host? -> host_param(i, t, state)
         true -> unsupported({:type, t.type}, state)
@@ -159,17 +162,16 @@ if Code.ensure_loaded?(Nx) do
     defp lower_node(%T{data: %Expr{op: :tensor, args: [literal]}} = t, state) do
       if ExBurn.Backend.native_type?(literal.type) do
         index = state.n_params + length(state.literals)
-        emit(:input, [], index, t, %{state | literals: [literal | state.literals]})
+        emit({:input, index}, [], t, %{state | literals: [literal | state.literals]})
       else
         unsupported({:type, literal.type}, state)
       end
     end
 
     defp lower_node(%T{data: %Expr{op: :constant, args: [value]}, type: type} = t, state) do
-      case constant_value(value, type) do
-        {:ok, v} -> emit(:full, [], v, t, state)
-        :error -> unsupported(:constant, state)
-      end
+      if is_number(value) or value in [:nan, :infinity, :neg_infinity],
+        do: emit({:full, ExBurn.Tensor.Util.fit(value, type)}, [], t, state),
+        else: unsupported(:constant, state)
     end
 
     defp lower_node(%T{data: %Expr{op: :metadata, args: [%T{} = inner, _meta]}}, state) do
@@ -186,136 +188,85 @@ if Code.ensure_loaded?(Nx) do
       {index, %{state | scope: outer}}
     end
 
-    defp lower_node(%T{data: %Expr{op: :iota, args: [axis]}} = t, state), do: emit(:iota, [], axis, t, state)
-    defp lower_node(%T{data: %Expr{op: :eye, args: []}} = t, state), do: emit(:eye, [], nil, t, state)
+    defp lower_node(%T{data: %Expr{op: :iota, args: [axis]}} = t, state),
+      do: emit({:iota, axis}, [], t, state)
+
+    defp lower_node(%T{data: %Expr{op: :eye, args: []}} = t, state), do: emit(:eye, [], t, state)
 
     defp lower_node(%T{data: %Expr{op: op, args: [a, b]}} = t, state) when op in @binary do
       {[ia, ib], state} = nodes([a, b], state)
-      compute = if op in @merged_compute, do: Nx.Type.merge(a.type, b.type), else: t.type
-      emit(:binary, [ia, ib], {op, compute}, t, state)
+      emit({:binary, op, ExBurn.Backend.compute_type(op, a.type, b.type, t.type)}, [ia, ib], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: op, args: [a]}} = t, state) when op in @unary do
       {ia, state} = node(a, state)
-      emit(:unary, [ia], op, t, state)
+      emit({:unary, op}, [ia], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: op, args: [a]}} = t, state)
          when op in [:as_type, :reshape, :bitcast] do
       {ia, state} = node(a, state)
-      emit(op, [ia], nil, t, state)
+      emit(op, [ia], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: :squeeze, args: [a, _axes]}} = t, state) do
       {ia, state} = node(a, state)
-      emit(:reshape, [ia], nil, t, state)
+      emit(:reshape, [ia], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: op, args: [a, axes]}} = t, state)
          when op in [:transpose, :reverse] do
       {ia, state} = node(a, state)
-      emit(op, [ia], axes, t, state)
+      emit({op, axes}, [ia], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: :broadcast, args: [a, _shape, axes]}} = t, state) do
       {ia, state} = node(a, state)
-      emit(:broadcast, [ia], axes, t, state)
+      emit({:broadcast, axes}, [ia], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: op, args: [p, x, y]}} = t, state) when op in [:select, :clip] do
       {indices, state} = nodes([p, x, y], state)
-      emit(op, indices, nil, t, state)
+      emit(op, indices, t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: op, args: [a, opts]}} = t, state) when op in @reduce do
       {ia, state} = node(a, state)
-      emit(:reduce, [ia], {op, opts[:axes], opts[:keep_axes] == true}, t, state)
+      emit({:reduce, op, opts[:axes], opts[:keep_axes] == true}, [ia], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: op, args: [a, opts]}} = t, state) when op in [:argmax, :argmin] do
       {ia, state} = node(a, state)
-      axis = opts[:axis]
-      keep = opts[:keep_axis] == true
       high = opts[:tie_break] == :high
-      {plain, state} = emit(:arg_reduce, [ia], {op, axis, keep, high}, t, state)
-
-      if Nx.Type.float?(a.type) do
-        # Nx ranks NaN above everything for both ops while Burn's comparisons are false on NaN:
-        # the backend takes the last NaN's index where a slice has one (as BinaryBackend). It only does so after
-        # reading whether any NaN exists; selecting unconditionally gives the same values
-        # without the read.
-        u8 = {:u, 8}
-        {nan, state} = emit(:unary, [ia], :is_nan, %{a | type: u8}, state)
-        {last_nan, state} = emit(:arg_reduce, [nan], {:argmax, axis, keep, true}, t, state)
-        axes = if axis, do: [axis], else: nil
-        {has_nan, state} = emit(:reduce, [nan], {:any, axes, keep}, %{t | type: u8}, state)
-        emit(:select, [has_nan, last_nan, plain], nil, t, state)
-      else
-        {plain, state}
-      end
+      emit({:arg_reduce, op, opts[:axis], opts[:keep_axis] == true, high}, [ia], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: :dot, args: [a, ca, ba, b, cb, bb]}} = t, state) do
       {[ia, ib], state} = nodes([a, b], state)
-      emit(:dot, [ia, ib], {ca, ba, cb, bb}, t, state)
+      emit({:dot, ca, ba, cb, bb}, [ia, ib], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: :slice, args: [a, starts, lengths, strides]}} = t, state) do
       {ia, state} = node(a, state)
 
       if Enum.all?(starts, &is_integer/1) do
-        starts =
-          [starts, Tuple.to_list(a.shape), lengths]
-          |> Enum.zip_with(fn [s, dim, len] -> s |> max(0) |> min(dim - len) end)
-
-        emit(:slice, [ia], {starts, lengths, strides}, t, state)
+        emit({:slice, starts, lengths, strides}, [ia], t, state)
       else
         {starts, state} = start_nodes(starts, state)
-        emit(:dynamic_slice, [ia | starts], {lengths, strides}, t, state)
+        emit({:dynamic_slice, lengths, strides}, [ia | starts], t, state)
       end
     end
 
     defp lower_node(%T{data: %Expr{op: :put_slice, args: [a, starts, update]}} = t, state) do
       {ia, state} = node(a, state)
-      {ia, state} = cast(ia, a, t.type, state)
       {iu, state} = node(update, state)
       {starts, state} = start_nodes(starts, state)
-      emit(:put_slice, [ia, iu | starts], nil, t, state)
+      emit(:put_slice, [ia, iu | starts], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: :pad, args: [a, value, config]}} = t, state) do
-      {ia, state} = node(a, state)
-      {ia, state} = cast(ia, a, t.type, state)
-      {iv, state} = node(value, state)
-      {iv, state} = cast(iv, value, t.type, state)
-      interior = Enum.map(config, &elem(&1, 2))
-
-      # Interior padding first, so negative edges cut into the interior-padded tensor (as in
-      # BinaryBackend and the backend).
-      {x, state} =
-        if Enum.all?(interior, &(&1 == 0)) do
-          {{ia, a.shape}, state}
-        else
-          shape =
-            a.shape
-            |> Tuple.to_list()
-            |> Enum.zip_with(interior, fn d, i -> if d == 0, do: 0, else: (d - 1) * (i + 1) + 1 end)
-            |> List.to_tuple()
-
-          {i, state} = emit(:pad_interior, [ia, iv], interior, %{t | shape: shape}, state)
-          {{i, shape}, state}
-        end
-
-      {{index, _shape}, state} =
-        config
-        |> Enum.with_index()
-        |> Enum.reduce({x, state}, fn {{lo, hi, _}, axis}, {x, state} ->
-          {x, state} = grow(x, iv, axis, max(lo, 0), :lo, t, state)
-          {x, state} = grow(x, iv, axis, max(hi, 0), :hi, t, state)
-          shrink(x, axis, max(-lo, 0), max(-hi, 0), t, state)
-        end)
-
-      {index, state}
+      {[ia, iv], state} = nodes([a, value], state)
+      emit({:pad, config}, [ia, iv], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: :conv, args: [x, k, opts]}} = t, state) do
@@ -331,7 +282,7 @@ if Code.ensure_loaded?(Nx) do
            opts[:feature_group_size], opts[:batch_group_size], opts[:input_permutation] || axes,
            opts[:kernel_permutation] || axes, opts[:output_permutation] || axes}
 
-        emit(:conv, [ix, ik], spec, t, state)
+        emit({:conv, spec}, [ix, ik], t, state)
       else
         unsupported(:conv, state)
       end
@@ -342,7 +293,7 @@ if Code.ensure_loaded?(Nx) do
       {ia, state} = node(a, state)
       ones = List.duplicate(1, tuple_size(a.shape))
       spec = {Tuple.to_list(window), opts[:strides], opts[:padding], opts[:window_dilations] || ones}
-      emit(:window, [ia], {op, spec}, t, state)
+      emit({:window, op, spec}, [ia], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: op, args: [a, source, init, window, opts]}} = t, state)
@@ -350,11 +301,13 @@ if Code.ensure_loaded?(Nx) do
       if Enum.all?(opts[:padding], fn {lo, hi} -> lo >= 0 and hi >= 0 end) do
         {indices, state} = nodes([a, source, init], state)
 
-        spec =
-          {op == :window_scatter_max, Tuple.to_list(window), opts[:strides], opts[:padding],
-           scatter_select_type(a.type, init.type)}
+        select = scatter_select_type(a.type, init.type)
 
-        emit(:window_scatter, indices, spec, t, state)
+        scatter =
+          {:window_scatter, op == :window_scatter_max, Tuple.to_list(window), opts[:strides], opts[:padding],
+           select}
+
+        emit(scatter, indices, t, state)
       else
         unsupported(op, state)
       end
@@ -362,31 +315,30 @@ if Code.ensure_loaded?(Nx) do
 
     defp lower_node(%T{data: %Expr{op: :sort, args: [a, opts]}} = t, state) do
       {ia, state} = node(a, state)
-      {ia, state} = cast(ia, a, t.type, state)
-      emit(:sort, [ia], {opts[:axis], opts[:direction] == :desc}, t, state)
+      emit({:sort, opts[:axis], opts[:direction] == :desc}, [ia], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: :argsort, args: [a, opts]}} = t, state) do
       {ia, state} = node(a, state)
-      emit(:argsort, [ia], {opts[:axis], opts[:direction] == :desc}, t, state)
+      emit({:argsort, opts[:axis], opts[:direction] == :desc}, [ia], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: :gather, args: [a, idx, opts]}} = t, state) do
       {[ia, ii], state} = nodes([a, idx], state)
-      emit(:gather, [ia, ii], opts[:axes], t, state)
+      emit({:gather, opts[:axes]}, [ia, ii], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: op, args: [a, idx, updates, opts]}} = t, state)
          when op in [:indexed_add, :indexed_put] do
       {indices, state} = nodes([a, idx, updates], state)
       axes = opts[:axes] || Enum.to_list(0..(elem(idx.shape, tuple_size(idx.shape) - 1) - 1)//1)
-      emit(:indexed, indices, {if(op == :indexed_add, do: :add, else: :put), axes}, t, state)
+      emit({:indexed, if(op == :indexed_add, do: :add, else: :put), axes}, indices, t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: op, args: [tensors, axis]}} = t, state)
          when op in [:concatenate, :stack] do
       {indices, state} = nodes(tensors, state)
-      emit(op, indices, axis, t, state)
+      emit({op, axis}, indices, t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: :elem, args: [%T{data: %Expr{op: :hook}} = h, i]}}, state) do
@@ -472,12 +424,12 @@ if Code.ensure_loaded?(Nx) do
 
       {last_range, state} = range(state, &nodes(outs, &1))
       state = restore(state, saved)
-      {cond, state} = emit(:cond, [], {clause_attrs, last_range}, Nx.template({}, {:u, 8}), state)
+      {cond, state} = emit({:cond, clause_attrs, last_range}, [], Nx.template({}, {:u, 8}), state)
 
       {picks, state} =
         outs
         |> Enum.with_index()
-        |> Enum.map_reduce(state, fn {out, j}, state -> emit(:pick, [], {cond, j}, out, state) end)
+        |> Enum.map_reduce(state, fn {out, j}, state -> emit({:pick, cond, j}, [], out, state) end)
 
       {:ok, picks, %{state | conds: Map.put(state.conds, id, picks)}}
     end
@@ -493,17 +445,17 @@ if Code.ensure_loaded?(Nx) do
           {inits, state} = nodes(flatten(initial), state)
           saved = {state.ids, state.conds}
           outer_scope = state.scope
-          {vars, state} = Enum.map_reduce(flatten(arg), state, &emit(:loop_var, [], nil, &1, &2))
+          {vars, state} = Enum.map_reduce(flatten(arg), state, &emit(:loop_var, [], &1, &2))
           state = %{state | scope: vars}
           {cond_range, state} = range(state, &nodes([condition], &1))
           {body_range, state} = range(state, &nodes(flatten(body), &1))
           state = %{restore(state, saved) | scope: outer_scope}
-          {w, state} = emit(:while, inits, {vars, cond_range, body_range}, Nx.template({}, {:u, 8}), state)
+          {w, state} = emit({:while, vars, cond_range, body_range}, inits, Nx.template({}, {:u, 8}), state)
 
           {picks, state} =
             flatten(arg)
             |> Enum.with_index()
-            |> Enum.map_reduce(state, fn {out, j}, state -> emit(:pick, [], {w, j}, out, state) end)
+            |> Enum.map_reduce(state, fn {out, j}, state -> emit({:pick, w, j}, [], out, state) end)
 
           {picks, %{state | conds: Map.put(state.conds, id, picks)}}
       end
@@ -568,7 +520,7 @@ if Code.ensure_loaded?(Nx) do
       leaves
       |> Enum.with_index()
       |> Enum.map_reduce(state, fn {%T{type: type, shape: shape}, k}, state ->
-        {index, state} = emit!(:host, args, {id, k}, type, shape, state)
+        {index, state} = emit!({:host, id, k}, args, type, shape, state)
 
         foreign =
           if ExBurn.Backend.native_type?(type), do: state.foreign, else: MapSet.put(state.foreign, index)
@@ -580,7 +532,7 @@ if Code.ensure_loaded?(Nx) do
     defp host_param(i, %T{type: type, shape: shape}, state) do
       id = length(state.hosts)
       entry = %{param: i, op: :parameter, reasons: [{:type, type}]}
-      {index, state} = emit!(:host, [], {id, 0}, type, shape, %{state | hosts: [entry | state.hosts]})
+      {index, state} = emit!({:host, id, 0}, [], type, shape, %{state | hosts: [entry | state.hosts]})
       {index, %{state | foreign: MapSet.put(state.foreign, index)}}
     end
 
@@ -688,66 +640,13 @@ if Code.ensure_loaded?(Nx) do
       end
     end
 
-    # The backend casts some operands to the result type before the op (ET.as_type).
-    defp cast(index, %T{type: type}, type, state), do: {index, state}
-
-    defp cast(index, %T{} = operand, type, state),
-      do: emit(:as_type, [index], nil, %{operand | type: type}, state)
-
     # Start indices: integers become s64 constants so every start is an operand read at run time.
     defp start_nodes(starts, state) do
       Enum.map_reduce(starts, state, fn
-        s, state when is_integer(s) -> emit(:full, [], s, Nx.template({}, {:s, 64}), state)
+        s, state when is_integer(s) -> emit({:full, s}, [], Nx.template({}, {:s, 64}), state)
         %T{} = s, state -> node(s, state)
       end)
     end
-
-    # The backend's edge padding: positive edges are concatenated blocks of the pad value,
-    # negative ones are sliced off.
-    defp grow(x, _value, _axis, 0, _side, _t, state), do: {x, state}
-
-    defp grow({ix, shape}, iv, axis, n, side, t, state) do
-      block_shape = put_elem(shape, axis, n)
-      {block, state} = emit(:broadcast, [iv], [], %{t | shape: block_shape}, state)
-      grown = put_elem(shape, axis, elem(shape, axis) + n)
-
-      if Nx.size(shape) == 0 and elem(shape, axis) == 0 do
-        {{block, block_shape}, state}
-      else
-        parts = if side == :lo, do: [block, ix], else: [ix, block]
-        {i, state} = emit(:concatenate, parts, axis, %{t | shape: grown}, state)
-        {{i, grown}, state}
-      end
-    end
-
-    defp shrink(x, _axis, 0, 0, _t, state), do: {x, state}
-
-    defp shrink({ix, shape}, axis, lo, hi, t, state) do
-      dims = Tuple.to_list(shape)
-      starts = dims |> Enum.map(fn _ -> 0 end) |> List.replace_at(axis, lo)
-      lengths = List.replace_at(dims, axis, max(elem(shape, axis) - lo - hi, 0))
-      strides = Enum.map(dims, fn _ -> 1 end)
-      new_shape = List.to_tuple(lengths)
-      {i, state} = emit(:slice, [ix], {starts, lengths, strides}, %{t | shape: new_shape}, state)
-      {{i, new_shape}, state}
-    end
-
-    # The backend's constant/3 rules: integers wrap into the type, floats fill as f64; the top
-    # half of u64 and non-real values are not lowered.
-    defp constant_value(v, {kind, bits}) when kind in [:s, :u] and is_number(v) do
-      bin = <<trunc(v)::size(bits)>>
-      <<signed::signed-size(bits)>> = bin
-      <<unsigned::unsigned-size(bits)>> = bin
-      value = if kind == :s, do: signed, else: unsigned
-      if value > 0x7FFFFFFFFFFFFFFF, do: :error, else: {:ok, value}
-    end
-
-    defp constant_value(v, {kind, _}) when kind in [:f, :bf] and is_number(v), do: {:ok, v * 1.0}
-
-    defp constant_value(v, {kind, _}) when kind in [:f, :bf] and v in [:nan, :infinity, :neg_infinity],
-      do: {:ok, v}
-
-    defp constant_value(_v, _type), do: :error
 
     @doc "The output tensors of a container, in `Composite` order."
     def flatten(container), do: Composite.flatten_list([container])

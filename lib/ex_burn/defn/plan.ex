@@ -19,11 +19,12 @@ if Code.ensure_loaded?(Nx) do
       steps =
         instrs
         |> Tuple.to_list()
-        |> Enum.chunk_by(fn {{op, _, attrs, _, _}, _} ->
-          if op == :host, do: {:host, elem(attrs, 0)}, else: :native
+        |> Enum.chunk_by(fn
+          {{{:host, id, _}, _, _, _}, _} -> {:host, id}
+          _ -> :native
         end)
         |> Enum.map(fn
-          [{{op, args, {id, _}, _, _}, _} | _] = chunk when op == :host ->
+          [{{{:host, id, _}, args, _, _}, _} | _] = chunk ->
             {:host, id, args, Enum.map(chunk, &elem(&1, 1))}
 
           chunk ->
@@ -62,40 +63,40 @@ if Code.ensure_loaded?(Nx) do
 
       head =
         Enum.map(imports, fn i ->
-          {_op, _args, _attrs, type, shape} = elem(elem(instrs, i), 0)
-          {:input, [], n_global + Map.fetch!(import_pos, i), type, shape}
+          {_op, _args, type, shape} = elem(elem(instrs, i), 0)
+          {{:input, n_global + Map.fetch!(import_pos, i)}, [], type, shape}
         end)
 
       body = Enum.map(indices, fn i -> remap(elem(elem(instrs, i), 0), map) end)
       {:native, head ++ body, imports, exports, Enum.map(exports, map)}
     end
 
-    defp refs({:cond, args, {clauses, last}, _, _}),
+    defp refs({{:cond, clauses, last}, args, _, _}),
       do: args ++ Enum.flat_map(clauses, fn {p, b} -> outs(p) ++ outs(b) end) ++ outs(last)
 
-    defp refs({:while, args, {vars, c, b}, _, _}), do: args ++ vars ++ outs(c) ++ outs(b)
-    defp refs({:pick, args, {cond, _}, _, _}), do: [cond | args]
-    defp refs({_op, args, _attrs, _, _}), do: args
+    defp refs({{:while, vars, c, b}, args, _, _}), do: args ++ vars ++ outs(c) ++ outs(b)
+    defp refs({{:pick, cond, _}, args, _, _}), do: [cond | args]
+    defp refs({_op, args, _, _}), do: args
 
     defp outs({_start, _end, outs}), do: outs
 
-    defp remap({op, args, attrs, type, shape}, map) do
-      attrs =
-        case {op, attrs} do
-          {:cond, {clauses, last}} ->
-            {Enum.map(clauses, fn {p, b} -> {range(p, map), range(b, map)} end), range(last, map)}
+    defp remap({op, args, type, shape}, map) do
+      op =
+        case op do
+          {:cond, clauses, last} ->
+            {:cond, Enum.map(clauses, fn {p, b} -> {range(p, map), range(b, map)} end), range(last, map)}
 
-          {:while, {vars, c, b}} ->
-            {Enum.map(vars, map), range(c, map), range(b, map)}
+          {:while, vars, c, b} ->
+            {:while, Enum.map(vars, map), range(c, map), range(b, map)}
 
-          {:pick, {cond, j}} ->
-            {map.(cond), j}
+          {:pick, cond, j} ->
+            {:pick, map.(cond), j}
 
-          _ ->
-            attrs
+          op ->
+            op
         end
 
-      {op, Enum.map(args, map), attrs, type, shape}
+      {op, Enum.map(args, map), type, shape}
     end
 
     # start/end are positions inside the segment; outputs may be imported values

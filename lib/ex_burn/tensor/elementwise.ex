@@ -21,11 +21,6 @@ defmodule ExBurn.Tensor.Elementwise do
   alias ExBurn.{Native, Tensor, Type}
   alias ExBurn.Tensor.Ops
 
-  @doc false
-  def binary_ops, do: Ops.binary_ops()
-  @doc false
-  def unary_ops, do: Ops.unary_ops()
-
   for {rule, ops} <- Ops.binary_classes(), op <- ops do
     @doc "Element-wise `#{op}` with broadcasting (result type rule: `#{rule}`)."
     def unquote(op)(left, right), do: binary(unquote(op), unquote(rule), left, right)
@@ -89,8 +84,8 @@ defmodule ExBurn.Tensor.Elementwise do
 
     {_, _, type} = operands!(op, t, min)
     type = merge_operand(type, max)
-    [t, min, max] = Enum.map([t, min, max], &(to_operand!(op, &1, type, t.device) |> cast(type)))
-    wrap(Native.clip(t.ref, min.ref, max.ref))
+    [t, min, max] = Enum.map([t, min, max], &to_operand!(op, &1, type, t.device))
+    wrap(Native.clip(t.ref, min.ref, max.ref, type))
   end
 
   ## Operand handling

@@ -75,7 +75,7 @@ defmodule ExBurn.Tensor.Shape do
       fail!(op, "cannot broadcast shapes", %{from: t.shape, to: List.to_tuple(out), axes: axes})
     end
 
-    wrap(Native.broadcast(t.ref, out, axes))
+    wrap(Native.broadcast(t.ref, out, axes, t.type))
   end
 
   @doc """

@@ -111,17 +111,20 @@ defmodule ExBurn.Tensor.Util do
     wrap(ExBurn.Native.full(fit(number, type), [], type, device))
   end
 
-  # Integers are wrapped into the range of an integer type (two's complement, like a cast);
-  # integers destined for a float type become floats.
-  defp fit(number, {:u, bits}) when is_integer(number), do: Integer.mod(number, 1 <<< bits)
+  @doc """
+  Nx's rule for a number stored in `type`, the one every constant and scalar goes through:
+  integers (floats truncated first) wrap into an integer type's range like a cast (two's
+  complement); numbers for a float type become floats; `:nan`/`:infinity`/`:neg_infinity` pass.
+  """
+  def fit(number, {:u, bits}) when is_number(number), do: Integer.mod(trunc(number), 1 <<< bits)
 
-  defp fit(number, {:s, bits}) when is_integer(number) do
+  def fit(number, {:s, bits}) when is_number(number) do
     half = 1 <<< (bits - 1)
-    Integer.mod(number + half, 1 <<< bits) - half
+    Integer.mod(trunc(number) + half, 1 <<< bits) - half
   end
 
-  defp fit(number, {kind, _}) when is_integer(number) and kind in [:f, :bf], do: number * 1.0
-  defp fit(number, _type), do: number
+  def fit(number, {kind, _}) when is_number(number) and kind in [:f, :bf], do: number * 1.0
+  def fit(value, _type), do: value
 
   @doc "Casts `t` to `type` unless it already has it."
   def cast(%{__struct__: @tensor, type: type} = t, type), do: t

@@ -248,13 +248,26 @@ if Code.ensure_loaded?(Nx) do
       dev = ExBurn.default_device()
       assert {:error, {:program_new, _, _}} = ExBurn.Native.program_new(:junk, [], 0, dev)
 
-      assert {:error, {:program_new, _, _}} =
-               ExBurn.Native.program_new([{:nope, [], nil, {:f, 32}, [1]}], [0], 0, dev)
+      # an unknown op, a known op with a wrong attribute, and the former 5-tuple form are named
+      # by their position
+      for bad <- [
+            {:nope, [], {:f, 32}, [1]},
+            {{:unary, :no_such_fun}, [], {:f, 32}, [1]},
+            {{:reduce, :sum, [0], :maybe}, [], {:f, 32}, [1]},
+            {:input, [], 0, {:f, 32}, [2]}
+          ] do
+        assert {:error, {:program_new, "malformed program instruction", %{index: 1, instruction: text}}} =
+                 ExBurn.Native.program_new([{{:input, 0}, [], {:f, 32}, [1]}, bad], [0], 1, dev)
 
-      assert {:error, {:program_new, _, _}} =
-               ExBurn.Native.program_new([{:unary, [0], :exp, {:f, 32}, [1]}], [0], 0, dev)
+        op = elem(bad, 0)
+        assert text =~ Atom.to_string(if is_tuple(op), do: elem(op, 0), else: op)
+      end
 
-      {:ok, prog} = ExBurn.Native.program_new([{:input, [], 0, {:f, 32}, [2]}], [0], 1, dev)
+      # well formed, but reading an operand that does not precede it
+      assert {:error, {:program_new, _, _}} =
+               ExBurn.Native.program_new([{{:unary, :exp}, [0], {:f, 32}, [1]}], [0], 0, dev)
+
+      {:ok, prog} = ExBurn.Native.program_new([{{:input, 0}, [], {:f, 32}, [2]}], [0], 1, dev)
       assert {:error, {:program_run, _, _}} = ExBurn.Native.program_run(prog, [])
       assert {:error, {:program_run, _, _}} = ExBurn.Native.program_run(:junk, [])
       wrong = burn([1.0, 2.0, 3.0])

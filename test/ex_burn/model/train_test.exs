@@ -176,18 +176,6 @@ defmodule ExBurn.Model.TrainTest do
     assert Model.evaluate(unclipped, {x, y}) < untrained_loss / 4
   end
 
-  test "fit_with_progress/3 is a deprecated delegate of fit_with_history/3" do
-    {x, y} = xor()
-    {model, history} = Model.fit_with_progress(xor_model(), {x, y}, epochs: 2, batch_size: 4)
-    assert model.history == history and length(history) == 2
-    assert {:fit_with_progress, 3} in deprecated_functions(Model)
-  end
-
-  defp deprecated_functions(module) do
-    {:docs_v1, _, _, _, _, _, docs} = Code.fetch_docs(module)
-    for {{:function, name, arity}, _, _, _, %{deprecated: _}} <- docs, do: {name, arity}
-  end
-
   test "the epoch NIF reports a cancellation as kind: :cancelled, not by its message" do
     {x, y} = xor()
     model = xor_model()

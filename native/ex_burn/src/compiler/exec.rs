@@ -133,10 +133,7 @@ impl Program {
             Op::Binary { op, compute } => ew::binary(*op, a[0], a[1], *compute),
             Op::ClampScalar { max, bound, compute } => ew::clamp_scalar(&ew::as_type(a[0], *compute)?, *max, *bound),
             Op::Select => ew::select(a[0], a[1], a[2], ty),
-            Op::Clip => {
-                let (x, lo, hi) = (ew::as_type(a[0], ty)?, ew::as_type(a[1], ty)?, ew::as_type(a[2], ty)?);
-                ew::clip(&x, &lo, &hi)
-            }
+            Op::Clip => ew::clip(a[0], a[1], a[2], ty),
             Op::AsType => ew::as_type(a[0], ty),
             Op::Reduce { op, axes, keep } => reduce::reduce(*op, a[0], axes.clone(), *keep, ty),
             Op::Softmax { recip } => reduce::softmax_last(a[0], *recip, ty),
@@ -144,11 +141,14 @@ impl Program {
             Op::Dot { a: sa, b: sb } => linalg::dot(a[0], sa, a[1], sb, ty),
             Op::Reshape => sh::reshape(a[0], shape),
             Op::Transpose(axes) => sh::transpose(a[0], axes.clone()),
-            Op::Broadcast(axes) => sh::broadcast(&ew::as_type(a[0], ty)?, shape, axes.clone()),
-            Op::Slice { starts, lengths, strides } => sh::slice(a[0], starts.clone(), lengths.clone(), strides.clone()),
+            Op::Broadcast(axes) => sh::broadcast(a[0], shape, axes.clone(), ty),
+            Op::Slice { starts, lengths, strides } => {
+                let starts: Vec<_> = starts.iter().map(|&s| indexing::Start::Fixed(s)).collect();
+                indexing::slice(a[0], &starts, lengths.clone(), strides.clone())
+            }
             Op::Concatenate(axis) => sh::concatenate(&owned(a), *axis, ty),
             Op::Stack(axis) => sh::stack(&owned(a), *axis, ty),
-            Op::Reverse(axes) => indexing::reverse(&ew::as_type(a[0], ty)?, axes.clone()),
+            Op::Reverse(axes) => indexing::reverse(a[0], axes.clone(), ty),
             Op::Alias => Ok(a[0].clone()),
             Op::Bitcast => {
                 if a[0].ty.bytes() != ty.bytes() {
@@ -158,11 +158,11 @@ impl Program {
             }
             Op::Conv(spec) => conv::conv(a[0], a[1], spec, ty),
             Op::Window { op, spec } => window::window_reduce(*op, a[0], spec, ty),
-            Op::Sort { axis, desc } => indexing::sort(a[0], *axis, *desc),
+            Op::Sort { axis, desc } => indexing::sort(a[0], *axis, *desc, ty),
             Op::ArgSort { axis, desc } => indexing::argsort(a[0], *axis, *desc, ty),
-            Op::PadInterior(interior) => window::pad_interior(a[0], a[1], interior.clone()),
+            Op::Pad(config) => window::pad(a[0], a[1], config, ty),
             Op::DynSlice { lengths, strides } => indexing::slice(a[0], &starts(&a[1..]), lengths.clone(), strides.clone()),
-            Op::PutSlice => indexing::put_slice_at(a[0], &starts(&a[2..]), a[1]),
+            Op::PutSlice => indexing::put_slice_at(a[0], &starts(&a[2..]), a[1], ty),
             Op::Gather(axes) => indexing::gather_axes(a[0], a[1], axes),
             Op::Indexed { op, axes } => indexing::indexed_axes(*op, a[0], a[1], a[2], axes, ty),
             Op::Cond { .. } | Op::Pick { .. } | Op::LoopVar | Op::While { .. } => unreachable!("run by exec"),

@@ -35,7 +35,8 @@ pub enum Op {
     Reshape,
     Transpose(Vec<usize>),
     Broadcast(Vec<usize>),
-    Slice { starts: Vec<usize>, lengths: Vec<usize>, strides: Vec<usize> },
+    /// Starts clamped as Nx does (`ops::indexing::clamp_starts`) when the op runs.
+    Slice { starts: Vec<i64>, lengths: Vec<usize>, strides: Vec<usize> },
     Concatenate(usize),
     Stack(usize),
     Reverse(Vec<usize>),
@@ -45,15 +46,14 @@ pub enum Op {
     Bitcast,
     Conv(ConvSpec),
     Window { op: WindowOp, spec: WindowSpec },
-    /// Operand already in the result type (the lowering casts it, like the backend).
     Sort { axis: usize, desc: bool },
     ArgSort { axis: usize, desc: bool },
-    /// Operands: tensor, one-element pad value, both in the result type.
-    PadInterior(Vec<usize>),
+    /// Nx.pad, `(lo, hi, interior)` per axis. Operands: tensor, one-element pad value.
+    Pad(Vec<(i64, i64, usize)>),
     /// Operands: tensor, then one scalar start per axis, read at run time and clamped so the
     /// window fits (Nx's rule).
     DynSlice { lengths: Vec<usize>, strides: Vec<usize> },
-    /// Operands: tensor (in the result type), update, then one scalar start per axis.
+    /// Operands: tensor, update, then one scalar start per axis.
     PutSlice,
     /// Operands: tensor, source, init value; the tensor is compared in `select`.
     WindowScatter { max: bool, dims: Vec<usize>, strides: Vec<usize>, padding: Vec<(i64, i64)>, select: NxType },
@@ -99,7 +99,7 @@ pub(super) fn arity(op: &Op) -> Option<usize> {
         Op::Transpose(_) | Op::Broadcast(_) | Op::Slice { .. } | Op::Reverse(_) | Op::Alias | Op::Bitcast => 1,
         Op::Binary { .. } | Op::Dot { .. } => 2,
         Op::Select | Op::Clip => 3,
-        Op::Conv(_) | Op::PadInterior(_) | Op::Gather(_) => 2,
+        Op::Conv(_) | Op::Pad(_) | Op::Gather(_) => 2,
         Op::Window { .. } | Op::Sort { .. } | Op::ArgSort { .. } => 1,
         Op::Indexed { .. } | Op::WindowScatter { .. } => 3,
         Op::Concatenate(_) | Op::Stack(_) | Op::DynSlice { .. } | Op::PutSlice => return None,

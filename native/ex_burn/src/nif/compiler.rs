@@ -7,8 +7,12 @@ use rustler::{Env, ResourceArc, Term};
 use super::resource::{arg_list, TensorOut};
 use super::{guard, term};
 use crate::compiler::{Branch, Instr, Op, Program};
-use crate::error::{ExError, ExResult};
+use crate::dtype::NxType;
+use crate::error::{Detail, ExError, ExResult};
+use crate::ops::conv::ConvSpec;
 use crate::ops::linalg::DotSpec;
+use crate::ops::vocab::{ArgReduceOp, BinaryOp, IndexedOp, ReduceOp, UnaryOp, WindowOp};
+use crate::ops::window::WindowSpec;
 
 pub struct ProgramRes(pub Program);
 
@@ -19,130 +23,127 @@ impl RefUnwindSafe for ProgramRes {}
 #[rustler::resource_impl]
 impl rustler::Resource for ProgramRes {}
 
-fn attr_err(expected: &'static str) -> ExError {
-    ExError::Arg { name: "instruction", expected }
+/// An instruction's op as `ExBurn.Defn.Lower` emits it: unit ops are atoms (`:eye`), the others
+/// tuples tagged with their name (`{:binary, :add, {:f, 32}}`). The one definition of the
+/// program vocabulary's term shapes; `op` turns it into the core's `Op`.
+#[derive(rustler::NifTaggedEnum)]
+#[rustler(decode)]
+enum Wire {
+    /// The n-th run-time input.
+    Input(usize),
+    Full(term::Number),
+    /// `nil` or the axis.
+    Iota(Option<usize>),
+    Eye,
+    Unary(UnaryOp),
+    /// The op and the type it computes in.
+    Binary(BinaryOp, NxType),
+    Select,
+    Clip,
+    AsType,
+    Reshape,
+    Alias,
+    Bitcast,
+    /// The op, `nil` or the axes, keep_axes.
+    Reduce(ReduceOp, Option<Vec<usize>>, bool),
+    /// The op, `nil` or the axis, keep_axis, whether ties take the last index.
+    ArgReduce(ArgReduceOp, Option<usize>, bool, bool),
+    /// Contract and batch axes of the left operand, then of the right one.
+    Dot(Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>),
+    Transpose(Vec<usize>),
+    Broadcast(Vec<usize>),
+    Reverse(Vec<usize>),
+    /// Starts (clamped by the op as Nx does), lengths, strides.
+    Slice(Vec<i64>, Vec<usize>, Vec<usize>),
+    Concatenate(usize),
+    Stack(usize),
+    Conv(ConvSpec),
+    Window(WindowOp, WindowSpec),
+    /// Axis, descending.
+    Sort(usize, bool),
+    Argsort(usize, bool),
+    /// `{lo, hi, interior}` per axis.
+    Pad(Vec<(i64, i64, usize)>),
+    /// Lengths, strides; the starts are operands.
+    DynamicSlice(Vec<usize>, Vec<usize>),
+    PutSlice,
+    /// `[{predicate, body}]` branches and the last branch, each `{start, end, outputs}`.
+    Cond(Vec<(Branch, Branch)>, Branch),
+    LoopVar,
+    /// Loop slots, condition and body branches.
+    While(Vec<usize>, Branch, Branch),
+    /// The cond or while instruction, and which of its outputs.
+    Pick(usize, usize),
+    /// Whether max, window dimensions, strides, padding, the type the tensor is compared in.
+    WindowScatter(bool, Vec<usize>, Vec<usize>, Vec<(i64, i64)>, NxType),
+    Gather(Vec<usize>),
+    Indexed(IndexedOp, Vec<usize>),
 }
 
-fn decode_op(name: &str, attrs: Term, ty: crate::dtype::NxType) -> ExResult<Op> {
-    Ok(match name {
-        "input" => Op::Input(term::usize_arg(attrs, "input")?),
-        "full" => Op::Full(term::scalar(attrs, ty)?),
-        "iota" => Op::Iota(term::opt_usize(attrs, "axis")?),
-        "eye" => Op::Eye,
-        "unary" => Op::Unary(term::op(attrs)?),
-        "binary" => {
-            let (op, compute): (Term, Term) = attrs.decode().map_err(|_| attr_err("{op, compute_type}"))?;
-            Op::Binary { op: term::op(op)?, compute: term::decode_type(compute)? }
-        }
-        "select" => Op::Select,
-        "clip" => Op::Clip,
-        "as_type" => Op::AsType,
-        "reshape" => Op::Reshape,
-        "alias" => Op::Alias,
-        "bitcast" => Op::Bitcast,
-        "reduce" => {
-            let (op, axes, keep): (Term, Term, Term) = attrs.decode().map_err(|_| attr_err("{op, axes, keep}"))?;
-            Op::Reduce { op: term::op(op)?, axes: term::opt_axes(axes, "axes")?, keep: term::boolean(keep, "keep")? }
-        }
-        "arg_reduce" => {
-            let (op, axis, keep, high): (Term, Term, Term, Term) =
-                attrs.decode().map_err(|_| attr_err("{op, axis, keep, high}"))?;
-            Op::ArgReduce {
-                op: term::op(op)?,
-                axis: term::opt_usize(axis, "axis")?,
-                keep: term::boolean(keep, "keep")?,
-                high: term::boolean(high, "high")?,
-            }
-        }
-        "dot" => {
-            let (ca, ba, cb, bb): (Term, Term, Term, Term) =
-                attrs.decode().map_err(|_| attr_err("{contract_a, batch_a, contract_b, batch_b}"))?;
-            Op::Dot {
-                a: DotSpec { contract: term::usizes(ca, "contract_axes")?, batch: term::usizes(ba, "batch_axes")? },
-                b: DotSpec { contract: term::usizes(cb, "contract_axes")?, batch: term::usizes(bb, "batch_axes")? },
-            }
-        }
-        "transpose" => Op::Transpose(term::usizes(attrs, "axes")?),
-        "broadcast" => Op::Broadcast(term::usizes(attrs, "axes")?),
-        "reverse" => Op::Reverse(term::usizes(attrs, "axes")?),
-        "slice" => {
-            let (s, l, st): (Term, Term, Term) = attrs.decode().map_err(|_| attr_err("{starts, lengths, strides}"))?;
-            Op::Slice { starts: term::usizes(s, "starts")?, lengths: term::usizes(l, "lengths")?, strides: term::usizes(st, "strides")? }
-        }
-        "concatenate" => Op::Concatenate(term::usize_arg(attrs, "axis")?),
-        "stack" => Op::Stack(term::usize_arg(attrs, "axis")?),
-        "conv" => Op::Conv(super::conv::spec(attrs)?),
-        "window" => {
-            let (op, spec): (Term, Term) = attrs.decode().map_err(|_| attr_err("{op, spec}"))?;
-            Op::Window { op: term::op(op)?, spec: super::window::spec(spec)? }
-        }
-        "sort" | "argsort" => {
-            let (axis, desc): (Term, Term) = attrs.decode().map_err(|_| attr_err("{axis, descending}"))?;
-            let (axis, desc) = (term::usize_arg(axis, "axis")?, term::boolean(desc, "descending")?);
-            if name == "sort" {
-                Op::Sort { axis, desc }
-            } else {
-                Op::ArgSort { axis, desc }
-            }
-        }
-        "pad_interior" => Op::PadInterior(term::usizes(attrs, "interior")?),
-        "dynamic_slice" => {
-            let (l, st): (Term, Term) = attrs.decode().map_err(|_| attr_err("{lengths, strides}"))?;
-            Op::DynSlice { lengths: term::usizes(l, "lengths")?, strides: term::usizes(st, "strides")? }
-        }
-        "put_slice" => Op::PutSlice,
-        "cond" => {
-            let (clauses, last): (Vec<(Term, Term)>, Term) = attrs.decode().map_err(|_| attr_err("{[{pred, body}], last}"))?;
-            let clauses = clauses.into_iter().map(|(p, b)| Ok((branch(p)?, branch(b)?))).collect::<ExResult<Vec<_>>>()?;
-            Op::Cond { clauses, last: branch(last)? }
-        }
-        "loop_var" => Op::LoopVar,
-        "while" => {
-            let (vars, cond, body): (Term, Term, Term) = attrs.decode().map_err(|_| attr_err("{vars, cond, body}"))?;
-            Op::While { vars: term::usizes(vars, "vars")?, cond: branch(cond)?, body: branch(body)? }
-        }
-        "pick" => {
-            let (cond, out): (Term, Term) = attrs.decode().map_err(|_| attr_err("{cond, output}"))?;
-            Op::Pick { cond: term::usize_arg(cond, "cond")?, out: term::usize_arg(out, "output")? }
-        }
-        "window_scatter" => {
-            let (max, dims, strides, padding, select): (Term, Term, Term, Term, Term) =
-                attrs.decode().map_err(|_| attr_err("{max, window_dimensions, strides, padding, select_type}"))?;
-            Op::WindowScatter {
-                max: term::boolean(max, "max")?,
-                dims: term::usizes(dims, "window_dimensions")?,
-                strides: term::usizes(strides, "strides")?,
-                padding: super::conv::pairs(padding, "padding")?,
-                select: term::decode_type(select)?,
-            }
-        }
-        "gather" => Op::Gather(term::usizes(attrs, "axes")?),
-        "indexed" => {
-            let (op, axes): (Term, Term) = attrs.decode().map_err(|_| attr_err("{:add | :put, axes}"))?;
-            Op::Indexed { op: term::op(op)?, axes: term::usizes(axes, "axes")? }
-        }
-        _ => return Err(ExError::invalid(format!("unknown program op {name}"))),
+impl<'a> rustler::Decoder<'a> for Branch {
+    fn decode(term: Term<'a>) -> rustler::NifResult<Self> {
+        let (start, end, outs): (usize, usize, Vec<usize>) = term.decode()?;
+        Ok(Branch { start, end, outs })
+    }
+}
+
+fn op(wire: Wire, ty: NxType) -> ExResult<Op> {
+    Ok(match wire {
+        Wire::Input(n) => Op::Input(n),
+        Wire::Full(v) => Op::Full(v.scalar(ty)?),
+        Wire::Iota(axis) => Op::Iota(axis),
+        Wire::Eye => Op::Eye,
+        Wire::Unary(op) => Op::Unary(op),
+        Wire::Binary(op, compute) => Op::Binary { op, compute },
+        Wire::Select => Op::Select,
+        Wire::Clip => Op::Clip,
+        Wire::AsType => Op::AsType,
+        Wire::Reshape => Op::Reshape,
+        Wire::Alias => Op::Alias,
+        Wire::Bitcast => Op::Bitcast,
+        Wire::Reduce(op, axes, keep) => Op::Reduce { op, axes, keep },
+        Wire::ArgReduce(op, axis, keep, high) => Op::ArgReduce { op, axis, keep, high },
+        Wire::Dot(ca, ba, cb, bb) => Op::Dot { a: DotSpec { contract: ca, batch: ba }, b: DotSpec { contract: cb, batch: bb } },
+        Wire::Transpose(axes) => Op::Transpose(axes),
+        Wire::Broadcast(axes) => Op::Broadcast(axes),
+        Wire::Reverse(axes) => Op::Reverse(axes),
+        Wire::Slice(starts, lengths, strides) => Op::Slice { starts, lengths, strides },
+        Wire::Concatenate(axis) => Op::Concatenate(axis),
+        Wire::Stack(axis) => Op::Stack(axis),
+        Wire::Conv(spec) => Op::Conv(spec),
+        Wire::Window(op, spec) => Op::Window { op, spec },
+        Wire::Sort(axis, desc) => Op::Sort { axis, desc },
+        Wire::Argsort(axis, desc) => Op::ArgSort { axis, desc },
+        Wire::Pad(config) => Op::Pad(config),
+        Wire::DynamicSlice(lengths, strides) => Op::DynSlice { lengths, strides },
+        Wire::PutSlice => Op::PutSlice,
+        Wire::Cond(clauses, last) => Op::Cond { clauses, last },
+        Wire::LoopVar => Op::LoopVar,
+        Wire::While(vars, cond, body) => Op::While { vars, cond, body },
+        Wire::Pick(cond, out) => Op::Pick { cond, out },
+        Wire::WindowScatter(max, dims, strides, padding, select) => Op::WindowScatter { max, dims, strides, padding, select },
+        Wire::Gather(axes) => Op::Gather(axes),
+        Wire::Indexed(op, axes) => Op::Indexed { op, axes },
     })
 }
 
-fn branch(t: Term) -> ExResult<Branch> {
-    let (start, end, outs): (Term, Term, Term) = t.decode().map_err(|_| attr_err("{start, end, outputs}"))?;
-    Ok(Branch { start: term::usize_arg(start, "start")?, end: term::usize_arg(end, "end")?, outs: term::usizes(outs, "outputs")? })
-}
-
-fn decode_instr(t: Term) -> ExResult<Instr> {
-    let (op, args, attrs, ty, shape): (Term, Term, Term, Term, Term) =
-        t.decode().map_err(|_| attr_err("{op, args, attrs, type, shape}"))?;
-    let ty = term::decode_type(ty)?;
-    let name = term::atom(op, "op")?;
-    Ok(Instr { op: decode_op(&name, attrs, ty)?, args: term::usizes(args, "args")?, ty, shape: term::usizes(shape, "shape")? })
+/// `{op, args, type, shape}`; a malformed one is named by its position and its term.
+fn decode_instr(index: usize, t: Term) -> ExResult<Instr> {
+    let bad = || {
+        ExError::invalid_with(
+            "malformed program instruction",
+            vec![("index", Detail::Int(index as i128)), ("instruction", Detail::Text(format!("{t:?}")))],
+        )
+    };
+    let (wire, args, ty, shape): (Wire, Vec<usize>, NxType, Vec<usize>) = t.decode().map_err(|_| bad())?;
+    Ok(Instr { op: op(wire, ty)?, args, ty, shape })
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
 fn program_new<'a>(env: Env<'a>, instrs: Term<'a>, outputs: Term<'a>, inputs: Term<'a>, device: Term<'a>) -> Term<'a> {
     guard(env, "program_new", || {
         let list: Vec<Term> = instrs.decode().map_err(|_| ExError::Arg { name: "instructions", expected: "a list" })?;
-        let instrs = list.into_iter().map(decode_instr).collect::<ExResult<Vec<_>>>()?;
+        let instrs = list.into_iter().enumerate().map(|(i, t)| decode_instr(i, t)).collect::<ExResult<Vec<_>>>()?;
         let program = Program::new(
             instrs,
             term::usizes(outputs, "outputs")?,

@@ -31,6 +31,12 @@ pub(super) fn spec(opts: Term) -> ExResult<ConvSpec> {
     })
 }
 
+impl<'a> rustler::Decoder<'a> for ConvSpec {
+    fn decode(term: Term<'a>) -> rustler::NifResult<Self> {
+        spec(term).map_err(|_| rustler::Error::BadArg)
+    }
+}
+
 /// `opts`: `{strides, padding, input_dilation, kernel_dilation, feature_group_size,
 /// batch_group_size, input_permutation, kernel_permutation, output_permutation}`.
 #[rustler::nif(schedule = "DirtyCpu")]

@@ -47,8 +47,8 @@ fn select<'a>(env: Env<'a>, pred: Term<'a>, on_true: Term<'a>, on_false: Term<'a
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn clip<'a>(env: Env<'a>, t: Term<'a>, min: Term<'a>, max: Term<'a>) -> Term<'a> {
-    guard(env, "clip", || Ok(TensorOut(ew::clip(&arg(t)?, &arg(min)?, &arg(max)?)?)))
+fn clip<'a>(env: Env<'a>, t: Term<'a>, min: Term<'a>, max: Term<'a>, out_type: Term<'a>) -> Term<'a> {
+    guard(env, "clip", || Ok(TensorOut(ew::clip(&arg(t)?, &arg(min)?, &arg(max)?, term::decode_type(out_type)?)?)))
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]

@@ -20,15 +20,15 @@ pub(super) fn starts(list: Term) -> crate::error::ExResult<Vec<Start>> {
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn reverse<'a>(env: Env<'a>, t: Term<'a>, axes: Term<'a>) -> Term<'a> {
-    guard(env, "reverse", || Ok(TensorOut(ix::reverse(&arg(t)?, term::usizes(axes, "axes")?)?)))
+fn reverse<'a>(env: Env<'a>, t: Term<'a>, axes: Term<'a>, out_type: Term<'a>) -> Term<'a> {
+    guard(env, "reverse", || Ok(TensorOut(ix::reverse(&arg(t)?, term::usizes(axes, "axes")?, term::decode_type(out_type)?)?)))
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn sort<'a>(env: Env<'a>, t: Term<'a>, axis: Term<'a>, descending: Term<'a>) -> Term<'a> {
+fn sort<'a>(env: Env<'a>, t: Term<'a>, axis: Term<'a>, descending: Term<'a>, out_type: Term<'a>) -> Term<'a> {
     guard(env, "sort", || {
         let (axis, desc) = (term::usize_arg(axis, "axis")?, term::boolean(descending, "descending")?);
-        Ok(TensorOut(ix::sort(&arg(t)?, axis, desc)?))
+        Ok(TensorOut(ix::sort(&arg(t)?, axis, desc, term::decode_type(out_type)?)?))
     })
 }
 
@@ -49,8 +49,10 @@ fn cumulative<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, axis: Term<'a>, rever
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn put_slice<'a>(env: Env<'a>, t: Term<'a>, starts: Term<'a>, update: Term<'a>) -> Term<'a> {
-    guard(env, "put_slice", || Ok(TensorOut(ix::put_slice_at(&arg(t)?, &self::starts(starts)?, &arg(update)?)?)))
+fn put_slice<'a>(env: Env<'a>, t: Term<'a>, starts: Term<'a>, update: Term<'a>, out_type: Term<'a>) -> Term<'a> {
+    guard(env, "put_slice", || {
+        Ok(TensorOut(ix::put_slice_at(&arg(t)?, &self::starts(starts)?, &arg(update)?, term::decode_type(out_type)?)?))
+    })
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]

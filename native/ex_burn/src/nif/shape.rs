@@ -17,10 +17,10 @@ fn transpose<'a>(env: Env<'a>, t: Term<'a>, axes: Term<'a>) -> Term<'a> {
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn broadcast<'a>(env: Env<'a>, t: Term<'a>, shape: Term<'a>, axes: Term<'a>) -> Term<'a> {
+fn broadcast<'a>(env: Env<'a>, t: Term<'a>, shape: Term<'a>, axes: Term<'a>, out_type: Term<'a>) -> Term<'a> {
     guard(env, "broadcast", || {
         let (shape, axes) = (term::usizes(shape, "shape")?, term::usizes(axes, "axes")?);
-        Ok(TensorOut(s::broadcast(&arg(t)?, shape, axes)?))
+        Ok(TensorOut(s::broadcast(&arg(t)?, shape, axes, term::decode_type(out_type)?)?))
     })
 }
 

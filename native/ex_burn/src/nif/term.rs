@@ -107,33 +107,76 @@ pub fn op<V: crate::ops::vocab::Vocabulary>(term: Term) -> ExResult<V> {
     })
 }
 
+/// A number as Nx hands it over: an integer, a float, or `:infinity`/`:neg_infinity`/`:nan`.
+#[derive(Clone, Copy, Debug)]
+pub enum Number {
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    NonFinite(&'static str, f64),
+}
+
+impl<'a> rustler::Decoder<'a> for Number {
+    fn decode(term: Term<'a>) -> rustler::NifResult<Self> {
+        if let Ok(name) = term.atom_to_string() {
+            return match name.as_str() {
+                "infinity" => Ok(Number::NonFinite("infinity", f64::INFINITY)),
+                "neg_infinity" => Ok(Number::NonFinite("neg_infinity", f64::NEG_INFINITY)),
+                "nan" => Ok(Number::NonFinite("nan", f64::NAN)),
+                _ => Err(rustler::Error::BadArg),
+            };
+        }
+        term.decode::<i64>()
+            .map(Number::Int)
+            .or_else(|_| term.decode::<u64>().map(Number::UInt))
+            .or_else(|_| term.decode::<f64>().map(Number::Float))
+    }
+}
+
+impl Number {
+    /// The fill value for a tensor of type `ty` (floats become integers by truncation).
+    pub fn scalar(self, ty: NxType) -> ExResult<Scalar> {
+        Ok(match self {
+            Number::NonFinite(name, _) if !ty.is_float() => {
+                return Err(ExError::invalid(format!("{name} is not representable in {ty}")))
+            }
+            Number::NonFinite(_, v) | Number::Float(v) if ty.is_float() => Scalar::Float(v),
+            Number::Int(i) if ty.is_float() => Scalar::Float(i as f64),
+            Number::UInt(u) if ty.is_float() => Scalar::Float(u as f64),
+            Number::Int(i) if ty.is_unsigned() => Scalar::UInt(i as u64),
+            Number::Int(i) => Scalar::Int(i),
+            Number::UInt(u) => Scalar::UInt(u),
+            Number::Float(f) | Number::NonFinite(_, f) => Scalar::Int(f.trunc() as i64),
+        })
+    }
+}
+
 /// A fill value for a tensor of type `ty`: a number, or `:infinity`/`:neg_infinity`/`:nan`.
 pub fn scalar(term: Term, ty: NxType) -> ExResult<Scalar> {
     let bad = ExError::Arg { name: "value", expected: "a number, :infinity, :neg_infinity or :nan" };
-    if let Ok(name) = term.atom_to_string() {
-        let v = match name.as_str() {
-            "infinity" => f64::INFINITY,
-            "neg_infinity" => f64::NEG_INFINITY,
-            "nan" => f64::NAN,
-            _ => return Err(bad),
-        };
-        if !ty.is_float() {
-            return Err(ExError::invalid(format!("{name} is not representable in {ty}")));
-        }
-        return Ok(Scalar::Float(v));
-    }
-    if let Ok(i) = term.decode::<i64>() {
-        return Ok(match ty {
-            t if t.is_float() => Scalar::Float(i as f64),
-            t if t.is_unsigned() => Scalar::UInt(i as u64),
-            _ => Scalar::Int(i),
-        });
-    }
-    if let Ok(u) = term.decode::<u64>() {
-        return Ok(if ty.is_float() { Scalar::Float(u as f64) } else { Scalar::UInt(u) });
-    }
-    if let Ok(f) = term.decode::<f64>() {
-        return Ok(if ty.is_float() { Scalar::Float(f) } else { Scalar::Int(f.trunc() as i64) });
-    }
-    Err(bad)
+    term.decode::<Number>().map_err(|_| bad)?.scalar(ty)
 }
+
+impl<'a> rustler::Decoder<'a> for NxType {
+    fn decode(term: Term<'a>) -> rustler::NifResult<Self> {
+        decode_type(term).map_err(|_| rustler::Error::BadArg)
+    }
+}
+
+macro_rules! vocabulary_decoders {
+    ($($vocabulary:ty),*) => {$(
+        impl<'a> rustler::Decoder<'a> for $vocabulary {
+            fn decode(term: Term<'a>) -> rustler::NifResult<Self> {
+                op(term).map_err(|_| rustler::Error::BadArg)
+            }
+        }
+    )*};
+}
+vocabulary_decoders!(
+    crate::ops::vocab::UnaryOp,
+    crate::ops::vocab::BinaryOp,
+    crate::ops::vocab::ReduceOp,
+    crate::ops::vocab::ArgReduceOp,
+    crate::ops::vocab::WindowOp,
+    crate::ops::vocab::IndexedOp
+);

@@ -22,6 +22,12 @@ pub(super) fn spec(opts: Term) -> ExResult<WindowSpec> {
     })
 }
 
+impl<'a> rustler::Decoder<'a> for WindowSpec {
+    fn decode(term: Term<'a>) -> rustler::NifResult<Self> {
+        spec(term).map_err(|_| rustler::Error::BadArg)
+    }
+}
+
 /// `op`: `:window_sum | :window_product | :window_max | :window_min`.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn window_reduce<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, opts: Term<'a>, out_type: Term<'a>) -> Term<'a> {
@@ -62,7 +68,12 @@ fn window_scatter<'a>(
     })
 }
 
+/// `config`: `[{lo, hi, interior}, ...]`, one per axis (negative edges allowed).
+pub(super) fn pad_config(config: Term) -> ExResult<Vec<(i64, i64, usize)>> {
+    config.decode().map_err(|_| ExError::Arg { name: "config", expected: "a list of {lo, hi, interior} integers, interior >= 0" })
+}
+
 #[rustler::nif(schedule = "DirtyCpu")]
-fn pad_interior<'a>(env: Env<'a>, t: Term<'a>, value: Term<'a>, interior: Term<'a>) -> Term<'a> {
-    guard(env, "pad", || Ok(TensorOut(window::pad_interior(&arg(t)?, &arg(value)?, term::usizes(interior, "interior")?)?)))
+fn pad<'a>(env: Env<'a>, t: Term<'a>, value: Term<'a>, config: Term<'a>, out_type: Term<'a>) -> Term<'a> {
+    guard(env, "pad", || Ok(TensorOut(window::pad(&arg(t)?, &arg(value)?, &pad_config(config)?, term::decode_type(out_type)?)?)))
 }

@@ -40,6 +40,13 @@ pub fn full(value: Scalar, shape: Vec<usize>, ty: NxType, device: DeviceRef) -> 
     if let Some(e) = prepare(&shape, ty, device)? {
         return Ok(e);
     }
+    // Burn's integer fill converts through i64, so the top half of u64 is written as bytes.
+    if let (Scalar::UInt(v), NxType::U(64)) = (value, ty) {
+        if v > i64::MAX as u64 {
+            let n = crate::tensor::numel(&shape);
+            return Handle::from_bytes(v.to_ne_bytes().repeat(n), shape, ty, device);
+        }
+    }
     let prim = dispatch::full(&shape, value, ty.dtype(), &device.burn()?);
     Ok(Handle::new(prim, ty, shape, device))
 }
@@ -118,6 +125,14 @@ mod tests {
             let value = if ty.is_float() { Scalar::Float(3.0) } else { Scalar::Int(3) };
             let h = full(value, vec![2, 2], ty, crate::testing::device()).unwrap();
             assert_eq!(floats(&as_f64(&h)), vec![3.0; 4], "{ty}");
+        }
+    }
+
+    #[test]
+    fn the_top_half_of_u64_fills_exactly() {
+        for v in [u64::MAX, i64::MAX as u64 + 1, 7] {
+            let h = full(Scalar::UInt(v), vec![3], NxType::U(64), crate::testing::device()).unwrap();
+            assert_eq!(h.to_bytes().unwrap(), v.to_ne_bytes().repeat(3), "{v}");
         }
     }
 

@@ -706,7 +706,9 @@ pub fn select(p: &Handle, t: &Handle, f: &Handle, ty: NxType) -> ExResult<Handle
 }
 
 /// Nx.clip: bounds broadcast to the tensor's shape, result in the tensor's type.
-pub fn clip(h: &Handle, lo: &Handle, hi: &Handle) -> ExResult<Handle> {
+/// Nx.clip: the tensor and both bounds are taken in `ty`, the result type.
+pub fn clip(h: &Handle, lo: &Handle, hi: &Handle, ty: NxType) -> ExResult<Handle> {
+    let (h, lo, hi) = (&as_type(h, ty)?, &as_type(lo, ty)?, &as_type(hi, ty)?);
     for bound in [lo, hi] {
         if broadcast_shape(&h.shape, &bound.shape)? != h.shape {
             return Err(ExError::Broadcast { lhs: h.shape.clone(), rhs: bound.shape.clone() });
@@ -1058,7 +1060,7 @@ mod tests {
         let p = as_type(&i64s(&[1, 0, 1], &[3]), PRED).unwrap();
         let s = select(&p, &f32s(&[1.0, 2.0, 3.0], &[3]), &f32s(&[-1.0], &[]), NxType::F(32)).unwrap();
         assert_eq!(floats(&s), vec![1.0, -1.0, 3.0]);
-        let c = clip(&f32s(&[-5.0, 0.5, 5.0], &[3]), &f32s(&[0.0], &[]), &f32s(&[1.0], &[])).unwrap();
+        let c = clip(&f32s(&[-5.0, 0.5, 5.0], &[3]), &f32s(&[0.0], &[]), &f32s(&[1.0], &[]), NxType::F(32)).unwrap();
         assert_eq!(floats(&c), vec![0.0, 0.5, 1.0]);
     }
 }

@@ -25,8 +25,10 @@ fn check_axis(axis: usize, h: &Handle) -> ExResult<()> {
 }
 
 /// Nx.reverse over `axes`.
-pub fn reverse(h: &Handle, axes: Vec<usize>) -> ExResult<Handle> {
+/// Nx.reverse, the result in `ty`.
+pub fn reverse(h: &Handle, axes: Vec<usize>, ty: NxType) -> ExResult<Handle> {
     check_axes(&axes, h.rank())?;
+    let h = &elementwise::as_type(h, ty)?;
     if h.numel() == 0 || axes.is_empty() {
         return Ok(h.clone());
     }
@@ -90,9 +92,10 @@ pub fn argsort(h: &Handle, axis: usize, descending: bool, out: NxType) -> ExResu
     Ok(Handle::new(dispatch::cast(idx, out.dtype()), out, h.shape.clone(), h.device))
 }
 
-/// Nx.sort along `axis` (values in stable-argsort order).
-pub fn sort(h: &Handle, axis: usize, descending: bool) -> ExResult<Handle> {
+/// Nx.sort along `axis` (values in stable-argsort order), the result in `ty`.
+pub fn sort(h: &Handle, axis: usize, descending: bool, ty: NxType) -> ExResult<Handle> {
     check_axis(axis, h)?;
+    let h = &elementwise::as_type(h, ty)?;
     if h.numel() == 0 {
         return Ok(h.clone());
     }
@@ -285,9 +288,9 @@ pub fn slice(h: &Handle, starts: &[Start], lengths: Vec<usize>, strides: Vec<usi
 }
 
 /// Nx.put_slice with Nx's start clamping.
-pub fn put_slice_at(h: &Handle, starts: &[Start], update: &Handle) -> ExResult<Handle> {
+pub fn put_slice_at(h: &Handle, starts: &[Start], update: &Handle, ty: NxType) -> ExResult<Handle> {
     let starts = clamp_starts(starts, &h.shape, &update.shape)?;
-    put_slice(h, starts, update)
+    put_slice(&elementwise::as_type(h, ty)?, starts, update)
 }
 
 /// Elixir's inspect of a shape tuple, for Nx's error messages.
@@ -375,7 +378,7 @@ mod tests {
         assert_eq!(ints(&asc), vec![1, 4, 3, 0, 2, 5]);
         let desc = argsort(&x, 0, true, NxType::S(64)).unwrap();
         assert_eq!(ints(&desc), vec![0, 2, 5, 3, 1, 4]);
-        let s = sort(&x, 0, false).unwrap();
+        let s = sort(&x, 0, false, x.ty).unwrap();
         assert_eq!(floats(&s), vec![1.0, 1.0, 2.0, 3.0, 3.0, 3.0]);
     }
 
@@ -401,7 +404,7 @@ mod tests {
     #[test]
     fn reverse_put_slice_and_take() {
         let x = i64s(&[0, 1, 2, 3, 4, 5], &[2, 3]);
-        assert_eq!(ints(&reverse(&x, vec![1]).unwrap()), vec![2, 1, 0, 5, 4, 3]);
+        assert_eq!(ints(&reverse(&x, vec![1], x.ty).unwrap()), vec![2, 1, 0, 5, 4, 3]);
         let u = i64s(&[9, 9], &[1, 2]);
         assert_eq!(ints(&put_slice(&x, vec![1, 1], &u).unwrap()), vec![0, 1, 2, 3, 9, 9]);
         let idx = i64s(&[2, 0, 2], &[3]);

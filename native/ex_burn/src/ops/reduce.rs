@@ -179,8 +179,26 @@ fn widen(x: Prim) -> Prim {
 }
 
 /// argmax/argmin along `axis` (the flattened tensor when `None`); `high` picks the last of tied
-/// extremes instead of the first.
+/// extremes instead of the first. Nx ranks NaN above every number for both ops, and
+/// Nx.BinaryBackend takes each NaN it meets, so a slice holding NaN yields its last NaN's index
+/// whatever the tie break; Burn's comparisons are false on NaN, so those slices are patched.
 pub fn arg_reduce(op: ArgReduceOp, h: &Handle, axis: Option<usize>, keep: bool, high: bool, out: NxType) -> ExResult<Handle> {
+    let plain = arg_extreme(op, h, axis, keep, high, out)?;
+    if !h.ty.is_float() {
+        return Ok(plain);
+    }
+    let nan = super::elementwise::unary(crate::ops::vocab::UnaryOp::IsNan, h, PRED)?;
+    // On the CPU one read saves the patch's passes where there is no NaN; on a GPU the read
+    // would wait for the queue, so the patch always runs there.
+    if h.device.kind == crate::device::DeviceKind::Cpu && super::elementwise::read_ints(&reduce(ReduceOp::Any, &nan, None, false, PRED)?)? == [0] {
+        return Ok(plain);
+    }
+    let last_nan = arg_extreme(ArgReduceOp::Argmax, &nan, axis, keep, true, out)?;
+    let has_nan = reduce(ReduceOp::Any, &nan, axis.map(|a| vec![a]), keep, PRED)?;
+    super::elementwise::select(&has_nan, &last_nan, &plain, out)
+}
+
+fn arg_extreme(op: ArgReduceOp, h: &Handle, axis: Option<usize>, keep: bool, high: bool, out: NxType) -> ExResult<Handle> {
     if out.is_float() {
         return Err(ExError::invalid(format!("{op} needs an integer output type, got {out}")));
     }
@@ -313,5 +331,27 @@ mod tests {
         // u8 iota wraps at 256, so the maximum (255) sits at index 255, an index u8 could hold,
         // while the int path widens before Burn computes indices in the input's dtype.
         assert_eq!(ints(&arg_reduce(ArgReduceOp::Argmax, &big, None, false, false, NxType::S(64)).unwrap()), vec![255]);
+    }
+
+    /// Nx ranks NaN above every number for argmax and argmin alike, and a slice holding NaN
+    /// gives its last NaN's index whatever the tie break (Nx.BinaryBackend's answers).
+    #[test]
+    fn nan_wins_both_arg_reductions_at_its_last_index() {
+        let x = f32s(&[1.0, f32::NAN, 5.0, f32::NAN, 2.0, 9.0, 1.0, 0.0], &[2, 4]);
+        for (op, high, want) in [
+            (ArgReduceOp::Argmax, false, vec![3, 1]),
+            (ArgReduceOp::Argmax, true, vec![3, 1]),
+            (ArgReduceOp::Argmin, false, vec![3, 3]),
+            (ArgReduceOp::Argmin, true, vec![3, 3]),
+        ] {
+            let r = arg_reduce(op, &x, Some(1), false, high, NxType::S(32)).unwrap();
+            assert_eq!((r.ty, r.shape.clone(), ints(&r)), (NxType::S(32), vec![2], want), "{op} high={high}");
+        }
+        let kept = arg_reduce(ArgReduceOp::Argmin, &x, Some(1), true, false, NxType::S(64)).unwrap();
+        assert_eq!((kept.shape.clone(), ints(&kept)), (vec![2, 1], vec![3, 3]));
+        let flat = arg_reduce(ArgReduceOp::Argmax, &x, None, false, false, NxType::S(64)).unwrap();
+        assert_eq!(ints(&flat), vec![3]);
+        let clean = f32s(&[1.0, 7.0, 7.0], &[3]);
+        assert_eq!(ints(&arg_reduce(ArgReduceOp::Argmax, &clean, None, false, true, NxType::S(64)).unwrap()), vec![2]);
     }
 }

@@ -41,8 +41,10 @@ pub fn transpose(h: &Handle, axes: Vec<usize>) -> ExResult<Handle> {
     }
 }
 
-/// Nx.broadcast with explicit axes: input axis i becomes output axis `axes[i]`.
-pub fn broadcast(h: &Handle, shape: Vec<usize>, axes: Vec<usize>) -> ExResult<Handle> {
+/// Nx.broadcast with explicit axes: input axis i becomes output axis `axes[i]`; the result in
+/// `ty`.
+pub fn broadcast(h: &Handle, shape: Vec<usize>, axes: Vec<usize>, ty: NxType) -> ExResult<Handle> {
+    let h = &crate::ops::elementwise::as_type(h, ty)?;
     {
         let bad = || {
             ExError::invalid_with(
@@ -201,8 +203,8 @@ mod tests {
     #[test]
     fn broadcast_with_axes() {
         let x = f32s(&[1.0, 2.0], &[2]);
-        let b = broadcast(&x, vec![2, 3], vec![0]).unwrap();
+        let b = broadcast(&x, vec![2, 3], vec![0], x.ty).unwrap();
         assert_eq!(floats(&b), vec![1.0, 1.0, 1.0, 2.0, 2.0, 2.0]);
-        assert!(broadcast(&x, vec![3, 3], vec![0]).is_err());
+        assert!(broadcast(&x, vec![3, 3], vec![0], x.ty).is_err());
     }
 }

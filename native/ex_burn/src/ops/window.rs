@@ -110,25 +110,34 @@ pub(crate) fn pad_interior_prim(prim: Prim, shape: &[usize], interior: &[usize],
     (by_kind!(base, float_slice_assign, int_slice_assign, &slices, prim), out)
 }
 
-/// Nx.pad's interior part (the edges are padded by the caller): `value` (a one-element tensor)
-/// between neighbours, result in the tensor's type.
-pub fn pad_interior(h: &Handle, value: &Handle, interior: Vec<usize>) -> ExResult<Handle> {
+/// Nx.pad: `config` holds `(lo, hi, interior)` per axis. Interior padding comes first, so a
+/// negative edge cuts into the interior-padded tensor (as in XLA and Nx.BinaryBackend). The
+/// tensor and `value` (a one-element tensor) are taken in `ty`, the result type.
+pub fn pad(h: &Handle, value: &Handle, config: &[(i64, i64, usize)], ty: NxType) -> ExResult<Handle> {
     let (device, [h, value]) = colocate([h, value])?;
     let (h, value) = (h.as_ref(), value.as_ref());
-    if interior.len() != h.rank() || value.numel() != 1 {
+    if config.len() != h.rank() || value.numel() != 1 {
         return Err(ExError::invalid_with(
-            "interior padding needs one size per axis and a one-element pad value",
-            vec![dims_detail("shape", &h.shape), dims_detail("interior", &interior), dims_detail("value", &value.shape)],
+            "pad needs one (lo, hi, interior) per axis and a one-element pad value",
+            vec![dims_detail("shape", &h.shape), ("config", crate::error::Detail::Int(config.len() as i128)), dims_detail("value", &value.shape)],
         ));
     }
-    let shape: Vec<usize> = h.shape.iter().zip(&interior).map(|(&d, &i)| if d == 0 { 0 } else { (d - 1) * (i + 1) + 1 }).collect();
-    check_alloc(&shape, h.ty)?;
-    if numel(&shape) == 0 {
-        return empty(shape, h.ty, device);
-    }
-    let fill = Fill::Tensor(cast_to(value, h.ty));
-    let (prim, shape) = pad_interior_prim(h.prim.clone(), &h.shape, &interior, &fill, &device.burn()?);
-    Ok(Handle::new(prim, h.ty, shape, device))
+    device.check_type(ty)?;
+    let interior: Vec<usize> = config.iter().map(|c| c.2).collect();
+    let inner: Vec<usize> = h.shape.iter().zip(&interior).map(|(&d, &i)| if d == 0 { 0 } else { (d - 1) * (i + 1) + 1 }).collect();
+    let out: Option<Vec<usize>> = inner
+        .iter()
+        .zip(config)
+        .map(|(&d, &(lo, hi, _))| usize::try_from(d as i128 + lo as i128 + hi as i128).ok())
+        .collect();
+    let Some(out) = out else { return Err(pad_error(&h.shape, "negative padding")) };
+    check_alloc(&out, ty)?;
+    let fill = Fill::Tensor(cast_to(value, ty));
+    let burn = device.burn()?;
+    let (prim, shape) = pad_interior_prim(cast_to(h, ty), &h.shape, &interior, &fill, &burn);
+    let edges: Vec<(i64, i64)> = config.iter().map(|&(lo, hi, _)| (lo, hi)).collect();
+    let (prim, shape) = pad_constant(prim, &shape, &edges, &fill, &burn)?;
+    Ok(Handle::new(prim, ty, shape, device))
 }
 
 pub struct WindowSpec {
@@ -422,7 +431,12 @@ mod tests {
     fn padding_interior_and_negative() {
         let x = i64s(&[1, 2, 3], &[3]);
         let v = i64s(&[9], &[]);
-        assert_eq!(ints(&pad_interior(&x, &v, vec![2]).unwrap()), vec![1, 9, 9, 2, 9, 9, 3]);
+        assert_eq!(ints(&pad(&x, &v, &[(0, 0, 2)], x.ty).unwrap()), vec![1, 9, 9, 2, 9, 9, 3]);
+        // negative edges cut into the interior-padded [1, 9, 2, 9, 3]; both operands become f32
+        let f = pad(&x, &v, &[(-2, 1, 1)], NxType::F(32)).unwrap();
+        assert_eq!((f.ty, f.shape.clone(), floats(&f)), (NxType::F(32), vec![4], vec![2.0, 9.0, 3.0, 9.0]));
+        assert!(pad(&x, &v, &[(-6, 0, 1)], x.ty).is_err());
+        assert!(pad(&x, &v, &[(0, 0, 0), (0, 0, 0)], x.ty).is_err());
         let dev = x.device.burn().unwrap();
         let (p, shape) = pad_constant(x.prim.clone(), &[3], &[(2, -1)], &Fill::Value(Scalar::Int(0)), &dev).unwrap();
         assert_eq!(shape, vec![4]);

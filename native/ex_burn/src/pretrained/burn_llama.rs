@@ -619,7 +619,9 @@ mod tests {
         }
     }
 
+    /// Prefill and decode speed on SmolLM2, printed (bench/rust_timings.sh runs it).
     #[test]
+    #[ignore]
     fn pretrained_burn_llama_timing() {
         let Some(path) = smollm_path() else { return };
         let model = BurnLlama::load(&path, &crate::testing::device()).unwrap();

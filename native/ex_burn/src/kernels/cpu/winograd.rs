@@ -1149,8 +1149,7 @@ mod tests {
 mod timing {
     use super::*;
 
-    /// Winograd against im2col on a few layers, 2 threads:
-    /// `cargo test --release -p ex_burn --no-default-features winograd_timing -- --ignored --nocapture`
+    /// Winograd against im2col on a few layers (bench/rust_timings.sh runs it).
     #[test]
     #[ignore]
     fn winograd_timing() {
