@@ -2,9 +2,9 @@
 //!
 //! Why: Burn's Adam updates each parameter with nine tensor ops (two moments, the bias-corrected
 //! step, the subtraction), and flex runs element-wise ops on one thread, each a pass over memory:
-//! an MLP's Adam epoch took a third longer than its SGD epoch. Here the same arithmetic,
-//! operation for operation in f32 (so the same bits: `tests` compares with Burn's Adam), runs
-//! as one pass over each parameter on `par_tasks`.
+//! Adam's update weighed heavily on a small MLP's step (guides/training.md). Here the same
+//! arithmetic, operation for operation in f32 (so the same bits: `tests` compares with Burn's
+//! Adam), runs as one pass over each parameter on `par_tasks`.
 //!
 //! Only contiguous f32 flex tensors with a state already (Burn's step makes the first one) take
 //! it, for Adam only without weight decay (AdamW's decoupled decay is part of its pass; we never

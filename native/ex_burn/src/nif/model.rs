@@ -256,7 +256,7 @@ fn model_set_schedule<'a>(env: Env<'a>, m: Term<'a>, schedule: Term<'a>) -> Term
 /// `f` run on a worker of rayon's pool, the caller (a dirty scheduler) waiting. The parallel
 /// parts inside (gemm's products, our kernels) then fork from inside the pool, where a join
 /// is a queue push, instead of from outside it, where each parks the caller and wakes a
-/// worker, context switches that weigh on every mid-size product (guides/backend.md). Only for
+/// worker, context switches that weigh on every mid-size product (guides/training.md). Only for
 /// calls that run long: getting into the pool costs one such round trip, more than a one-row
 /// predict's work, so not for `predict`. Only for CPU models: a GPU
 /// model's epoch has nothing to fork on the host and spends its time waiting on the device, which

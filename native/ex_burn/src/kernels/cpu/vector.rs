@@ -42,7 +42,7 @@ fn flex_i64(p: &Prim) -> Option<&[i64]> {
 
 /// Whether every entry of a contiguous s64 flex tensor is in `0..bound`, in one pass over
 /// memory (as an unsigned compare, which also catches negatives) split over the pool. Burn's
-/// path builds two comparison masks, ors them and reduces: three passes and two temporaries.
+/// path builds two comparison masks, ors them and reduces: several passes and temporaries.
 pub fn indices_in_bounds(p: &Prim, bound: usize) -> Option<bool> {
     let xs = flex_i64(p)?;
     let out = |c: &[i64]| c.iter().any(|&v| v as u64 >= bound as u64);

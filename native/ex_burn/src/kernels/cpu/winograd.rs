@@ -1063,7 +1063,7 @@ mod tests {
     }
 
     /// 3x3 kernels at stride 1 in f32 go through Winograd from `conv::conv2d`; other strides,
-    /// dilations, kernel sizes, groups and dtypes do not (im2col or flex, as before), and give
+    /// dilations, kernel sizes, groups and dtypes do not (they take im2col or flex), and give
     /// flex's results.
     #[test]
     fn only_3x3_stride_1_kernels_are_taken() {
