@@ -1,4 +1,4 @@
-# CPU peer benchmark (issue #14): ExBurn (Burn flex CPU through the NIF) against PyTorch eager on
+# CPU peer benchmark: ExBurn (Burn flex CPU through the NIF) against PyTorch eager on
 # the CPU with torch.set_num_threads(2), same cases, shapes and dtypes, in the same invocation.
 #
 #   MIX_ENV=test mix run bench/cpu_peer.exs                # every case

@@ -26,9 +26,9 @@ x = load.("x.bin", {m})
 y = load.("y.bin", {m})
 
 # three warm-up steps, then five timed runs of `iters` steps, of which the median is reported:
-# autotune can still be timing candidates in the background during the first runs (one run of
-# a bf16 product measured 1.2 ms where the others of the same build measured 0.29). Only the
-# accumulator's sum is read back (copying 64 MB to the host took longer than the work).
+# autotune can still be timing candidates in the background during the first runs, which can
+# make one run several times slower than the others. Only the accumulator's sum is read back
+# (copying 64 MB to the host can take longer than the work).
 median = fn xs -> xs |> Enum.sort() |> Enum.at(div(length(xs), 2)) end
 
 timed = fn step, start, iters ->

@@ -34,7 +34,7 @@ def timed(step, start_value, iters, warmup=3, runs_of=5):
         for _ in range(iters):
             acc = step(acc)
         # read back one number that depends on every iteration: copying the whole accumulator
-        # (64 MB to pageable memory) took longer than the work on the lent H100
+        # (64 MB to pageable memory) can take longer than the work
         acc.float().sum().item()
         runs.append((time.perf_counter() - start) / iters)
     # the median run, as the NIF side reports

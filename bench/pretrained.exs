@@ -1,4 +1,4 @@
-# Pre-trained model benchmark (issue #12): ExBurn's engines (Burn flex, Candle) against the Python
+# Pre-trained model benchmark: ExBurn's engines (Burn flex, Candle) against the Python
 # reference in the same invocation, on the CPU with two threads each.
 #
 #   mix run bench/pretrained.exs                   # embed, llm and rss sections, both engines

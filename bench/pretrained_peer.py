@@ -1,4 +1,4 @@
-"""The Python peer of bench/pretrained.exs (issue #12): sentence-transformers for embeddings,
+"""The Python peer of bench/pretrained.exs: sentence-transformers for embeddings,
 transformers (GGUF dequantised to f32, as test/data/gen_pretrained_refs.py loads it) and, when
 llama-cpp-python is importable, llama.cpp on the same GGUF for generation. Two threads
 (EXBURN_BENCH_THREADS overrides). Run by the .exs in the same invocation, after its own cases,

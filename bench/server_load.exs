@@ -1,4 +1,4 @@
-# Load test of the inference server (issue #13): many concurrent HTTP clients, requests mixed
+# Load test of the inference server: many concurrent HTTP clients, requests mixed
 # across the endpoints, some streaming clients killed mid-stream; every answer is checked
 # against ExBurn.Embedding / ExBurn.LLM called directly.
 #

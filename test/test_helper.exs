@@ -9,9 +9,9 @@ exclude =
 # Tests of what :auto does in a CPU-only build, and in one with a GPU backend compiled in.
 build = if ExBurn.Device.compiled_kinds() == [:cpu], do: :gpu_build, else: :cpu_only_build
 
-# On a GPU every kernel is compiled the first time it runs: on the H100, 16-300 ms each through
-# cubecl's LLVM backend, and a small LSTM's first epoch compiles about 260 of them (84 s; the CPU
-# takes 0.2 s). Tests keep ExUnit's 60 s limit on the CPU and get 10 minutes on a GPU.
+# On a GPU every kernel is compiled the first time it runs, and a small LSTM's first epoch
+# compiles a few hundred of them: minutes where the CPU takes under a second (guides/devices.md).
+# Tests keep ExUnit's 60 s limit on the CPU and get 10 minutes on a GPU.
 timeout = if elem(ExBurn.default_device(), 0) == :cpu, do: 60_000, else: 600_000
 ExUnit.start(exclude: [build | exclude], timeout: timeout)
 

@@ -10,7 +10,7 @@ defmodule ExBurn.Pretrained do
       f32); other types, and all weights on other devices, are dequantised to f32.
     * `:candle` - Candle on the CPU (its only device here: without `:device` it takes the CPU
       whatever the default device is; another device is an error). GGUF weights stay quantised.
-    * `:auto` (the default) - Burn on the chosen device, then Candle, the order of seed 001.
+    * `:auto` (the default) - Burn on the chosen device, then Candle.
       When Burn cannot load the model, or a call on it fails for a reason that is not the
       caller's input, the model switches to Candle for that call and the ones after it. Every
       switch logs a warning, emits the telemetry event `[:ex_burn, :pretrained, :fallback]`

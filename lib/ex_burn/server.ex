@@ -2,7 +2,7 @@ defmodule ExBurn.Server do
   @moduledoc """
   An HTTP inference server for the models of a models directory: embeddings and text
   generation, with an OpenAI-compatible API (so OpenAI clients, LangChain and friends work
-  against it as they do against llama.cpp's server, Ollama or vLLM) and the seed's `/api/v1`
+  against it as they do against llama.cpp's server, Ollama or vLLM) and ExBurn's own `/api/v1`
   API. No Hex package needed: HTTP is OTP's `:httpd`, JSON is `ExBurn.JSON`.
 
       # from a shell

@@ -2,7 +2,7 @@ defmodule ExBurn.Models do
   @moduledoc """
   The models directory: where pre-trained models live and how they are found.
 
-  The layout is the seed bench's:
+  The layout:
 
       <models dir>/
         embeddings/<name>/   model.safetensors, config.json, tokenizer.json, 1_Pooling/, ...

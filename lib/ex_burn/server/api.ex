@@ -1,6 +1,6 @@
 defmodule ExBurn.Server.Api do
   @moduledoc false
-  # The seed's /api/v1 routes, and /metrics. Shapes (guides/server.md shows them):
+  # ExBurn's own /api/v1 routes, and /metrics. Shapes (guides/server.md shows them):
   #
   #   GET  /api/v1/health         -> {"status", "uptime_s", "models_loaded", "version"}
   #   GET  /api/v1/hardware       -> {"compiled_backends", "devices", "auto", "default_device", ...}

@@ -6,10 +6,7 @@ defmodule ExBurn.Tensor.Reclaim do
   it. The BEAM collects a process when its *heap* fills, so a loop that drops a 64 MB tensor per
   iteration can leave gigabytes of dead tensors waiting for a collection that a few words of
   references never trigger. The allocator then hands out fresh memory every time, which costs
-  more than the work: through the NIF, an add of 1M f32 left to the collector took 1.42 ms
-  against 0.12 ms when each result was freed at once (bench/cpu_peer.exs, `add_1M_nodealloc`
-  against `add_1M`, 2 cores); with the collection below it takes 0.19-0.29 ms. On the H100 an
-  add of 16M f32 through the NIF went from 1.27 ms to 0.17 ms (bench/cuda_precision.exs).
+  more than the work, on the CPU and on GPUs alike (guides/backend.md has the timings).
 
   So each process counts the bytes of the tensors it receives from the native side and collects
   its own garbage once they reach its limit: the dead references go, and their memory returns to
@@ -18,9 +15,8 @@ defmodule ExBurn.Tensor.Reclaim do
   processes with large heaps (a collection copies the heap, so theirs cost more) but not beyond
   #{div(256 * 1024 * 1024, 1024 * 1024)} MiB (or `gc_after_bytes` where that is larger).
   Why so low: on the CPU, results written into memory that was just freed are still in the
-  cache. A composed layer norm of {1024, 1024} f32 (six ops, intermediates left to the
-  collector) took 387-401 us with 8 MiB against 561-579 us with 64 MiB, and an add of 1M
-  f32 97-99 us against 140-145 us (2 cores, 32 MiB L3; explicit frees: 266 us).
+  cache, so composed ops whose intermediates are left to the collector (a layer norm, say) run
+  markedly faster with a small limit than with one past the cache's size.
   A collection of an ordinary process takes microseconds; set the floor higher, or turn it off:
 
       config :ex_burn, gc_after_bytes: 256 * 1024 * 1024   # or :infinity (never)

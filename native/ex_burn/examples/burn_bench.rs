@@ -172,8 +172,8 @@ fn read_f32(dir: &str, name: &str, shape: &[usize], device: DeviceRef) -> Handle
 #[derive(Clone, Copy, PartialEq)]
 enum Read {
     /// Read back the sum of the accumulator once at the end: every iteration feeds it, and only
-    /// one number comes back (copying a 64 MB accumulator to the host took longer than the work
-    /// on the H100).
+    /// one number comes back (copying a 64 MB accumulator to the host can take longer than the
+    /// work).
     SumAtEnd,
     /// Read each step's first element before the next step starts (`bench/cuda_precision.py`
     /// does the same with `.item()`): each step is its own kernel, since fusion would otherwise

@@ -1,5 +1,5 @@
-//! Pre-trained model timings in Rust, outside the BEAM (issue #12): the device side of
-//! `bench/pretrained.exs`, for machines with no Erlang (the lent GPU), where the peer is
+//! Pre-trained model timings in Rust, outside the BEAM: the device side of
+//! `bench/pretrained.exs`, for machines with no Erlang (a GPU host), where the peer is
 //! `EXBURN_BENCH_TORCH_DEVICE=cuda python3 bench/pretrained_peer.py embed` in the same run.
 //! Build without the NIF layer:
 //!

@@ -37,7 +37,7 @@ if Code.ensure_loaded?(Nx) do
           assert_exburn_nx(preds, {3, 3}, {:f, 32})
           assert ExBurn.Backend.device(preds) == model.device
           assert Nx.to_flat_list(preds) == expected
-          # Nx works on it directly (the issue: Nx.argmax raised FunctionClauseError)
+          # Nx works on it directly: Nx.argmax takes it without a FunctionClauseError
           argmax = Nx.argmax(preds, axis: 1)
           assert_exburn_nx(argmax, {3}, {:s, 32})
 
@@ -172,8 +172,8 @@ if Code.ensure_loaded?(Nx) do
 end
 
 if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Axon) do
-  defmodule Dala.ML.BurnSeedGuideTest do
-    # The seed guide's flow end to end with Nx: an Axon model compiled as the guide does, trained
+  defmodule Dala.ML.BurnAxonWorkflowTest do
+    # The Dala.ML.Burn workflow end to end with Nx: an Axon model compiled through it, trained
     # on Nx tensors (with validation data and callbacks), predictions used as an Nx tensor.
     use ExUnit.Case, async: false
     @moduletag :nx

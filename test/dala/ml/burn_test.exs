@@ -81,7 +81,7 @@ defmodule Dala.ML.BurnTest do
   end
 
   @tag :tmp_dir
-  test "the seed's workflow: compile, fit with callbacks, predict, evaluate, summary, save, load, free", %{
+  test "the whole workflow: compile, fit with callbacks, predict, evaluate, summary, save, load, free", %{
     tmp_dir: dir
   } do
     {x, y} = xor()

@@ -83,7 +83,7 @@ defmodule ExBurn.Model.FreeTest do
   end
 
   test "free cancels a running fit, during an epoch or between two" do
-    # 10_000 one-sample batches: an epoch lasts long enough (~0.4 s) to be freed in its middle
+    # 10_000 one-sample batches: an epoch lasts long enough to be freed in its middle
     {x, y} = blobs(10_000, 4, 8)
 
     for free_at <- [:during_epoch, :between_epochs] do

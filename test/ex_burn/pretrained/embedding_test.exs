@@ -115,7 +115,7 @@ defmodule ExBurn.Pretrained.EmbeddingTest do
     end
   end
 
-  test ":auto loads Burn first (seed 001's order)" do
+  test ":auto loads Burn first" do
     m = Embedding.load!(@model)
     assert m.engine == :burn and m.auto == true
   end

@@ -1,5 +1,5 @@
 defmodule ExBurn.Pretrained.EnginePolicyTest do
-  # The :auto policy (seed 001: Burn first, then Candle), driven by fake engines so every branch
+  # The :auto policy (Burn first, then Candle), driven by fake engines so every branch
   # is reached without a model whose Burn load happens to fail.
   use ExUnit.Case, async: false
   import ExUnit.CaptureLog

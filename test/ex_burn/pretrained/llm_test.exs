@@ -84,7 +84,7 @@ defmodule ExBurn.Pretrained.LLMTest do
         raw = Enum.count(results, &(&1 == {"raw", true}))
         chat = Enum.count(results, &(&1 == {"chat", true}))
         # how many came out identical is reported, not asserted: it depends on the CPU's summation
-        # order at the reference's near ties (Candle: 4/5 raw on an AVX2 EPYC, 3/5 on an AVX-512 Xeon)
+        # order at the reference's near ties (Candle's count differs between AVX2 and AVX-512 CPUs)
         IO.puts("\n#{unquote(engine)}: greedy equal to transformers on raw #{raw}/5, chat #{chat}/3")
       end
 

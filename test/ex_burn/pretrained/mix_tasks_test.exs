@@ -1,5 +1,5 @@
 defmodule ExBurn.Pretrained.MixTasksTest do
-  # The seed CLI's mix tasks, run as a user runs them, their JSON checked against the
+  # The pre-trained models' mix tasks, run as a user runs them, their JSON checked against the
   # independent references in test/data/pretrained.
   use ExUnit.Case, async: false
   import ExUnit.CaptureIO

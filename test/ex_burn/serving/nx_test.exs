@@ -136,7 +136,7 @@ if Code.ensure_loaded?(Nx) do
       assert Nx.to_flat_list(Dala.ML.Burn.Serving.batched_run(name, Nx.tensor([41, 42]))) == [42, 43]
     end
 
-    test "Dala.ML.Burn.Serving follows the seed contract" do
+    test "Dala.ML.Burn.Serving builds, supervises and serves as a plain child" do
       model = mlp()
       serving = Dala.ML.Burn.Serving.build(model, batch_size: 16, batch_timeout: 100)
       assert_row(Dala.ML.Burn.Serving.run(serving, Nx.tensor(input(3))), expected(model, 3))

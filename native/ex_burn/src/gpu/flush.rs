@@ -6,12 +6,8 @@
 //! where PyTorch starts each kernel as it is issued. So a result of at least
 //! `EXBURN_FLUSH_ELEMS` elements (default 2^20; `0` turns it off) sends the pending batch at
 //! once. The flush only pads the batch with no-op tasks and wakes the device's thread: the
-//! caller does not wait, so it is safe wherever a NIF runs.
-//!
-//! Measured on the H100 through the NIF (bench/cuda_precision.exs, same run as PyTorch): a bf16
-//! product 4096² step went from 0.275-0.288 ms to 0.262-0.265 (PyTorch 0.209); an add of 16M f32
-//! read each time moved within run-to-run noise (0.155-0.197 against 0.161-0.191). Flushing after
-//! every result instead (a threshold of 1) measured the same or slightly worse.
+//! caller does not wait, so it is safe wherever a NIF runs. Only large results flush: small ops
+//! gain nothing from it (guides/devices.md has the measurements).
 
 use std::sync::OnceLock;
 

@@ -1,11 +1,10 @@
 //! Burn's Adam and AdamW with their per-element updates done in one parallel pass on the CPU.
 //!
 //! Why: Burn's Adam updates each parameter with nine tensor ops (two moments, the bias-corrected
-//! step, the subtraction), and flex runs element-wise ops on one thread, each a pass over memory.
-//! For the 784-256-128-10 MLP (235K parameters, 469 steps) an epoch took 1.01-1.05 s with Adam
-//! and 0.74-0.75 s with SGD: 0.58 ms a step went to Adam's arithmetic. Here the same arithmetic,
-//! operation for operation in f32 (so the same bits: `tests` compares with Burn's Adam), runs
-//! as one pass over each parameter on `par_tasks`.
+//! step, the subtraction), and flex runs element-wise ops on one thread, each a pass over memory:
+//! Adam's update weighed heavily on a small MLP's step (guides/training.md). Here the same
+//! arithmetic, operation for operation in f32 (so the same bits: `tests` compares with Burn's
+//! Adam), runs as one pass over each parameter on `par_tasks`.
 //!
 //! Only contiguous f32 flex tensors with a state already (Burn's step makes the first one) take
 //! it, for Adam only without weight decay (AdamW's decoupled decay is part of its pass; we never

@@ -5,8 +5,8 @@
 //! first use. Seeding and then building is therefore not enough: by the time a layer's weights
 //! are drawn (the first forward pass, seconds later on a GPU that compiles kernels), another
 //! thread may have re-seeded the generator or drawn from it, and two models compiled with the
-//! same seed train differently. Found on the H100, where concurrent tests made XOR models with
-//! seed 42 end 0.39 and 0.11 apart. Here seeding, building and drawing every parameter happen
+//! same seed train differently (concurrent tests show it, most of all on a GPU). Here seeding,
+//! building and drawing every parameter happen
 //! under one lock. On GPUs Burn's fusion queues the random ops and takes their seeds only when
 //! the queue runs, so the draw is complete only after a device sync, also under the lock.
 

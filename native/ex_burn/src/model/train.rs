@@ -84,8 +84,8 @@ impl ModuleVisitor for ClipValues<'_> {
 
 fn batch_rows(h: &Handle, idx: &[i64]) -> ExResult<DispatchTensor> {
     // rows in order (predict, evaluate, fit without shuffling) are a view, not a gathered copy
-    // (a [1024, 784] f32 batch is 3.2 MB): predict of 1024 rows of the 784-256-128-10 MLP went
-    // from 2.77 to 2.15-2.19 ms on the 2-core Xeon
+    // (a [1024, 784] f32 batch is 3.2 MB, a copy a large share of a small model's predict;
+    // guides/training.md)
     if let Some(&first) = idx.first() {
         if idx.windows(2).all(|w| w[1] == w[0] + 1) && first >= 0 && (first as usize) + idx.len() <= h.shape.first().copied().unwrap_or(0) {
             let rows = Slice::new(first as isize, Some(first as isize + idx.len() as isize), 1);

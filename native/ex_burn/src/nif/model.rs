@@ -256,10 +256,9 @@ fn model_set_schedule<'a>(env: Env<'a>, m: Term<'a>, schedule: Term<'a>) -> Term
 /// `f` run on a worker of rayon's pool, the caller (a dirty scheduler) waiting. The parallel
 /// parts inside (gemm's products, our kernels) then fork from inside the pool, where a join
 /// is a queue push, instead of from outside it, where each parks the caller and wakes a
-/// worker: a quarter of a {256,256} product's time went to those context switches (perf).
-/// One epoch of the 784-256-128-10 MLP (469 steps), 2-core Xeon: 1.10-1.20 s -> 0.97-0.99 s,
-/// the same loss. Only for calls that run long: getting into the pool costs one such round trip
-/// (predict of one row went from 28 to 80 us), so not for `predict`. Only for CPU models: a GPU
+/// worker, context switches that weigh on every mid-size product (guides/training.md). Only for
+/// calls that run long: getting into the pool costs one such round trip, more than a one-row
+/// predict's work, so not for `predict`. Only for CPU models: a GPU
 /// model's epoch has nothing to fork on the host and spends its time waiting on the device, which
 /// inside the pool would hold one of the workers that CPU work elsewhere in the VM needs.
 fn in_pool<R: Send>(device: DeviceRef, f: impl FnOnce() -> R + Send) -> R {
@@ -298,12 +297,12 @@ fn model_evaluate<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, y: Term<'a>, batch
     })
 }
 
-/// The most multiply-adds a predict runs on the calling (normal) scheduler: 2^20 took well under
-/// the BEAM's 1 ms budget (235K parameters x 1 row, the MLP of bench/cpu_peer.exs: 20-30 us).
+/// The most multiply-adds a predict runs on the calling (normal) scheduler: 2^20 stay well under
+/// the BEAM's 1 ms budget for a regular NIF.
 const INLINE_PREDICT_MACS: usize = 1 << 20;
 
 // Small predicts on the CPU run in place (`nif::schedule`): the hand-over to a dirty scheduler
-// and back cost a one-row predict 40-50 us one call in four (70-80 us against 27-30 us).
+// and back can cost a one-row predict more than its work.
 #[rustler::nif]
 fn model_predict<'a>(env: Env<'a>, m: Term<'a>, x: Term<'a>, batch_size: Term<'a>) -> Term<'a> {
     if let Some(out) = predict_in_place(env, m, x, batch_size) {

@@ -1,9 +1,8 @@
 //! Where a NIF runs: small CPU work on the calling scheduler, everything else on a dirty one.
 //!
 //! A dirty NIF costs two thread hand-overs per call (to a dirty scheduler and back), about as
-//! much as an element-wise op on a few thousand CPU elements. For an add of {2, 10} (plus the
-//! read-back of its first element) they were most of the 4-5 us a call took, against PyTorch's
-//! 2.7 us. So the NIFs listed here are regular NIFs that run the work in place when it is
+//! much as an element-wise op on a few thousand CPU elements, and most of a tiny op's time. So
+//! the NIFs listed here are regular NIFs that run the work in place when it is
 //! certainly short (CPU tensors of at most `INLINE_MAX` elements: well under the BEAM's 1 ms
 //! budget for a regular NIF even for f64 transcendental functions) and otherwise hand the same
 //! call to a dirty CPU scheduler with `enif_schedule_nif`.

@@ -243,7 +243,7 @@ mod tests {
         use crate::ops::elementwise::binary;
         use crate::ops::vocab::BinaryOp;
         // on a GPU the product must outlast the host's gap between queueing it and queueing its
-        // consumer (tens of µs), or an ordering bug would go unseen: 2048² f32 takes ~0.3 ms
+        // consumer, or an ordering bug would go unseen: a 2048² f32 product takes much longer
         let n = if device().kind == crate::device::DeviceKind::Cpu { 192 } else { 2048 };
         let steps = 30;
         let half: Vec<f32> = (0..n * n).map(|i| if i / n == i % n { 0.5 } else { 0.0 }).collect();

@@ -2,8 +2,8 @@
 //!
 //! PyTorch's `torch.set_float32_matmul_precision` names the same two levels:
 //! * `Highest` — f32 products accumulate in f32 with f32 inputs (what Nx's f32 type promises).
-//! * `High` — f32 inputs may be rounded to TF32 (10-bit mantissa) on tensor-core GPUs: ~8× the
-//!   throughput on an H100, ~1e-3 relative error instead of ~1e-6.
+//! * `High` — f32 inputs may be rounded to TF32 (10-bit mantissa) on tensor-core GPUs: several
+//!   times the throughput, ~1e-3 relative error instead of ~1e-6.
 //!
 //! The level only changes CUDA f32 matrix products routed to cuBLAS (`crate::gpu::cuda::cublas`); flex (CPU)
 //! and Vulkan are true f32 either way, and f16/bf16/f64 products are unaffected.

@@ -132,8 +132,8 @@ pub fn softmax_last(h: &Handle, recip: bool, ty: NxType) -> ExResult<Handle> {
 }
 
 /// An f64 sum or mean over a leading or trailing block of axes as a product with a ones vector,
-/// on the CPU: the gemm kernel accumulates in f64 like `sum_dim` but is about 15x faster there
-/// (7 vs 110 us over [128, 256]; a bias gradient is exactly this column sum). `None` where the
+/// on the CPU: the gemm kernel accumulates in f64 like `sum_dim` but is much faster there
+/// (a bias gradient is exactly this column sum; guides/backend.md). `None` where the
 /// axes are not such a block or the device is a GPU, whose own reductions are already fused.
 fn sum_by_matmul(op: ReduceOp, x: &Prim, shape: &[usize], axes: &[usize], device: crate::device::DeviceRef) -> Option<ExResult<Prim>> {
     if !matches!(op, ReduceOp::Sum | ReduceOp::Mean) || device.kind != crate::device::DeviceKind::Cpu || shape.is_empty() {

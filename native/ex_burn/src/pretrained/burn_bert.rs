@@ -15,9 +15,9 @@ use crate::device::DeviceRef;
 use crate::error::{catch, ExError, ExResult};
 use crate::kernels::cpu::vector::flex_f32;
 
-/// Up to this many rows a dense layer runs on the host (`Dense::host_forward`). all-MiniLM-L6-v2
-/// on 2 cores, whole forward: 11 rows 5.1 -> 2.2 ms, 18 rows 5.2 -> 3.6 ms, 30 rows 6.4 -> 6.6 ms,
-/// 44 rows 7.8 -> 12.3 ms (gemm -> host).
+/// Up to this many rows a dense layer runs on the host (`Dense::host_forward`): one pass over the
+/// weights beats gemm's packing of them for a few rows, and loses beyond about two dozen
+/// (guides/pretrained.md has the timings).
 const HOST_ROWS: usize = 24;
 
 /// The fields of a Hugging Face BERT `config.json` the forward pass needs.

@@ -579,8 +579,8 @@ mod tests {
         assert_eq!(batched.len(), model.vocab_size());
         let diff = batched.iter().zip(&last).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         println!("burn llama: batched prompt vs token-by-token max logit difference {diff:e}");
-        // off the CPU Burn's matmul kernels run f32 in TF32 (guides/devices.md): 2.2e-2 measured
-        // on the H100 for logits up to about 20
+        // off the CPU Burn's matmul kernels run f32 in TF32 (guides/devices.md): differences of a
+        // few 1e-2 for logits up to about 20
         let tol = if crate::testing::device().kind == crate::device::DeviceKind::Cpu { 1e-3 } else { 5e-2 };
         assert!(diff < tol, "{diff}");
         // Feeding out of order is an error, and a fresh session works.
@@ -753,7 +753,7 @@ mod tests {
             r.forward(&[1, 2, 3], 0).unwrap();
             let d = r.forward(&[4], 3).unwrap();
             let diff = b.iter().zip(&d).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            // TF32 matmuls off the CPU: 7.6e-5 measured on the H100
+            // TF32 matmuls off the CPU: differences near 1e-4
             assert!(diff < if dev.kind == crate::device::DeviceKind::Cpu { 1e-5 } else { 5e-4 }, "{diff}");
             // Every weight dequantised (the other devices' path) against the mix of quantised
             // layers (Q8_0 embedding, Q4_1 blocks) and f32 ones (rows of 8) this file loads into;
@@ -769,7 +769,7 @@ mod tests {
 
         // The dequantised path's RoPE (pair tables, four tensor ops) gives the pairwise form's
         // bits on the CPU, at every position and for several positions at once; GPU kernels may
-        // contract a product and a sum into one FMA, a last-bit difference (seen on the H100).
+        // contract a product and a sum into one FMA, a last-bit difference.
         let path = dir.path().join("tinytrue.gguf");
         let dense = BurnLlama::load_with(&path, &dev, dev.kind == crate::device::DeviceKind::Cpu, false).unwrap();
         assert!(dense.w.pair_tables.is_some());

@@ -74,8 +74,8 @@ pub fn load(dir: &Path, device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
     let weights = dir.join("model.safetensors");
     super::files::check_safetensors(&weights)?;
     // Read tensor by tensor through our reader, which drops each tensor's file pages once
-    // converted: candle's own mmap loader kept the whole file resident while it copied, a peak of
-    // 2.1x the file for all-MiniLM-L6-v2 (1.2x this way, as on Burn).
+    // converted: candle's own mmap loader kept the whole file resident while it copied, nearly
+    // doubling a load's peak (guides/pretrained.md).
     let st = super::weights::Safetensors::open(&weights)?;
     let mut tensors = std::collections::HashMap::new();
     for name in st.names().into_iter().filter(|n| st.is_float(n)) {

@@ -2,8 +2,8 @@
 //! `candle-nn` ops: every projection a `QMatMul` over the GGUF's own quantised blocks, and the
 //! token embedding kept quantised too (rows dequantised on lookup by `qmatmul::dequantise_row`;
 //! a tied output projection multiplies the same blocks).
-//! `candle-transformers`' quantised Llama, used before, dequantised the embedding to f32: for
-//! SmolLM2-135M 113 MB on top of a 94 MB file, a peak of 2.6x the file. Hyperparameters and
+//! `candle-transformers`' quantised Llama dequantises the embedding to f32, which for a small
+//! model is more memory than the whole file (guides/pretrained.md). Hyperparameters and
 //! rotary tables are the Burn engine's (`burn_llama::LlamaConfig`), so both engines read a GGUF
 //! the same way.
 

@@ -2,8 +2,8 @@
 //! blocks (Q4_0, Q4_1, Q8_0) and `x @ Wᵀ` decodes each block in registers.
 //!
 //! Why: decoding one token reads every weight once. Dequantised to f32, SmolLM2-135M is 540 MB
-//! per token, so the Burn engine was bound by memory bandwidth (about 65 tokens/s on 2 cores)
-//! and held 560 MiB for a 98 MB file. In Q4_1 the same weights are 85 MB. candle's own
+//! per token, so decoding is bound by memory bandwidth, and the model holds several times its
+//! file's size in memory (guides/pretrained.md). In Q4_1 the same weights are 85 MB. candle's own
 //! Q4_1 dot product has no SIMD path (`k_quants.rs` vectorises Q4_0, Q8_0 and the K-quants), and
 //! it quantises the activations to 8 bits as llama.cpp does. Here the activations stay f32: each
 //! block of 32 weights is dequantised in registers, `w = fma(q, d, m)`, and multiplied into up to
@@ -207,8 +207,8 @@ fn matmul_rows<'a>(n: usize, k: usize, x: &[f32], m: usize, row: impl Fn(usize) 
         return vec![0.0; m * n];
     }
     // computed transposed, `[n, m]`, so each task owns a run of weight rows. Tasks of about
-    // 128K multiply-adds: SmolLM2 decoding on 2 cores ran at 110, 163 and 190 tokens/s with
-    // 16K, 64K and 128K (fewer hand-offs between the threads; 256K was no better)
+    // 128K multiply-adds: fewer hand-offs between the threads than smaller ones, and larger
+    // ones gain nothing (guides/pretrained.md)
     let mut out_t = vec![0f32; n * m];
     let tile = ((1 << 17) / (k * m).max(1)).clamp(1, 256);
     let level = simd();
@@ -296,8 +296,8 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// A block's 32 quants as four vectors of 8 f32. Each byte is widened once and both of its
-    /// nibbles taken in the 32-bit lanes: two byte shuffles per block instead of six, which had
-    /// been the limit (shuffles issue on fewer ports than shifts and conversions).
+    /// nibbles taken in the 32-bit lanes: two byte shuffles per block instead of six, since
+    /// shuffles issue on fewer ports than shifts and conversions and would set the pace.
     #[inline(always)]
     unsafe fn quants(f: QFormat, p: *const u8) -> [__m256; 4] {
         match f {

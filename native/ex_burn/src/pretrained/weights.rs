@@ -115,8 +115,8 @@ impl Safetensors {
         let mut values = Vec::with_capacity((end - start) / width);
         // Converted a few MiB at a time, each piece's file pages dropped from this process's
         // resident set once read: a load's peak is then the converted weights plus a few MiB,
-        // whatever order the tensors come in (reading a 45 MiB embedding whole had kept it
-        // resident twice, file and floats, until the end: a peak 1.2x-1.6x the file by order).
+        // whatever order the tensors come in (a tensor read whole stays resident twice, file and
+        // floats, until the end, so the peak would depend on the order).
         const PIECE: usize = 4 << 20;
         let mut at = start;
         while at < end {

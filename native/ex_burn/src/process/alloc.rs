@@ -3,9 +3,9 @@
 //! Burn's CPU tensors are plain heap allocations. glibc serves blocks above its mmap threshold
 //! (128 KiB at start, adjusted as blocks are freed) with fresh mappings, so a [128, 256] f32
 //! result (128 KiB) is a new, zero-filled set of pages every time: in an MLP training step the
-//! page faults cost more than the arithmetic (an element-wise op 70-110 us instead of 7-14 us;
-//! the whole step about 1.8x slower). Raising the mmap and trim thresholds lets freed blocks be
-//! reused from the heap. The price is up to `TRIM` bytes of freed memory kept by the process.
+//! page faults cost more than the arithmetic (guides/backend.md). Raising the mmap and trim
+//! thresholds lets freed blocks be reused from the heap. The price is up to `TRIM` bytes of
+//! freed memory kept by the process.
 //!
 //! Skipped where the user set glibc's own `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_`, or
 //! `EXBURN_MALLOC_TUNE=0`; a no-op on other C libraries.
@@ -38,8 +38,8 @@ pub fn tune() -> bool {
 
 /// Returns the heap's free memory to the system (glibc's `malloc_trim`). For after a model load:
 /// readers' transient buffers are freed by then, but with `TRIM` raised glibc would keep up to
-/// 64 MiB of them resident (Candle's GGUF reader copies each tensor once on the way in: a
-/// SmolLM2 load stayed at 2.1x the file instead of 1.2x).
+/// 64 MiB of them resident (Candle's GGUF reader copies each tensor once on the way in, so a
+/// small LLM's load would keep far more than its weights).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub fn trim() {
     extern "C" {

@@ -246,9 +246,8 @@ fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeT
 
     // Everything below talks to cubecl's server: three resource lookups, the handoff's two
     // launches and its flush. From the fusion thread each is a round trip to cubecl's device
-    // thread (the lookups measured 40-54 µs together on the H100 host); run as one exclusive task
-    // on that thread they are direct calls, and the product pays one round trip. bf16 4096² step
-    // through the NIF, three alternating runs each: 0.288-0.297 ms against 0.281-0.338 without.
+    // thread; run as one exclusive task on that thread they are direct calls, and the product
+    // pays one round trip (guides/devices.md has the timings).
     let run = || -> Result<(), String> {
         let ra = client
             .get_resource::<CudaServer>(a.tensor.handle.clone())

@@ -4,8 +4,7 @@
 //! Why: cubecl keeps its CUDA streams private, so a cuBLAS call cannot be put on the stream
 //! whose kernels produce its inputs and consume its output. Ordering them from the host (wait for
 //! cubecl's queue, run cuBLAS, wait for its stream) left the GPU idle for the host's whole round
-//! trip on every product: on the H100 a 4096² TF32 product step took 553 µs against PyTorch's 413,
-//! most of the difference host time with an idle GPU.
+//! trip on every product.
 //!
 //! How: two words of device memory per call (a slot of a per-device ring) carry the order.
 //! * `signal` is a one-thread cubecl kernel bound to the inputs, so cubecl queues it after their
@@ -36,8 +35,8 @@ use cudarc::driver::sys;
 /// Slots in a device's ring: a slot is reused after this many calls, long after its last one
 /// finished.
 const SLOTS: usize = 1024;
-/// Spin bound of `wait` for a call of no work: 2^27 atomic loads, about 20 s at L2 latency
-/// (~150 ns on an H100).
+/// Spin bound of `wait` for a call of no work: 2^27 atomic loads, about 20 s at a GPU's L2
+/// latency of ~150 ns.
 const SPIN_BASE: u64 = 1 << 27;
 /// Further spins per unit of the call's work (flops): as long as the card does more than about
 /// 0.1 TFLOP/s, a call ends before its wait gives up.

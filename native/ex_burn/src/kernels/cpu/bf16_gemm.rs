@@ -2,11 +2,11 @@
 //! and rounding the result to bf16 once.
 //!
 //! Why: flex multiplies bf16 by widening both operands to f32 and running the f32 gemm, so a
-//! bf16 product costs an f32 product plus two conversions: {1024,1024}² took 9.3-9.8 ms where
-//! PyTorch (oneDNN) takes 2.1-2.3 ms on the same 2 cores. `vdpbf16ps` (`_mm512_dpbf16_ps`) does, per
-//! 32-bit lane, `acc += a.lo·b.lo + a.hi·b.hi` with an f32 accumulator: 32 multiply-adds an
-//! instruction where an f32 FMA does 16, at the same issue rate (two a cycle on Zen 5, measured).
-//! With it {1024,1024}² takes 2.3-2.4 ms through the NIF, level with PyTorch in the same runs.
+//! bf16 product costs an f32 product plus two conversions, several times oneDNN's time.
+//! `vdpbf16ps` (`_mm512_dpbf16_ps`) does, per 32-bit lane, `acc += a.lo·b.lo + a.hi·b.hi` with an
+//! f32 accumulator: 32 multiply-adds an instruction where an f32 FMA does 16, at the same issue
+//! rate on Zen 5 (two a cycle), which brings bf16 products level with PyTorch's
+//! (guides/backend.md has the timings).
 //!
 //! How (the GotoBLAS/BLIS scheme): B is packed into panels of `16·NV` columns whose 32-bit lanes
 //! hold k pairs, (b[2p][j], b[2p+1][j]), once ahead of the tasks (or, where one row block covers m,
@@ -48,12 +48,11 @@ use burn::tensor::bf16;
 use super::vector::par_tasks;
 use crate::dispatch::{self, Prim};
 
-/// Pairs of k per block: a panel's block is 256 x 64 lanes, 64 KiB (L2 on Zen 5; 128 measured
-/// the same within noise on {1024,1024}² and {2048,2048}²).
+/// Pairs of k per block: a panel's block is 256 x 64 lanes, 64 KiB, which stays in Zen 5's L2
+/// (smaller blocks gain nothing).
 const KC: usize = 256;
 /// Pairs per k block on AMX (a multiple of 16): fewer partial sums to store and reload than at
-/// `KC`, whose traffic was a fifth of the AMX kernel's time; {1024,1024}² 1.75-1.86 ms at 256,
-/// 1.58-1.61 at 512, 1.63-1.67 at 1024 (three runs each).
+/// `KC`, where that traffic is a large share of the AMX kernel's time; 512 beat 256 and 1024.
 const AMX_KC: usize = 512;
 /// Rows per parallel task (a multiple of every `MR` used: 6 and 8).
 const MC: usize = 96;
@@ -182,7 +181,7 @@ fn gemm(a: View, b: View) -> Option<Vec<bf16>> {
     let n = b.shape[2];
     // narrow panels for narrow products, where 64 columns would be mostly padding; six rows
     // by four vectors otherwise (24 accumulators: vdpbf16ps' latency (6 cycles on Zen 5) times
-    // its two a cycle needs 12 in flight; 6x4, 8x3 and 8x2 measured within 3 % of each other)
+    // its two a cycle needs 12 in flight; 8x3 and 8x2 tiles do no better)
     match n.div_ceil(16) {
         #[cfg(target_arch = "x86_64")]
         1 => Some(run::<8, 1>(a, b, false)),
@@ -311,8 +310,8 @@ fn run<const MR: usize, const NV: usize>(a: View, b: View, amx: bool) -> Vec<bf1
 
     // With one row block each B block is used by one task: it packs its own, a k block at a
     // time, into a buffer that stays in cache. Packed ahead, a large B is also a fresh mapping
-    // (a 4096² B packs to 32 MiB, glibc's mmap threshold as the NIF sets it): {1,4096}·{4096²}
-    // took 17.8 ms, three quarters of it page faults.
+    // (a 4096² B packs to 32 MiB, glibc's mmap threshold as the NIF sets it), whose page faults
+    // cost a one-row product more than its arithmetic.
     // with AMX an even number of panels: the last pair's second one zero where n needs an odd
     let panels = if amx { n.div_ceil(2 * nr) * 2 } else { n.div_ceil(nr) };
     let per_batch = panels * kp * nr;

@@ -1,9 +1,8 @@
 //! 2-D convolution on the CPU as one im2col pass plus a batched matrix product.
 //!
-//! flex's conv2d converts the input to NHWC, builds im2col tiles and calls gemm once per tile:
-//! 4.0 ms for x {8,32,32,32} * k {64,32,3,3} on 2 cores, where a matrix product of the same
-//! FLOPs takes 1.3-1.8 ms. Here: about 0.1 ms allocating, 0.5 ms filling the columns (9.4 MB)
-//! and 1.6-1.8 ms in flex's matmul, 2.4-2.9 ms in all. Here the columns are laid out [N, C*KH*KW, OH*OW], so the product
+//! flex's conv2d converts the input to NHWC, builds im2col tiles and calls gemm once per tile,
+//! so its layout work costs more than the product itself (guides/backend.md has the timings).
+//! Here the columns are laid out [N, C*KH*KW, OH*OW], so the product
 //! k [O, C*KH*KW] . cols[n] is already the NCHW output and no layout conversion is needed.
 //! Groups other than 1 and non-f32 tensors keep flex's path. Written against Burn's public API
 //! so it could move into burn-flex.

@@ -1,8 +1,7 @@
 //! Nx.take on the CPU: one parallel pass copying blocks, for contiguous flex tensors.
 //!
-//! flex's `select` gathers on one thread: 1M f32 values by 1M indices took 1.8 ms of the
-//! 2.0 ms `take` call (after the bounds check), against PyTorch's 0.9 ms; here 0.6 ms, and
-//! the call 0.76 ms. The indices arrive
+//! flex's `select` gathers on one thread, which left large takes slower than PyTorch's
+//! (guides/backend.md has the timings). The indices arrive
 //! checked (`indexing::checked_indices`); other devices, strided views and dtypes keep Burn's
 //! path. Written against Burn's public API so it could move into burn-flex.
 

@@ -3,14 +3,12 @@
 //!
 //! Why: above 192^3 multiply-adds flex hands a product to gemm with rayon parallelism, and
 //! gemm forks from the calling thread. Our callers are the BEAM's dirty schedulers, outside
-//! rayon's pool, so every such product parks the caller and wakes a worker, twice: a quarter of
-//! a {256,256}^2 product's time went to those context switches (perf: `finish_task_switch`).
+//! rayon's pool, so every such product parks the caller and wakes a worker, twice, and those
+//! context switches weigh on a mid-size product (perf: `finish_task_switch`).
 //! Through `par_tasks` the caller starts on the first block at once and a worker takes blocks
-//! as soon as it wakes. Medians, 2-core Xeon, split vs not, alternating runs (2-3 each):
-//! {256,256}^2 159-175 vs 186-198 us, {128,784}.{784,256} 238-275 vs 309-316 us; larger, the
-//! gain shrinks (384^3: 507-524 vs 542-567 us) and turns (2^26, {1024,256}.{256,256}: 649-668
-//! vs 635-652 us), so products above 2^25 stay whole, where gemm's own split (one packed B)
-//! does as well.
+//! as soon as it wakes. The gain shrinks with the product's size and turns negative around
+//! 2^26, so products above 2^25 stay whole, where gemm's own split (one packed B) does as well
+//! (guides/backend.md has the timings).
 //! Written against Burn's public API, so it could move upstream into flex's matmul.
 
 use std::sync::Mutex;

@@ -1,8 +1,8 @@
 //! Stable f32 sort and argsort on the CPU: an LSD radix sort of order-preserving integer keys.
 //!
 //! The generic path (indexing::stable_argsort) makes Burn's unstable argsort stable with a
-//! second argsort of group keys plus gathers and a cumulative sum: 90 ms for 1M f32 on 2 cores,
-//! against PyTorch's 70 ms. A radix sort is stable by construction and linear: each value maps
+//! second argsort of group keys plus gathers and a cumulative sum, several passes where one
+//! sort would do. A radix sort is stable by construction and linear: each value maps
 //! to a u32 key with the order Nx wants (-0.0 equal to 0.0, every NaN above +Inf and equal to
 //! the others), packed with its lane position into a u64 and sorted on the key's 32 bits in
 //! three passes of 11 bits. Lanes (the sorted axis, for every other position) run in parallel.

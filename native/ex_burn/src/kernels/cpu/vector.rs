@@ -42,8 +42,7 @@ fn flex_i64(p: &Prim) -> Option<&[i64]> {
 
 /// Whether every entry of a contiguous s64 flex tensor is in `0..bound`, in one pass over
 /// memory (as an unsigned compare, which also catches negatives) split over the pool. Burn's
-/// path builds two comparison masks, ors them and reduces: about 2.8 ms for 1M indices against
-/// 0.1 ms here.
+/// path builds two comparison masks, ors them and reduces: several passes and temporaries.
 pub fn indices_in_bounds(p: &Prim, bound: usize) -> Option<bool> {
     let xs = flex_i64(p)?;
     let out = |c: &[i64]| c.iter().any(|&v| v as u64 >= bound as u64);
@@ -125,7 +124,7 @@ impl Isa for IsaAvx512 {
 /// found, so any level is safe to ask for; tests ask for each). `body` must be
 /// `#[inline(always)]`: it is inlined into each `#[target_feature]` copy and vectorised there. (A
 /// closure handed to one generic target-feature function does not do: LLVM had already
-/// vectorised the closure for SSE2 when it inlined it, and the 1M sum stayed at 111 us.)
+/// vectorised the closure for SSE2 when it inlined it.)
 macro_rules! wide {
     ($(#[$meta:meta])* fn $name:ident $(<$($gp:ident: $gb:path),*>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:ident;) => {
         $(#[$meta])*
@@ -183,10 +182,9 @@ impl Float for f64 {
 }
 
 /// Independent f64 accumulators of a sum. 64 lets LLVM's loop vectoriser keep 8 AVX-512 (16 AVX2)
-/// vectors of running sums in flight; measured on Zen 4 (1M f32): 38 us AVX-512, 60 us AVX2,
-/// 118 us SSE2, against 111 us for the 8 accumulators before (which LLVM's SLP vectoriser packed
-/// into 2-lane vectors at every level). The summation order is the same at every level, so
-/// results do not depend on the CPU.
+/// vectors of running sums in flight, where 8 accumulators get packed into 2-lane vectors by its
+/// SLP vectoriser at every level. The summation order is the same at every level, so results do
+/// not depend on the CPU.
 const LANES: usize = 64;
 
 /// Sum of a slice in f64 over `LANES` accumulators. The tail is padded with zeros rather than
@@ -232,13 +230,10 @@ wide!(fn add_row_wide<T: Float>(acc: &mut [f64], row: &[T]) = add_row;);
 /// as they come. Tasks are claimed from a counter, so a pool that is asleep or busy elsewhere
 /// costs nothing but its share of the work: the caller runs whatever nobody else claimed. Rayon's
 /// own fork-join, called from a thread outside its pool (the BEAM's dirty schedulers), queues the
-/// job, waits for a worker to wake, then waits to be woken itself: measured here, 20 us a round
-/// trip back to back and 50-100 us after the pool has idled 200 us (a 1M f32 sum took 107 us
-/// that way, 40 us on one thread), more than a pass over 1M values costs. The caller being one of
-/// the workers, it asks for one helper fewer than the pool has threads: as many as the pool (3
-/// threads on this 2-core machine) measured slower under load. Against rayon's fork-join, six
-/// alternating runs through the NIF (medians, us): exp 1M 179 vs 204, add 68 vs 80, sum 43 vs
-/// 46, composed softmax 614 vs 671 and layer norm 575 vs 686.
+/// job, waits for a worker to wake, then waits to be woken itself: a round trip that costs more
+/// than a pass over 1M values. The caller being one of the workers, it asks for one helper fewer
+/// than the pool has threads: as many as the pool was slower under load (guides/backend.md has
+/// the timings).
 pub(crate) fn par_tasks(n: usize, task: &(dyn Fn(usize) + Sync)) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let helpers = (rayon::current_num_threads() - 1).min(n.saturating_sub(1));
@@ -705,7 +700,7 @@ pub fn arith(op: Arith, a: &Prim, a_shape: &[usize], b: &Prim, b_shape: &[usize]
 }
 
 /// Nx's `pow` of f32 or f64 values (`b` already in `a`'s type) on rayon's pool, where flex walks
-/// one element at a time (6 ms for 1M f32, Nx.variance's `pow(x - mean, 2)`): a one-element
+/// one element at a time (Nx.variance's `pow(x - mean, 2)` is one such call): a one-element
 /// exponent, or an exponent of the output's shape with `a` of it too. An exponent of exactly 2 is
 /// `x * x`, the correctly rounded square (what Nx.BinaryBackend gives: f64 `pow` of an f32 is
 /// exact there); any other is the `powf` flex calls, so the same bits. `None` elsewhere.
@@ -1007,8 +1002,8 @@ const ERFC_P: [f32; 10] =
 
 /// GELU over a slice through `erfc` above, in chunks of three straight-line passes the
 /// compiler vectorises: `t` and the exponent, then `exp_f32_slice`, then the product (libm's
-/// `erfcf` branches per value: 5 ms of a 30 ms BERT layer on 2 cores; calling `expf8` inside
-/// one fused loop also stayed ten times slower than these passes). `-a²` is split into its
+/// `erfcf` branches per value, a large share of a BERT layer's time; calling `expf8` inside one
+/// fused loop was also much slower than these passes). `-a²` is split into its
 /// rounded value and the rounding error (`fma`), the error applied as `exp(-lo) ≈ 1 - lo`.
 /// Without FMA, libm's `erfcf` per value.
 #[inline(always)]

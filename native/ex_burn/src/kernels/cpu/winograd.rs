@@ -1,69 +1,25 @@
 //! Winograd convolution for 3x3 kernels (stride 1, no dilation, one group, f32) on the CPU.
 //!
-//! Why: most of the im2col path's time (`conv`) is its matrix product, 9 C multiplications
-//! per output. Winograd's minimal filtering F(m x m, 3 x 3) computes an m x m block of outputs
-//! from an a x a block of inputs (a = m + 2) with a^2 products instead of 9 m^2: 2.25 times fewer
-//! for F(2x2, 3x3), 4 times fewer for F(4x4, 3x3), at the price of cheap linear transforms of
-//! the inputs, kernels and outputs.
+//! Why: most of the im2col path's time is its matrix product, 9 C multiplications per output.
+//! F(m x m, 3 x 3) computes an m x m block of outputs from an (m + 2)² input tile with (m + 2)²
+//! products instead of 9 m², at the price of cheap linear transforms: Y = A^T [ sum over input
+//! channels of (G g G^T) (.) (B^T d B) ] A.
 //!
-//! How: with g a kernel's 3x3 slice and d an a x a input tile,
-//!   Y = A^T [ sum over input channels of (G g G^T) (.) (B^T d B) ] A
-//! where (.) is the elementwise product. The kernels' transform U = G g G^T, [a^2, O, C], is
-//! computed once per call in f64 and rounded once. The tiles (N ceil(OH/m) ceil(OW/m) of them)
-//! then go in blocks of about 32 (part of an image, or whole small images; one rayon task each)
-//! through three steps that keep their data in the core's L2 cache:
-//! * the inputs' transform V = B^T d B, [a^2, C, block]: a channel's rows are copied into a
-//!   zero-bordered buffer (the padding, which may be asymmetric, and the zeros past the last
-//!   tile), then 8 tiles at a time go through the transform side by side, one per SIMD lane,
-//!   their rows moved in and out of the lanes by 8 x 8 transposes in registers;
-//! * the a^2 independent products M[xi] = U[xi] (O x C) . V[xi] (C x block), by a register-blocked
-//!   kernel of our own (6 x 32 outputs a step on AVX-512);
-//! * the outputs' transform Y = A^T M A, 8 tiles at a time, transposed back into rows and
-//!   written into the NCHW output, the edge tiles cropped.
-//! flex's batched matmul (the gemm crate) did the products first, over the whole call: about
-//! 0.9 ms for the benchmark's layer, plus page faults on the 7 MB of V and M each call; the
-//! blocks and the kernel here take 0.3 ms of one core for them.
-//! The transposes matter: moved one value at a time, LLVM made AVX-512 gathers and scatters of
-//! the lanes' values, which took the two transforms 2-3 times longer on these AMD cores. The
-//! product kernel is compiled for AVX-512 too, where LLVM pairs its 256-bit lanes into 512-bit
-//! registers: twice AVX2's speed on the Zen 5 cores measured (full-width 512-bit FMA), about
-//! 260 GFLOP/s a core.
+//! How: the kernels' transform U is computed once per call in f64 and rounded once; the tiles go
+//! in blocks of about 32 (one rayon task each) through three steps that keep their data in L2:
+//! the inputs' transform V (8 tiles side by side, one per SIMD lane, moved in and out of the
+//! lanes by 8 x 8 transposes in registers, since LLVM otherwise makes gathers and scatters), the
+//! (m + 2)² products U[xi] . V[xi] by a register-blocked kernel of our own, and the outputs'
+//! transform, written into the NCHW output. The tile (F(2,3) or F(4,3)) is whichever needs fewer
+//! products, cropped edge tiles counted whole. F(4,3) uses the interpolation points 0, 1, -1,
+//! 1/2, -2 and infinity (Barabasz et al., 2020), the most accurate of the usual sets in f32.
 //!
-//! The tile size is picked per call: whichever needs fewer products, the cropped edge tiles
-//! counted whole (F(4,3) on the benchmark's 32 x 32 outputs; F(2,3) on 1, 2, 5 or 6 a side).
-//! Where few tiles meet many channels (2 x 256 channels of 14 x 14 into 256) the blocks get
-//! small and each streams all of U (C O a^2 values) through its products, so F(2,3)'s larger
-//! blocks beat F(4,3) there (1.3-1.6 ms against 1.7-1.9, im2col 2.5-3.3 ms): splitting such
-//! calls over output channels instead of tiles would be the next step.
-//!
-//! Numerics: the transforms add and subtract neighbouring inputs, so the rounding error of an
-//! output is bounded by a multiple of the sum of |products| over the whole tile (the tests'
-//! `winograd_bound`) rather than over the output's receptive field. F(2,3)'s matrices hold 0, ±1
-//! and ±1/2 and match the direct sum away from padding; F(4,3)'s must hold larger and
-//! smaller numbers. Its interpolation points are 0, 1, -1, 1/2, -2 and infinity: of the usual
-//! sets (0, ±1, ±2 as in Lavin & Gray; 0, ±1, ±1/2) this one, recommended by Barabasz et al.
-//! ("Error analysis and improving the accuracy of Winograd convolution for DNNs", 2020), gave
-//! the smallest errors in an f32 emulation here (max error / sum |x w| 7.5e-7 against 2.7e-6
-//! for 0, ±1, ±2 with 32 channels of Gaussian data). Measured in this module's tests (random
-//! inputs, 1 to 32 channels), the error stays within 1.3e-6 of sum |x w| over the receptive
-//! field for outputs inside the input (F(2,3): 2.4e-7, the im2col path 2.2e-7), and within
-//! 5.5e-5 (F(2,3): 4.4e-6, im2col 2.4e-7) next to padding, where the zeros drop products from
-//! that sum but not from the tile's. Small
-//! integers give exact integer results through F(2,3) (its halves are exact) but not through
-//! F(4,3) (its thirds and fifteenths round).
-//!
-//! Non-finite values: a transform mixes a tile's inputs, so F(4,3) turns an Inf or NaN input
-//! into NaN over outputs of its tiles whose receptive field misses it (176 non-finite outputs
-//! where a direct convolution has 72, in the tests); F(2,3)'s transforms keep the set of
-//! non-finite outputs but, as both do with an Inf in the kernel, give NaN for many of the
-//! direct sum's Infs (Inf - Inf inside the transforms); and the transformed values may overflow
-//! where the direct sum does not. So any non-finite input, kernel value or output sends the call
-//! back to the im2col path (checks folded into copies the passes make anyway), whose results,
-//! like Nx's, are the direct convolution's.
-//!
-//! Only the forward `conv` of the Nx backend comes here (through `conv::conv2d`); its
-//! gradients are convs too and take this path when they qualify (3x3 kernel, stride 1, ...).
-//! Written against Burn's public API so it could move upstream into burn-flex.
+//! A transform mixes a tile's inputs, so an Inf or NaN would spread to outputs that never see
+//! it, and transformed values may overflow where the direct sum does not: any non-finite input,
+//! kernel value or output sends the call back to the im2col path, whose results are Nx's.
+//! A conv's gradients are convs too and come here when they qualify. guides/backend.md covers
+//! the error bounds and timings. Written against Burn's public API so it could move upstream
+//! into burn-flex.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -492,7 +448,7 @@ unsafe fn tile_product<const R: usize, const V: usize, const FMA: bool>(u: *cons
 }
 
 /// `products` compiled for AVX-512 (blocks of 6 x 4 vectors: 24 accumulators of its 32
-/// registers, which LLVM pairs into 512-bit ones: twice AVX2's speed here), AVX2+FMA (4 x 2: 8
+/// registers, which LLVM pairs into 512-bit ones for full-width FMAs), AVX2+FMA (4 x 2: 8
 /// of 16) or baseline x86-64, the widest this CPU runs.
 fn products_at(u: &[f32], o: usize, c: usize, v: &[f32], tbp: usize, m: &mut [f32], mrow: usize) {
     #[cfg(target_arch = "x86_64")]
@@ -1107,7 +1063,7 @@ mod tests {
     }
 
     /// 3x3 kernels at stride 1 in f32 go through Winograd from `conv::conv2d`; other strides,
-    /// dilations, kernel sizes, groups and dtypes do not (im2col or flex, as before), and give
+    /// dilations, kernel sizes, groups and dtypes do not (they take im2col or flex), and give
     /// flex's results.
     #[test]
     fn only_3x3_stride_1_kernels_are_taken() {

@@ -1,9 +1,8 @@
 //! The bf16 product's inner tile on Intel AMX (`tdpbf16ps`), where the CPU and the kernel allow
 //! it: 32 x 32 of the result from two 16-row tiles of A and two 16-column tiles of B per 16
-//! pairs of k, four f32 accumulator tiles. One `tdpbf16ps` is 16·16·32 multiply-adds; on the
-//! 2-core Xeon (Sapphire Rapids class) a {1024,1024}² product took 10.9 ms on `vdpbf16ps`
-//! (that CPU issues it once a cycle, no faster than its f32 FMAs) where oneDNN's AMX kernel,
-//! under PyTorch, takes 1.3 ms.
+//! pairs of k, four f32 accumulator tiles. One `tdpbf16ps` is 16·16·32 multiply-adds, where
+//! Intel's `vdpbf16ps` issues once a cycle, no faster than its f32 FMAs: on those CPUs only AMX
+//! reaches oneDNN's speed (guides/backend.md has the timings).
 //!
 //! It reads what the `vdpbf16ps` path already lays out: A's rows of pairs in place (or packed),
 //! a tile being 16 rows of 16 pairs at the rows' stride; B's packed panels, whose rows of 64
