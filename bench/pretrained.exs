@@ -32,7 +32,7 @@
 # No case asserts a time: this prints figures, ratios and the load average beside them.
 
 defmodule PretrainedBench do
-  @models Path.expand(System.get_env("EXBURN_MODELS_DIR") || "~/models")
+  @models ExBurn.Models.dir()
   def minilm, do: Path.join(@models, "embeddings/all-minilm-l6-v2")
   def smol, do: Path.join(@models, "llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -307,6 +307,8 @@ peer_sections =
   end)
 
 peer_env = [
+  # the peer reads only the variable, so it gets the directory this side resolved
+  {"EXBURN_MODELS_DIR", ExBurn.Models.dir()},
   {"EXBURN_BENCH_THREADS", "#{threads}"},
   {"EXBURN_BENCH_EMBED_RUNS", "#{embed_runs}"},
   {"EXBURN_BENCH_LATENCY_RUNS", "#{lat_runs}"},

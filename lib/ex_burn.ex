@@ -24,7 +24,7 @@ defmodule ExBurn do
 
   @doc """
   The device new tensors go to when no `:device` option is given. See `ExBurn.Device.default/0`:
-  `configure!/1`, else `config :ex_burn, device: ...`, else `EXBURN_DEVICE`, else `:auto`.
+  `configure!/1`, else `EXBURN_DEVICE`, else `config :ex_burn, device: ...`, else `:auto`.
   """
   defdelegate default_device, to: ExBurn.Device, as: :default
 

@@ -49,27 +49,18 @@ defmodule ExBurn.Device do
   end
 
   @doc """
-  The default device: the one given to `configure!/1`, else `config :ex_burn, device: ...`, else
-  the `EXBURN_DEVICE` environment variable, else `:auto`.
+  The default device: the one given to `configure!/1`, else the `EXBURN_DEVICE` environment
+  variable, else `config :ex_burn, device: ...`, else `:auto` (`ExBurn.Env`'s order).
   """
   def default do
     case :persistent_term.get(@default_key, nil) do
       nil ->
-        spec = Application.get_env(:ex_burn, :device) || env_spec() || :auto
-        device = resolve(spec)
+        device = resolve(ExBurn.Env.get(:device))
         :persistent_term.put(@default_key, device)
         device
 
       device ->
         device
-    end
-  end
-
-  defp env_spec do
-    case System.get_env("EXBURN_DEVICE") do
-      nil -> nil
-      "" -> nil
-      spec -> spec
     end
   end
 

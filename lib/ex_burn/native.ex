@@ -130,7 +130,7 @@ defmodule ExBurn.Native do
       Logger.error("""
       ExBurn: the native library could not be loaded: #{inspect(reason)}
       Expected at #{path}.so. Rebuild it with `mix compile` (needs cargo / Rust >= 1.85; GPU \
-      backends through EXBURN_FEATURES=vulkan,... ). A library built for another OTP/NIF version \
+      backends are cargo features: `mix help compile.ex_burn_native`). A library built for another OTP/NIF version \
       or architecture must be rebuilt: `mix clean && mix compile`. Every ExBurn operation raises \
       ExBurn.Error (op :nif_not_loaded) until then.
       """)
@@ -166,7 +166,7 @@ defmodule ExBurn.Native do
 
     raise ExBurn.Error,
       op: :nif_not_loaded,
-      reason: reason <> " (rebuild with `mix compile`; features via EXBURN_FEATURES)",
+      reason: reason <> " (rebuild with `mix compile`; features: `mix help compile.ex_burn_native`)",
       details: details
   end
 end

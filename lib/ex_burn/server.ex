@@ -35,8 +35,8 @@ defmodule ExBurn.Server do
     * `:engine`, `:device` - how models load (see `ExBurn.Embedding.load/2`)
     * `:preload` - model ids to load at start, or `:all` (default `[]`: load on first use)
     * `:token` - the bearer token clients must send (`Authorization: Bearer <token>`); default
-      the `EXBURN_API_TOKEN` environment variable, then `config :ex_burn, api_token: ...`;
-      `nil` or `""` means no authentication. `/api/v1/health` is always open.
+      the `EXBURN_API_TOKEN` environment variable, then `config :ex_burn, api_token: ...`
+      (`ExBurn.Env`); `nil` or `""` means no authentication. `/api/v1/health` is always open.
     * `:rate_limit` - `[per_second: r, burst: b]`: a token bucket per client (its bearer token
       when it sends one, else its IP address) refilled at `r` requests per second and holding
       `b` (default `2 * r`); over the limit the answer is 429 with `Retry-After`. Default off.
@@ -203,10 +203,12 @@ defmodule ExBurn.Server do
   end
 
   defp token(opts) do
+    # a given nil or "" turns authentication off whatever the environment says
     token =
-      Keyword.get_lazy(opts, :token, fn ->
-        System.get_env("EXBURN_API_TOKEN") || Application.get_env(:ex_burn, :api_token)
-      end)
+      case Keyword.fetch(opts, :token) do
+        {:ok, given} -> given
+        :error -> ExBurn.Env.get(:api_token)
+      end
 
     case token do
       nil -> nil

@@ -42,7 +42,7 @@ defmodule ExBurn.OpsTest do
       assert is_binary(name)
       assert {:f, 32} in dtypes
       # the default is the CPU unless a GPU is compiled in or EXBURN_DEVICE names one (GPU runs)
-      if Enum.all?(ExBurn.devices(), &(&1.kind == :cpu)) and System.get_env("EXBURN_DEVICE") in [nil, ""],
+      if Enum.all?(ExBurn.devices(), &(&1.kind == :cpu)) and ExBurn.Env.env(:device) == nil,
         do: assert(ExBurn.default_device() == {:cpu, 0})
 
       assert ExBurn.Native.supports_type({:cpu, 0}, {:f, 32}) == {:ok, true}

@@ -13,7 +13,8 @@ defmodule ExBurn.PublicAPIErrorsTest do
     ExBurn.Embedding,
     ExBurn.LLM,
     ExBurn.JSON,
-    ExBurn.Models
+    ExBurn.Models,
+    ExBurn.Env
   ]
 
   # Functions whose contract accepts any term (inspection helpers) or that take no subject.

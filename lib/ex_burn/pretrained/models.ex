@@ -10,7 +10,8 @@ defmodule ExBurn.Models do
         registry.json        optional catalog
 
   The directory is, in order: the `:dir` option, the `EXBURN_MODELS_DIR` environment variable,
-  `config :ex_burn, models_dir: ...`, then `~/models`.
+  `config :ex_burn, models_dir: ...`, then `~/models` (`ExBurn.Env`'s order). Everything that
+  needs the directory asks `dir/1`.
   """
 
   @doc "The models directory (see the moduledoc for how it is chosen)."
@@ -21,9 +22,7 @@ defmodule ExBurn.Models do
     do: raise(ExBurn.Error, op: :models_dir, reason: "options must be a keyword list", details: %{got: opts})
 
   def dir(opts) do
-    (opts[:dir] || System.get_env("EXBURN_MODELS_DIR") || Application.get_env(:ex_burn, :models_dir) ||
-       "~/models")
-    |> Path.expand()
+    :models_dir |> ExBurn.Env.get(opts[:dir]) |> Path.expand()
   end
 
   @doc """

@@ -9,9 +9,9 @@ defmodule Mix.Tasks.ExBurn.Server do
 
   * `--port` - TCP port (default 8080; 0 picks a free one)
   * `--host` - address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)
-  * `--models` - the models directory (default `ExBurn.Models.dir/1`: `EXBURN_MODELS_DIR` or `~/models`)
+  * `--models` - the models directory (default `ExBurn.Models.dir/1`: `EXBURN_MODELS_DIR`, config, `~/models`)
   * `--device`, `--engine` - how models load (`cpu`, `vulkan:0`, ...; `auto`, `burn`, `candle`)
-  * `--token` - the bearer token clients must send (default `EXBURN_API_TOKEN`)
+  * `--token` - the bearer token clients must send (default `EXBURN_API_TOKEN`, then config; see `ExBurn.Server`)
   * `--rate-limit`, `--burst` - requests per second per client, and the bucket size
   * `--preload` - load these models (or `all`) at start instead of on first use
   * `--max-concurrent` - generations running at once per LLM (default 1)
@@ -53,12 +53,14 @@ defmodule Mix.Tasks.ExBurn.Server do
     {:ok, pid} = ExBurn.Server.start_link(server_opts)
     install_sigterm(ExBurn.Server)
 
-    models = ExBurn.Models.list(dir: server_opts[:models_dir])
+    # what the server resolved (option, environment, config), not a second guess at it
+    config = ExBurn.Server.Instance.config(ExBurn.Server)
+    models = ExBurn.Models.list(dir: config.models_dir)
 
     Mix.shell().info("""
     ExBurn server listening on #{ExBurn.Server.url()}
-      models (#{ExBurn.Models.dir(dir: server_opts[:models_dir])}): #{Enum.map_join(models, ", ", &"#{&1.name} (#{&1.kind})")}
-      authentication: #{if server_opts[:token] || System.get_env("EXBURN_API_TOKEN"), do: "bearer token", else: "none"}
+      models (#{config.models_dir}): #{Enum.map_join(models, ", ", &"#{&1.name} (#{&1.kind})")}
+      authentication: #{if config.token, do: "bearer token", else: "none"}
       OpenAI base URL: #{ExBurn.Server.url()}/v1
     """)
 

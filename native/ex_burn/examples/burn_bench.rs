@@ -346,7 +346,7 @@ fn main() {
             let ns = peer(op, size.parse().expect("size"), iters.parse().expect("iters"));
             println!("{ns}");
         }
-        ["device"] => device_bench(parse_device(&std::env::var("EXBURN_TEST_DEVICE").unwrap_or_default())),
+        ["device"] => device_bench(ex_burn::process::env::test_device()),
         ["device", spec] => device_bench(parse_device(spec)),
         ["kernels"] => kernels(),
         ["precision", dir] => precision_bench(dir, parse_device("cuda")),

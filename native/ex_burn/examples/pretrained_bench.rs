@@ -24,7 +24,7 @@
 //! * `llm`: 64 new greedy tokens (total, first = prompt + 1 token, tok/s, decode tok/s) and the
 //!   token ids, to compare with the CPU's.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -56,11 +56,10 @@ fn parse_device(spec: &str) -> DeviceRef {
 }
 
 fn args() -> Args {
-    let home = std::env::var("HOME").unwrap_or_default();
     let mut a = Args {
         device: DeviceRef::CPU,
         engine: Engine::Burn,
-        models: std::env::var("EXBURN_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|_| Path::new(&home).join("models")),
+        models: ex_burn::process::env::models_dir(),
         bench: PathBuf::from("bench"),
         reference: PathBuf::from("test/data/pretrained/minilm_reference.json"),
         embed_runs: 20,

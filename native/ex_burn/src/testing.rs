@@ -10,15 +10,7 @@ use crate::ops::elementwise::as_type;
 use crate::tensor::Handle;
 
 pub fn device() -> DeviceRef {
-    let spec = std::env::var("EXBURN_TEST_DEVICE").unwrap_or_default();
-    let (kind, index) = spec.split_once(':').unwrap_or((spec.as_str(), "0"));
-    match kind {
-        "" | "cpu" => DeviceRef::CPU,
-        name => DeviceRef {
-            kind: crate::device::DeviceKind::from_name(name).unwrap_or_else(|| panic!("unknown EXBURN_TEST_DEVICE {spec}")),
-            index: index.parse().expect("EXBURN_TEST_DEVICE index"),
-        },
-    }
+    crate::process::env::test_device()
 }
 
 pub fn supports(ty: NxType) -> bool {

@@ -9,31 +9,12 @@
 //! caller does not wait, so it is safe wherever a NIF runs. Only large results flush: small ops
 //! gain nothing from it (guides/devices.md has the measurements).
 
-use std::sync::OnceLock;
-
 use crate::tensor::Handle;
-
-const DEFAULT_MIN_ELEMS: usize = 1 << 20;
-
-/// The threshold `EXBURN_FLUSH_ELEMS` asks for: `None` is never.
-fn parse(var: Option<&str>) -> Option<usize> {
-    match var.map(|v| v.trim().parse::<usize>()) {
-        Some(Ok(0)) => None,
-        Some(Ok(n)) => Some(n),
-        // unset, or not a number: the default
-        _ => Some(DEFAULT_MIN_ELEMS),
-    }
-}
-
-fn threshold() -> Option<usize> {
-    static T: OnceLock<Option<usize>> = OnceLock::new();
-    *T.get_or_init(|| parse(std::env::var("EXBURN_FLUSH_ELEMS").ok().as_deref()))
-}
 
 /// Sends the device's pending batch when `h`, a result just made, is large (see the module doc).
 /// A no-op for CPU tensors.
 pub fn after_result(h: &Handle) {
-    if !threshold().is_some_and(|min| h.numel() >= min) {
+    if !crate::process::env::flush_elems().is_some_and(|min| h.numel() >= min) {
         return;
     }
     #[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
@@ -52,19 +33,11 @@ pub fn after_result(h: &Handle) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn threshold_from_the_environment() {
-        assert_eq!(parse(None), Some(DEFAULT_MIN_ELEMS));
-        assert_eq!(parse(Some("0")), None);
-        assert_eq!(parse(Some("4096")), Some(4096));
-        assert_eq!(parse(Some(" 1 ")), Some(1));
-        assert_eq!(parse(Some("lots")), Some(DEFAULT_MIN_ELEMS));
-    }
-
     // on the CPU a no-op; under EXBURN_TEST_DEVICE=cuda/vulkan the flush runs on a real queue
     #[test]
     fn a_flushed_large_result_keeps_its_data() {
-        let n = DEFAULT_MIN_ELEMS;
+        // the default threshold (process::env::FLUSH_ELEMS)
+        let n = 1 << 20;
         let bytes: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
         let h = Handle::from_bytes(bytes.clone(), vec![n], crate::dtype::NxType::U(8), crate::testing::device()).unwrap();
         after_result(&h);

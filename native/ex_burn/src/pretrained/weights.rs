@@ -387,10 +387,7 @@ pub(crate) mod test_support {
 
     /// The models directory: `EXBURN_MODELS_DIR`, else `~/models`.
     pub fn models_dir() -> PathBuf {
-        if let Ok(d) = std::env::var("EXBURN_MODELS_DIR") {
-            return PathBuf::from(d);
-        }
-        PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join("models")
+        crate::process::env::models_dir()
     }
 
     /// Peak resident set size of this process so far, in MiB (`VmHWM`).
@@ -408,15 +405,8 @@ pub(crate) mod test_support {
     /// The reference data another agent generates with sentence-transformers / transformers.
     /// `EXBURN_REFERENCE_DIR` overrides the directory (default `test/data/pretrained`).
     pub fn reference(name: &str) -> serde_json::Value {
-        // The references are committed data, so a missing one is a failure, never a skip. cargo
-        // sets CARGO_MANIFEST_DIR when it runs a test too; that one is preferred to the value compiled
-        // in, which names wherever the binary was built (a cached test binary built from another
-        // checkout once skipped every reference test here).
-        let dir = std::env::var("EXBURN_REFERENCE_DIR").map(PathBuf::from).unwrap_or_else(|_| {
-            let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
-            Path::new(&manifest).join("../../test/data/pretrained")
-        });
-        let path = dir.join(name);
+        // The references are committed data, so a missing one is a failure, never a skip.
+        let path = crate::process::env::reference_dir().join(name);
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reference {}: {e}", path.display()));
         serde_json::from_str(&text).expect("reference JSON")
     }

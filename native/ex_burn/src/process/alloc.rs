@@ -24,7 +24,7 @@ pub fn tune() -> bool {
         fn mallopt(param: i32, value: i32) -> i32;
     }
     let user_set = ["MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"].iter().any(|v| std::env::var_os(v).is_some());
-    if user_set || !crate::process::switch::on("EXBURN_MALLOC_TUNE") {
+    if user_set || !crate::process::env::malloc_tune() {
         return false;
     }
     // SAFETY: mallopt only changes allocator parameters; it is thread-safe in glibc.

@@ -1,6 +1,6 @@
 //! Process-wide setup: the CPU features the build assumes (checked at load), glibc's allocator
-//! settings, and the environment switches.
+//! settings, and the `EXBURN_*` environment variables (`env`).
 
 pub mod alloc;
 pub mod cpu_target;
-pub mod switch;
+pub mod env;

@@ -96,7 +96,7 @@ pub fn matmul(a: DispatchTensor, b: DispatchTensor, precision: MatmulPrecision) 
 /// `EXBURN_CUBLAS=0` keeps every product on Burn's own kernel (TF32 for f32 on tensor-core
 /// cards): for comparisons, and to show the precision tests catch it.
 fn enabled() -> bool {
-    crate::process::switch::on_once!("EXBURN_CUBLAS")
+    crate::process::env::cublas()
 }
 
 fn library_present() -> bool {
@@ -341,6 +341,6 @@ fn cublas_matmul(lhs: &CubeTensor, rhs: &CubeTensor, tf32: bool) -> Result<CubeT
 /// `EXBURN_CUBLAS_EXCLUSIVE=0` makes each cubecl call of a product its own round trip again (for
 /// comparison).
 fn exclusive() -> bool {
-    crate::process::switch::on_once!("EXBURN_CUBLAS_EXCLUSIVE")
+    crate::process::env::cublas_exclusive()
 }
 

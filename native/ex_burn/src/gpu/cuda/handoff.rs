@@ -120,8 +120,7 @@ fn next_seq() -> u32 {
 
 /// `EXBURN_CUBLAS_HOST_SYNC=1` orders vendor calls from the host instead (for comparison).
 fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("EXBURN_CUBLAS_HOST_SYNC").map_or(true, |v| v == "0"))
+    !crate::process::env::cublas_host_sync()
 }
 
 fn buffer(h: &cubecl::server::Handle, bytes: usize) -> BufferArg {

@@ -79,7 +79,7 @@ pub fn matmul(a: &Prim, b: &Prim) -> Option<Prim> {
 /// once), and (in tests) the calling thread has not switched it off.
 fn available() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    let on = *ON.get_or_init(|| detected() && crate::process::switch::on("EXBURN_BF16_GEMM"));
+    let on = *ON.get_or_init(|| detected() && crate::process::env::bf16_gemm());
     #[cfg(test)]
     let on = on && !tests::OFF.with(|off| off.get());
     on

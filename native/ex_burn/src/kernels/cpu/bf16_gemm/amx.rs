@@ -36,7 +36,7 @@ pub(super) fn usable([_, m, k]: [usize; 3]) -> bool {
 /// data state, and `EXBURN_BF16_AMX` is not `0`; asked once.
 pub(super) fn ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
-    *READY.get_or_init(|| cpu_has_amx() && crate::process::switch::on("EXBURN_BF16_AMX") && granted())
+    *READY.get_or_init(|| cpu_has_amx() && crate::process::env::bf16_amx() && granted())
 }
 
 /// CPUID leaf 7 lists AMX-BF16 (EDX bit 22) and AMX-TILE (bit 24). The leaf exists on every
@@ -211,7 +211,7 @@ pub(crate) mod tests {
             return;
         }
         let has = super::cpu_has_amx();
-        if !crate::process::switch::on("EXBURN_BF16_AMX") {
+        if !crate::process::env::bf16_amx() {
             assert!(!super::ready());
         } else {
             assert_eq!(super::ready(), has);

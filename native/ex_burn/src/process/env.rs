@@ -1,0 +1,319 @@
+//! The crate's `EXBURN_*` environment variables: the one table of them (`ALL`), one parsing rule
+//! per kind, and a typed accessor per variable. No other file of the crate reads an `EXBURN_`
+//! variable; `guides/configuration.md` is the table for users (every variable of the project).
+//!
+//! Parsing, the same for every variable of a kind:
+//! * switch: unset or empty is the variable's default; `0`, `false`, `off` turn it off; `1`,
+//!   `true`, `on` turn it on (any case, surrounding spaces ignored).
+//! * count: unset or empty is the default; otherwise a non-negative integer.
+//! * path: unset or empty is the default.
+//! * device: `kind` or `kind:index` (`cpu`, `vulkan:1`, ...); unset or empty is the CPU.
+//!
+//! A value that does not parse falls back to the default with one warning on stderr, rather than
+//! failing: the variables tune or compare, and a NIF library cannot refuse to load over one
+//! (the test-only device is the exception: a bad one panics the test). The values the NIFs use
+//! are read once per process and remembered, since they are checked on hot paths.
+
+use std::fmt::Display;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use crate::device::{DeviceKind, DeviceRef};
+
+/// How a variable's value is read, with its default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Switch { default: bool },
+    Count { default: usize },
+    /// The default is relative to `$HOME` when it starts with `~/`, else to the repository root.
+    Path { default: &'static str },
+    Device,
+}
+
+/// Who reads a variable: the library at run time, or only the crate's tests and examples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reader {
+    Library,
+    Tests,
+}
+
+#[derive(Debug)]
+pub struct Var {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub reader: Reader,
+    pub about: &'static str,
+}
+
+pub const MALLOC_TUNE: Var = Var {
+    name: "EXBURN_MALLOC_TUNE",
+    kind: Kind::Switch { default: true },
+    reader: Reader::Library,
+    about: "raise glibc's mmap and trim thresholds at load, so tensor-sized blocks are reused (process/alloc.rs)",
+};
+pub const FLUSH_ELEMS: Var = Var {
+    name: "EXBURN_FLUSH_ELEMS",
+    kind: Kind::Count { default: 1 << 20 },
+    reader: Reader::Library,
+    about: "a GPU result of at least this many elements sends cubecl's queued batch at once; 0 never (gpu/flush.rs)",
+};
+pub const CUBLAS: Var = Var {
+    name: "EXBURN_CUBLAS",
+    kind: Kind::Switch { default: true },
+    reader: Reader::Library,
+    about: "CUDA matrix products on cuBLAS; off keeps Burn's own kernel (gpu/cuda/cublas.rs)",
+};
+pub const CUBLAS_EXCLUSIVE: Var = Var {
+    name: "EXBURN_CUBLAS_EXCLUSIVE",
+    kind: Kind::Switch { default: true },
+    reader: Reader::Library,
+    about: "a cuBLAS product's cubecl calls in one exclusive section; off makes each its own round trip (gpu/cuda/cublas.rs)",
+};
+pub const CUBLAS_HOST_SYNC: Var = Var {
+    name: "EXBURN_CUBLAS_HOST_SYNC",
+    kind: Kind::Switch { default: false },
+    reader: Reader::Library,
+    about: "order cuBLAS after cubecl's work by host waits instead of on the device (gpu/cuda/handoff.rs)",
+};
+pub const BF16_GEMM: Var = Var {
+    name: "EXBURN_BF16_GEMM",
+    kind: Kind::Switch { default: true },
+    reader: Reader::Library,
+    about: "bf16 CPU products on the crate's AVX-512 BF16 kernel where the CPU has it (kernels/cpu/bf16_gemm.rs)",
+};
+pub const BF16_AMX: Var = Var {
+    name: "EXBURN_BF16_AMX",
+    kind: Kind::Switch { default: true },
+    reader: Reader::Library,
+    about: "that kernel on AMX tiles where the CPU has them (kernels/cpu/bf16_gemm/amx.rs)",
+};
+pub const MODELS_DIR: Var = Var {
+    name: "EXBURN_MODELS_DIR",
+    kind: Kind::Path { default: "~/models" },
+    reader: Reader::Tests,
+    about: "the models directory of the model tests and examples (the library gets it as an argument)",
+};
+pub const REFERENCE_DIR: Var = Var {
+    name: "EXBURN_REFERENCE_DIR",
+    kind: Kind::Path { default: "test/data/pretrained" },
+    reader: Reader::Tests,
+    about: "the pre-trained models' reference outputs the tests compare with",
+};
+pub const TEST_DEVICE: Var = Var {
+    name: "EXBURN_TEST_DEVICE",
+    kind: Kind::Device,
+    reader: Reader::Tests,
+    about: "the device the crate's tests (and burn_bench's device case) run on",
+};
+
+/// Every variable the crate reads.
+pub const ALL: [&Var; 10] =
+    [&MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE];
+
+/// `$e`, computed the first time this call site runs and remembered for the process.
+macro_rules! once {
+    ($t:ty, $e:expr) => {{
+        static V: OnceLock<$t> = OnceLock::new();
+        *V.get_or_init(|| $e)
+    }};
+}
+
+pub fn malloc_tune() -> bool {
+    once!(bool, switch(&MALLOC_TUNE))
+}
+
+/// The flush threshold in elements; `None` is never.
+pub fn flush_elems() -> Option<usize> {
+    once!(Option<usize>, Some(count(&FLUSH_ELEMS)).filter(|&n| n > 0))
+}
+
+pub fn cublas() -> bool {
+    once!(bool, switch(&CUBLAS))
+}
+
+pub fn cublas_exclusive() -> bool {
+    once!(bool, switch(&CUBLAS_EXCLUSIVE))
+}
+
+pub fn cublas_host_sync() -> bool {
+    once!(bool, switch(&CUBLAS_HOST_SYNC))
+}
+
+pub fn bf16_gemm() -> bool {
+    once!(bool, switch(&BF16_GEMM))
+}
+
+pub fn bf16_amx() -> bool {
+    once!(bool, switch(&BF16_AMX))
+}
+
+pub fn models_dir() -> PathBuf {
+    path(&MODELS_DIR)
+}
+
+pub fn reference_dir() -> PathBuf {
+    path(&REFERENCE_DIR)
+}
+
+/// The device tests run on; panics on a spec that names no device kind.
+pub fn test_device() -> DeviceRef {
+    once!(DeviceRef, {
+        let raw = raw(&TEST_DEVICE);
+        parse_device(raw.as_deref()).unwrap_or_else(|e| panic!("{}: {e}", TEST_DEVICE.name)).unwrap_or(DeviceRef::CPU)
+    })
+}
+
+/// A switch's value: `Ok(None)` when unset or empty, `Err` when it is not a switch value.
+pub fn parse_switch(raw: Option<&str>) -> Result<Option<bool>, String> {
+    match raw.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("") => Ok(None),
+        Some("0" | "false" | "off") => Ok(Some(false)),
+        Some("1" | "true" | "on") => Ok(Some(true)),
+        Some(_) => Err("expected 0/false/off or 1/true/on".into()),
+    }
+}
+
+/// A count's value: `Ok(None)` when unset or empty, `Err` when it is not a non-negative integer.
+pub fn parse_count(raw: Option<&str>) -> Result<Option<usize>, String> {
+    match raw.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| "expected a non-negative integer".into()),
+    }
+}
+
+/// A device spec `kind[:index]`: `Ok(None)` when unset or empty.
+pub fn parse_device(raw: Option<&str>) -> Result<Option<DeviceRef>, String> {
+    let spec = match raw.map(str::trim) {
+        None | Some("") => return Ok(None),
+        Some(spec) => spec,
+    };
+    let (kind, index) = spec.split_once(':').unwrap_or((spec, "0"));
+    let kind = DeviceKind::from_name(kind).ok_or_else(|| format!("unknown device kind in {spec:?}"))?;
+    let index = index.parse().map_err(|_| format!("bad device index in {spec:?}"))?;
+    Ok(Some(DeviceRef { kind, index }))
+}
+
+/// The variable's value; unset and empty are the same (`FOO= cmd` is how a shell unsets it).
+fn raw(var: &Var) -> Option<String> {
+    std::env::var(var.name).ok()
+}
+
+/// A parsed value, or `default` with a warning when the value did not parse.
+fn or_default<T: Display>(var: &Var, raw: Option<&str>, parsed: Result<Option<T>, String>, default: T) -> T {
+    match parsed {
+        Ok(v) => v.unwrap_or(default),
+        Err(expected) => {
+            eprintln!("ex_burn: ignoring {}={:?} ({expected}); using its default, {default}", var.name, raw.unwrap_or(""));
+            default
+        }
+    }
+}
+
+fn switch(var: &Var) -> bool {
+    let Kind::Switch { default } = var.kind else { unreachable!("{} is not a switch", var.name) };
+    let raw = raw(var);
+    or_default(var, raw.as_deref(), parse_switch(raw.as_deref()), default)
+}
+
+fn count(var: &Var) -> usize {
+    let Kind::Count { default } = var.kind else { unreachable!("{} is not a count", var.name) };
+    let raw = raw(var);
+    or_default(var, raw.as_deref(), parse_count(raw.as_deref()), default)
+}
+
+fn path(var: &Var) -> PathBuf {
+    let Kind::Path { default } = var.kind else { unreachable!("{} is not a path", var.name) };
+    match raw(var).filter(|v| !v.trim().is_empty()) {
+        Some(v) => PathBuf::from(v),
+        None => default_path(default),
+    }
+}
+
+fn default_path(default: &str) -> PathBuf {
+    match default.strip_prefix("~/") {
+        Some(rest) => PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(rest),
+        // cargo sets CARGO_MANIFEST_DIR when it runs a test too; that one is preferred to the value
+        // compiled in, which names wherever the binary was built (a cached test binary built from
+        // another checkout would read that checkout's files)
+        None => {
+            let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+            PathBuf::from(manifest).join("../..").join(default)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn switches_parse_by_one_rule() {
+        for unset in [None, Some(""), Some("  ")] {
+            assert_eq!(parse_switch(unset), Ok(None));
+        }
+        for off in ["0", "false", "off", "OFF", " False "] {
+            assert_eq!(parse_switch(Some(off)), Ok(Some(false)), "{off:?}");
+        }
+        for on in ["1", "true", "on", "ON", " True "] {
+            assert_eq!(parse_switch(Some(on)), Ok(Some(true)), "{on:?}");
+        }
+        for bad in ["2", "yes", "no", "00"] {
+            assert!(parse_switch(Some(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_bad_value_is_the_default() {
+        let var = &CUBLAS_HOST_SYNC;
+        assert!(!or_default(var, Some("yes"), parse_switch(Some("yes")), false));
+        assert!(or_default(var, Some("maybe"), parse_switch(Some("maybe")), true));
+        assert!(or_default(var, None, parse_switch(None), true));
+        assert!(!or_default(var, Some("off"), parse_switch(Some("off")), true));
+        assert_eq!(or_default(&FLUSH_ELEMS, Some("lots"), parse_count(Some("lots")), 7), 7);
+    }
+
+    #[test]
+    fn counts_parse() {
+        assert_eq!(parse_count(None), Ok(None));
+        assert_eq!(parse_count(Some("")), Ok(None));
+        assert_eq!(parse_count(Some("0")), Ok(Some(0)));
+        assert_eq!(parse_count(Some(" 4096 ")), Ok(Some(4096)));
+        assert!(parse_count(Some("-1")).is_err());
+        assert!(parse_count(Some("lots")).is_err());
+    }
+
+    #[test]
+    fn devices_parse() {
+        assert_eq!(parse_device(None), Ok(None));
+        assert_eq!(parse_device(Some("")), Ok(None));
+        assert_eq!(parse_device(Some("cpu")), Ok(Some(DeviceRef::CPU)));
+        assert_eq!(parse_device(Some("vulkan:1")), Ok(Some(DeviceRef { kind: DeviceKind::Vulkan, index: 1 })));
+        assert_eq!(parse_device(Some("cuda")), Ok(Some(DeviceRef { kind: DeviceKind::Cuda, index: 0 })));
+        assert!(parse_device(Some("tpu")).is_err());
+        assert!(parse_device(Some("cuda:x")).is_err());
+    }
+
+    #[test]
+    fn path_defaults() {
+        let home = default_path("~/models");
+        assert!(home.ends_with("models") && home.is_absolute(), "{home:?}");
+        // the repository's own reference data
+        assert!(default_path("test/data/pretrained").join("minilm_reference.json").is_file());
+    }
+
+    #[test]
+    fn the_table_names_each_variable_once() {
+        let mut names: Vec<_> = ALL.iter().map(|v| v.name).collect();
+        assert!(names.iter().all(|n| n.starts_with("EXBURN_")));
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), ALL.len());
+    }
+
+    #[test]
+    fn each_accessor_reads_a_variable_of_its_kind() {
+        // a mismatch panics (unreachable!) here rather than in a NIF
+        let _ = (malloc_tune(), flush_elems(), cublas(), cublas_exclusive(), cublas_host_sync(), bf16_gemm(), bf16_amx());
+        let _ = (models_dir(), reference_dir(), test_device());
+    }
+}
