@@ -97,6 +97,35 @@ defmodule ExBurn.Pretrained.EmbeddingTest do
         _ = cases
       end
 
+      test "embed_ids of tokenize's rows equals embed of the texts; bad ids are typed errors", %{
+        models: models,
+        cases: cases
+      } do
+        m = models[unquote(engine)]
+        texts = Enum.map(cases, & &1["text"])
+        {:ok, ids} = Embedding.tokenize(m, texts)
+        {:ok, direct} = Embedding.embed(m, texts)
+        assert {:ok, ^direct} = Embedding.embed_ids(m, ids)
+        {:ok, t} = Embedding.embed_ids(m, ids, as: :tensor)
+        assert ExBurn.Tensor.shape(t) == {length(texts), 384}
+        assert ExBurn.Tensor.to_flat_list(t) == List.flatten(direct)
+
+        too_long = [101 | List.duplicate(1037, m.max_seq_len)]
+
+        assert {:error, %ExBurn.Error{op: :embedder_embed_ids, details: %{kind: :prompt_too_long}}} =
+                 Embedding.embed_ids(m, [hd(ids), too_long])
+
+        assert {:error, %ExBurn.Error{details: %{kind: :token_out_of_range, token_id: 10_000_000}}} =
+                 Embedding.embed_ids(m, [[101, 10_000_000, 102]])
+
+        assert {:error, %ExBurn.Error{details: %{kind: :empty_input}}} = Embedding.embed_ids(m, [[101], []])
+        assert {:error, %ExBurn.Error{details: %{kind: :empty_input}}} = Embedding.embed_ids(m, [])
+        assert {:error, %ExBurn.Error{details: %{argument: "ids"}}} = Embedding.embed_ids(m, [[-1]])
+        assert {:error, %ExBurn.Error{details: %{kind: :argument}}} = Embedding.embed_ids(m, :nope)
+        assert {:error, %ExBurn.Error{details: %{kind: :argument}}} = Embedding.embed_ids(:nope, ids)
+        assert_raise ExBurn.Error, fn -> Embedding.embed_ids!(m, [[]]) end
+      end
+
       test "bad input is an ExBurn.Error", %{models: models} do
         m = models[unquote(engine)]
 
