@@ -127,6 +127,42 @@ defmodule ExBurn.Embedding do
   end
 
   @doc """
+  Embeds rows of token ids, as `tokenize/2` gives them (special tokens included, at most
+  `max_seq_len` each): one vector per row, in order, equal to `embed/3` of the texts they came
+  from. For callers that tokenise once on their own side, to count tokens or check lengths,
+  and then embed without tokenising again. Takes `:as` as `embed/3` does.
+
+  A row longer than `max_seq_len` (`details.kind` `:prompt_too_long`), an id outside the
+  vocabulary (`:token_out_of_range`) or an empty row (`:empty_input`) is an `ExBurn.Error`:
+  ids the model's tokenizer never gives are not truncated or clamped.
+  """
+  @spec embed_ids(t, [[non_neg_integer]], keyword) :: {:ok, term} | {:error, Error.t()}
+  def embed_ids(model, rows, opts \\ [])
+
+  def embed_ids(model, _rows, _opts) when not is_struct(model, __MODULE__),
+    do: Pretrained.not_a_model(:embed_ids, __MODULE__, model)
+
+  def embed_ids(_model, rows, _opts) when not is_list(rows),
+    do:
+      Pretrained.error(:embedder_embed_ids, "rows must be a list of lists of token ids", %{
+        got: rows,
+        kind: :argument
+      })
+
+  def embed_ids(%__MODULE__{} = model, rows, opts) do
+    case call(model, :embedder_embed_ids, &ExBurn.Native.embedder_embed_ids(&1, rows)) do
+      {:ok, {bin, _dim}, _model} ->
+        {:ok, convert(bin, {length(rows), model.dim}, Keyword.get(opts, :as, :list))}
+
+      {:error, _} = error ->
+        error
+    end
+  end
+
+  @doc "Like `embed_ids/3`, but raises `ExBurn.Error`."
+  def embed_ids!(model, rows, opts \\ []), do: bang(embed_ids(model, rows, opts))
+
+  @doc """
   An `Nx.Serving` that embeds texts for many callers in shared batches (needs Nx):
   `Nx.Serving.run(serving, "text")` gives `%{embedding: tensor}`, a list of texts a list of
   them, as Bumblebee's `text_embedding`. Options `:batch_size` (32), `:batch_timeout` (10 ms),

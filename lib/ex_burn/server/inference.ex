@@ -128,54 +128,18 @@ defmodule ExBurn.Server.Inference do
   end
 
   @doc """
-  Embeds `texts` through the model's batching server, each text a request of its own so
-  concurrent clients share batches: `{:ok, vectors, prompt_tokens}` or `{:error, response}`.
+  Embeds `texts` through the model's batching server: `{:ok, vectors, prompt_tokens}` or
+  `{:error, response}`. Each text is tokenised once, here (its token count is the usage), and
+  goes to the batcher as its token ids; the texts are one request there, sharing batches with
+  concurrent clients.
   """
   def embed(served, texts) do
-    results = retrying(served, &run_embeddings(&1.server, texts))
-
-    case results do
+    with {:ok, ids} <- ExBurn.Embedding.tokenize(served.model, texts),
+         rows = Enum.map(ids, &{:token_ids, &1}),
+         {:ok, vectors} <- retrying(served, &ExBurn.Serving.Batcher.run_many(&1.server, rows, @embed_timeout)) do
+      {:ok, vectors, ids |> Enum.map(&length/1) |> Enum.sum()}
+    else
       {:error, e} -> {:error, serving_error(e)}
-      {:ok, vectors} -> {:ok, vectors, token_count(served.model, texts)}
-    end
-  end
-
-  defp token_count(model, texts) do
-    case ExBurn.Embedding.tokenize(model, texts) do
-      {:ok, ids} -> ids |> Enum.map(&length/1) |> Enum.sum()
-      _ -> 0
-    end
-  end
-
-  defp run_embeddings(server, texts) do
-    results =
-      case texts do
-        [text] ->
-          [ExBurn.Serving.Batcher.run(server, text, @embed_timeout)]
-
-        _ ->
-          # Unlinked helpers (the request process may trap exits, as :httpd's does): each
-          # answers through its exit reason.
-          texts
-          |> Enum.map(fn text ->
-            spawn_monitor(fn ->
-              exit({:embedded, ExBurn.Serving.Batcher.run(server, text, @embed_timeout)})
-            end)
-          end)
-          |> Enum.map(fn {pid, mref} ->
-            receive do
-              {:DOWN, ^mref, :process, ^pid, {:embedded, result}} ->
-                result
-
-              {:DOWN, ^mref, :process, ^pid, reason} ->
-                {:error, %Error{op: :serving, reason: inspect(reason)}}
-            end
-          end)
-      end
-
-    case Enum.find(results, &match?({:error, _}, &1)) do
-      nil -> {:ok, Enum.map(results, fn {:ok, v} -> v end)}
-      error -> error
     end
   end
 

@@ -7,7 +7,7 @@ defmodule ExBurn.Serving.Batch do
   # error), every sample is run again on its own, so only the samples that fail on their own get
   # an error: a single bad request must not fail the requests it happened to be batched with.
 
-  alias ExBurn.{Error, Model, Tensor}
+  alias ExBurn.{Embedding, Error, Model, Tensor}
 
   @doc "One `{:ok, row} | {:error, %ExBurn.Error{}}` per input, in order, and whether it fell back."
   def execute(target, [input]), do: {[run_one(target, input)], false}
@@ -28,9 +28,14 @@ defmodule ExBurn.Serving.Batch do
     kind, value -> {:error, caught(kind, value)}
   end
 
-  # Texts for an embedding model are one padded batch in the model itself; rows come back as
-  # lists of floats.
-  defp run_stacked!({:embedding, model}, texts), do: ExBurn.Embedding.embed!(model, texts)
+  # Texts and token id rows for an embedding model are one padded batch in the model itself;
+  # rows come back as lists of floats. Callers that already tokenised (to count tokens) send
+  # ids, so texts are tokenised here only when they come as texts.
+  defp run_stacked!({:embedding, model}, samples) do
+    if Enum.all?(samples, &is_binary/1),
+      do: Embedding.embed!(model, samples),
+      else: Embedding.embed_ids!(model, token_rows!(model, samples))
+  end
 
   defp run_stacked!(target, inputs) do
     n = length(inputs)
@@ -48,6 +53,23 @@ defmodule ExBurn.Serving.Batch do
           details: %{rows: n, got: summary(other)}
     end
   end
+
+  # The samples as token id rows, in order; the texts among them are tokenised in one call.
+  defp token_rows!(model, samples) do
+    texts = for text <- samples, is_binary(text), do: text
+    tokenized = if texts == [], do: [], else: bang!(Embedding.tokenize(model, texts))
+
+    {rows, []} =
+      Enum.map_reduce(samples, tokenized, fn
+        {:token_ids, row}, rest -> {row, rest}
+        _text, [row | rest] -> {row, rest}
+      end)
+
+    rows
+  end
+
+  defp bang!({:ok, value}), do: value
+  defp bang!({:error, e}), do: raise(e)
 
   defp call({:model, model}, batch, n), do: Model.predict(model, batch, batch_size: n)
   defp call({:fun, fun}, batch, _n), do: fun.(batch)

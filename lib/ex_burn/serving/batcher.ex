@@ -2,11 +2,14 @@ defmodule ExBurn.Serving.Batcher do
   @moduledoc """
   A batching inference server that needs no Nx: requests for one sample each are stacked into a
   batch for an `ExBurn.Model` or a function `fn batch_tensor -> output_tensor end`, and the
-  output rows are sent back to their callers. For an `ExBurn.Embedding` model each request is a
-  text, the batch is one padded model call, and each caller gets its vector (a list of floats).
+  output rows are sent back to their callers. For an `ExBurn.Embedding` model each sample is a
+  text or `{:token_ids, ids}` (a row as `ExBurn.Embedding.tokenize/2` gives it, for callers that
+  tokenise on their side), the batch is one padded model call, and each caller gets its vector
+  (a list of floats).
 
       {:ok, _pid} = ExBurn.Serving.Batcher.start_link(model, name: MyModel, batch_size: 32, batch_timeout: 5)
       {:ok, row} = ExBurn.Serving.Batcher.run(MyModel, [0.5, 1.0])
+      {:ok, [row1, row2]} = ExBurn.Serving.Batcher.run_many(MyModel, [[0.5, 1.0], [2.0, 3.0]])
 
   In a supervision tree: `{ExBurn.Serving.Batcher, model: model, name: MyModel, batch_size: 32}`.
 
@@ -24,10 +27,13 @@ defmodule ExBurn.Serving.Batcher do
   `batch_timeout` ms. It runs in a separate process, so the server keeps queuing while the model
   works (model calls themselves run on dirty schedulers); one batch runs at a time.
 
-  A caller that dies while queued is dropped from the queue, and one whose `run/3` timed out is
-  skipped; a caller that dies while its batch runs simply gets no reply. When a batch fails, its
-  requests are run one by one so only those that fail on their own get
-  `{:error, %ExBurn.Error{}}`.
+  The samples of one `run_many/3` are queued together, so they share batches with each other
+  and with other callers' samples, and are counted one each against `:max_queue`.
+
+  A caller that dies while queued is dropped from the queue, and one whose `run/3` or
+  `run_many/3` timed out is skipped; a caller that dies while its batch runs simply gets no
+  reply. When a batch fails, its requests are run one by one so only those that fail on their
+  own get `{:error, %ExBurn.Error{}}`.
 
   ## Telemetry
 
@@ -44,7 +50,19 @@ defmodule ExBurn.Serving.Batcher do
 
   @options [:name, :batch_size, :batch_timeout, :max_queue]
 
-  defstruct [:target, :batch_size, :batch_timeout, :max_queue, :timer, :task, queue: :queue.new(), queued: 0]
+  # `holds` counts, per caller monitor, that caller's samples queued or running: the samples of
+  # one `run_many/3` share one monitor, released when the last of them is done.
+  defstruct [
+    :target,
+    :batch_size,
+    :batch_timeout,
+    :max_queue,
+    :timer,
+    :task,
+    queue: :queue.new(),
+    queued: 0,
+    holds: %{}
+  ]
 
   ## Client
 
@@ -86,28 +104,114 @@ defmodule ExBurn.Serving.Batcher do
   """
   def run(server, input, timeout \\ 5_000) do
     sample = sample!(input)
-    deadline = if is_integer(timeout), do: now_ms() + timeout, else: :infinity
-
-    GenServer.call(server, {:run, sample, deadline}, timeout)
+    GenServer.call(server, {:run, sample, deadline(timeout)}, timeout)
   rescue
     e in Error -> {:error, e}
   catch
-    :exit, {:timeout, _} ->
-      {:error,
-       %Error{
-         op: :serving,
-         reason: "no reply within #{timeout} ms",
-         details: %{cause: :timeout, timeout: timeout}
-       }}
-
-    :exit, {reason, _} ->
-      {:error,
-       %Error{
-         op: :serving,
-         reason: "the serving process is not running",
-         details: %{cause: :down, exit: reason}
-       }}
+    :exit, {:timeout, _} -> {:error, timeout_error(timeout)}
+    :exit, {reason, _} -> {:error, down_error(reason)}
   end
+
+  @doc """
+  Runs several samples as one request: `{:ok, rows}` (one row per input, in order) or
+  `{:error, %ExBurn.Error{}}`, the error of the first input that failed.
+
+  The samples are queued at once and share batches as separate `run/3` calls would, without a
+  process per sample: their rows come back as messages to a process alias of the caller that is
+  dropped when this returns, so rows that arrive after a timeout are discarded. `timeout`
+  bounds the whole request. The server-side failures are `run/3`'s (`details.cause`
+  `:overloaded` when the queue cannot take all the samples now, `:timeout`, `:down`); more
+  samples than `:max_queue` could ever take are an error with `details.kind` `:argument`.
+  """
+  def run_many(server, inputs, timeout \\ 5_000)
+  def run_many(_server, [], _timeout), do: {:ok, []}
+
+  def run_many(server, inputs, timeout) when is_list(inputs) do
+    samples = Enum.map(inputs, &sample!/1)
+    deadline = deadline(timeout)
+
+    case GenServer.whereis(server) do
+      nil -> {:error, down_error(:noproc)}
+      pid -> submit(pid, samples, deadline, timeout)
+    end
+  rescue
+    e in Error -> {:error, e}
+  end
+
+  def run_many(_server, other, _timeout),
+    do:
+      {:error,
+       %Error{op: :serving, reason: "expected a list of samples", details: %{got: other, kind: :argument}}}
+
+  defp submit(pid, samples, deadline, timeout) do
+    reply_to = :erlang.alias()
+    server_ref = Process.monitor(pid)
+
+    try do
+      case GenServer.call(pid, {:run_many, reply_to, samples, deadline}, timeout) do
+        :ok -> collect(reply_to, server_ref, length(samples), deadline, timeout, %{})
+        {:error, _} = error -> error
+      end
+    catch
+      :exit, {:timeout, _} -> {:error, timeout_error(timeout)}
+      :exit, {reason, _} -> {:error, down_error(reason)}
+    after
+      :erlang.unalias(reply_to)
+      Process.demonitor(server_ref, [:flush])
+      flush(reply_to)
+    end
+  end
+
+  # Waits for the `n` rows sent to `reply_to`; the server's monitor ends the wait if it dies.
+  defp collect(_reply_to, _server_ref, n, _deadline, _timeout, rows) when map_size(rows) == n do
+    results = Enum.map(0..(n - 1), &Map.fetch!(rows, &1))
+
+    case Enum.find(results, &match?({:error, _}, &1)) do
+      nil -> {:ok, Enum.map(results, fn {:ok, row} -> row end)}
+      error -> error
+    end
+  end
+
+  defp collect(reply_to, server_ref, n, deadline, timeout, rows) do
+    wait = if deadline == :infinity, do: :infinity, else: max(deadline - now_ms(), 0)
+
+    receive do
+      {^reply_to, i, result} ->
+        # the first reply counts: a batch process that dies after answering answers again
+        collect(reply_to, server_ref, n, deadline, timeout, Map.put_new(rows, i, result))
+
+      {:DOWN, ^server_ref, :process, _, reason} ->
+        {:error, down_error(reason)}
+    after
+      wait -> {:error, timeout_error(timeout)}
+    end
+  end
+
+  # Rows that arrived before the alias was dropped but after the caller stopped waiting.
+  defp flush(reply_to) do
+    receive do
+      {^reply_to, _, _} -> flush(reply_to)
+    after
+      0 -> :ok
+    end
+  end
+
+  defp deadline(timeout) when is_integer(timeout), do: now_ms() + timeout
+  defp deadline(_infinity), do: :infinity
+
+  defp timeout_error(timeout),
+    do: %Error{
+      op: :serving,
+      reason: "no reply within #{timeout} ms",
+      details: %{cause: :timeout, timeout: timeout}
+    }
+
+  defp down_error(reason),
+    do: %Error{
+      op: :serving,
+      reason: "the serving process is not running",
+      details: %{cause: :down, exit: reason}
+    }
 
   @doc "Like `run/3`, but returns the row or raises `ExBurn.Error`."
   def run!(server, input, timeout \\ 5_000) do
@@ -123,20 +227,51 @@ defmodule ExBurn.Serving.Batcher do
   def init(config), do: {:ok, struct!(__MODULE__, config)}
 
   @impl true
-  def handle_call({:run, _sample, _deadline}, _from, %{queued: n, max_queue: max} = s) when n >= max do
+  def handle_call({:run, _sample, _deadline}, _from, %{queued: n, max_queue: max} = s) when n >= max,
+    do: {:reply, {:error, overloaded(n, max)}, s}
+
+  def handle_call({:run, sample, deadline}, {pid, _} = from, s) do
+    {:noreply, schedule(enqueue(s, pid, [{from, sample}], deadline))}
+  end
+
+  def handle_call({:run_many, _reply_to, samples, _deadline}, _from, %{max_queue: max} = s)
+      when max != :infinity and length(samples) > max do
     error = %Error{
       op: :serving,
-      reason: "overloaded: #{n} requests are already queued",
-      details: %{cause: :overloaded, max_queue: max}
+      reason: "#{length(samples)} samples in one request are more than max_queue (#{max})",
+      details: %{kind: :argument, samples: length(samples), max_queue: max}
     }
 
     {:reply, {:error, error}, s}
   end
 
-  def handle_call({:run, sample, deadline}, {pid, _} = from, s) do
-    # The monitor lets a dead caller's request leave the queue before it costs a batch slot.
-    entry = {Process.monitor(pid), from, sample, System.monotonic_time(), deadline}
-    {:noreply, schedule(%{s | queue: :queue.in(entry, s.queue), queued: s.queued + 1})}
+  def handle_call({:run_many, reply_to, samples, deadline}, {pid, _}, %{queued: n, max_queue: max} = s) do
+    if max != :infinity and n + length(samples) > max do
+      {:reply, {:error, overloaded(n, max)}, s}
+    else
+      entries =
+        samples |> Enum.with_index() |> Enum.map(fn {sample, i} -> {{:alias, reply_to, i}, sample} end)
+
+      {:reply, :ok, schedule(enqueue(s, pid, entries, deadline))}
+    end
+  end
+
+  defp overloaded(n, max),
+    do: %Error{
+      op: :serving,
+      reason: "overloaded: #{n} requests are already queued",
+      details: %{cause: :overloaded, max_queue: max}
+    }
+
+  # The monitor lets a dead caller's samples leave the queue before they cost a batch slot.
+  defp enqueue(s, pid, entries, deadline) do
+    mref = Process.monitor(pid)
+    t0 = System.monotonic_time()
+
+    queue =
+      Enum.reduce(entries, s.queue, fn {to, sample}, q -> :queue.in({mref, to, sample, t0, deadline}, q) end)
+
+    %{s | queue: queue, queued: s.queued + length(entries), holds: Map.put(s.holds, mref, length(entries))}
   end
 
   @impl true
@@ -146,8 +281,7 @@ defmodule ExBurn.Serving.Batcher do
   # The batch process has already replied to its callers.
   def handle_info({:batch_done, pid}, %{task: {pid, mref, entries}} = s) do
     Process.demonitor(mref, [:flush])
-    Enum.each(entries, fn {caller_mref, _, _, _, _} -> Process.demonitor(caller_mref, [:flush]) end)
-    {:noreply, schedule(%{s | task: nil})}
+    {:noreply, schedule(%{release(s, entries) | task: nil})}
   end
 
   # The batch process died without answering (killed, or a NIF crash it could not catch).
@@ -158,21 +292,42 @@ defmodule ExBurn.Serving.Batcher do
       details: %{cause: :batch_exit, exit: reason}
     }
 
-    # Callers it answered before dying ignore this second reply (their call has returned).
-    Enum.each(entries, fn {caller_mref, from, _, _, _} ->
-      Process.demonitor(caller_mref, [:flush])
-      GenServer.reply(from, {:error, error})
-    end)
-
-    {:noreply, schedule(%{s | task: nil})}
+    # Callers it answered before dying ignore this second reply (their call has returned, or
+    # the row of that sample is already in).
+    Enum.each(entries, fn {_, to, _, _, _} -> reply(to, {:error, error}) end)
+    {:noreply, schedule(%{release(s, entries) | task: nil})}
   end
 
   def handle_info({:DOWN, mref, :process, _, _}, s) do
     queue = :queue.filter(fn entry -> elem(entry, 0) != mref end, s.queue)
-    {:noreply, schedule(%{s | queue: queue, queued: :queue.len(queue)})}
+    {:noreply, schedule(%{s | queue: queue, queued: :queue.len(queue), holds: Map.delete(s.holds, mref)})}
   end
 
   def handle_info(_other, s), do: {:noreply, s}
+
+  # The callers of `entries` hold their monitors one sample less; the last one releases it.
+  defp release(s, entries) do
+    holds =
+      Enum.reduce(entries, s.holds, fn {mref, _, _, _, _}, holds ->
+        case Map.fetch(holds, mref) do
+          {:ok, 1} ->
+            Process.demonitor(mref, [:flush])
+            Map.delete(holds, mref)
+
+          {:ok, n} ->
+            Map.put(holds, mref, n - 1)
+
+          # the caller died meanwhile: its monitor is gone already
+          :error ->
+            holds
+        end
+      end)
+
+    %{s | holds: holds}
+  end
+
+  defp reply({:alias, reply_to, i}, result), do: send(reply_to, {reply_to, i, result})
+  defp reply(from, result), do: GenServer.reply(from, result)
 
   ## Scheduling
 
@@ -201,7 +356,8 @@ defmodule ExBurn.Serving.Batcher do
   defp cancel_timer(s), do: %{s | timer: nil}
 
   defp start_batch(s) do
-    {entries, queue, queued} = take(s.queue, s.batch_size, now_ms(), [])
+    {entries, expired, queue, queued} = take(s.queue, s.batch_size, now_ms(), [], [])
+    s = release(s, expired)
 
     case entries do
       [] ->
@@ -225,21 +381,18 @@ defmodule ExBurn.Serving.Batcher do
   end
 
   # Takes up to `n` live entries; requests whose caller already gave up (deadline passed) are
-  # dropped here instead of being computed for nobody.
-  defp take(queue, 0, _now, acc), do: {Enum.reverse(acc), queue, :queue.len(queue)}
+  # dropped here (returned as `expired`) instead of being computed for nobody.
+  defp take(queue, 0, _now, acc, expired), do: {Enum.reverse(acc), expired, queue, :queue.len(queue)}
 
-  defp take(queue, n, now, acc) do
+  defp take(queue, n, now, acc, expired) do
     case :queue.out(queue) do
       {:empty, queue} ->
-        {Enum.reverse(acc), queue, 0}
+        {Enum.reverse(acc), expired, queue, 0}
 
-      {{:value, {mref, _, _, _, deadline} = entry}, rest} ->
-        if deadline != :infinity and deadline <= now do
-          Process.demonitor(mref, [:flush])
-          take(rest, n, now, acc)
-        else
-          take(rest, n - 1, now, [entry | acc])
-        end
+      {{:value, {_, _, _, _, deadline} = entry}, rest} ->
+        if deadline != :infinity and deadline <= now,
+          do: take(rest, n, now, acc, [entry | expired]),
+          else: take(rest, n - 1, now, [entry | acc], expired)
     end
   end
 
@@ -257,7 +410,7 @@ defmodule ExBurn.Serving.Batcher do
   end
 
   defp reply_all(entries, results),
-    do: Enum.zip_with(entries, results, fn {_, from, _, _, _}, result -> GenServer.reply(from, result) end)
+    do: Enum.zip_with(entries, results, fn {_, to, _, _, _}, result -> reply(to, result) end)
 
   defp telemetry(measurements, metadata) do
     if Code.ensure_loaded?(:telemetry),
@@ -300,6 +453,8 @@ defmodule ExBurn.Serving.Batcher do
   def sample!(data) when is_number(data) or is_list(data), do: Tensor.tensor(data)
   # A text, for an ExBurn.Embedding target: the model tokenises it in the batch.
   def sample!(text) when is_binary(text), do: text
+  # A row of token ids, for an ExBurn.Embedding target: the model checks the ids in the batch.
+  def sample!({:token_ids, ids} = row) when is_list(ids), do: row
   def sample!(%{__struct__: Nx.Tensor} = t), do: sample!({apply(Nx, :to_binary, [t]), t.type, t.shape})
   def sample!(other), do: fail!("cannot use this as a sample", %{got: other})
 

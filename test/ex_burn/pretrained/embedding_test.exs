@@ -97,6 +97,66 @@ defmodule ExBurn.Pretrained.EmbeddingTest do
         _ = cases
       end
 
+      test "embed_ids of tokenize's rows equals embed of the texts; bad ids are typed errors", %{
+        models: models,
+        cases: cases
+      } do
+        m = models[unquote(engine)]
+        texts = Enum.map(cases, & &1["text"])
+        {:ok, ids} = Embedding.tokenize(m, texts)
+        {:ok, direct} = Embedding.embed(m, texts)
+        assert {:ok, ^direct} = Embedding.embed_ids(m, ids)
+        {:ok, t} = Embedding.embed_ids(m, ids, as: :tensor)
+        assert ExBurn.Tensor.shape(t) == {length(texts), 384}
+        assert ExBurn.Tensor.to_flat_list(t) == List.flatten(direct)
+
+        too_long = [101 | List.duplicate(1037, m.max_seq_len)]
+
+        assert {:error, %ExBurn.Error{op: :embedder_embed_ids, details: %{kind: :prompt_too_long}}} =
+                 Embedding.embed_ids(m, [hd(ids), too_long])
+
+        assert {:error, %ExBurn.Error{details: %{kind: :token_out_of_range, token_id: 10_000_000}}} =
+                 Embedding.embed_ids(m, [[101, 10_000_000, 102]])
+
+        assert {:error, %ExBurn.Error{details: %{kind: :empty_input}}} = Embedding.embed_ids(m, [[101], []])
+        assert {:error, %ExBurn.Error{details: %{kind: :empty_input}}} = Embedding.embed_ids(m, [])
+        assert {:error, %ExBurn.Error{details: %{argument: "ids"}}} = Embedding.embed_ids(m, [[-1]])
+        assert {:error, %ExBurn.Error{details: %{kind: :argument}}} = Embedding.embed_ids(m, :nope)
+        assert {:error, %ExBurn.Error{details: %{kind: :argument}}} = Embedding.embed_ids(:nope, ids)
+        assert_raise ExBurn.Error, fn -> Embedding.embed_ids!(m, [[]]) end
+      end
+
+      test "a Batcher takes texts and token id rows, together, as embed's vectors", %{
+        models: models,
+        cases: cases
+      } do
+        m = models[unquote(engine)]
+        texts = cases |> Enum.map(& &1["text"]) |> Enum.take(4)
+        {:ok, ids} = Embedding.tokenize(m, texts)
+        {:ok, direct} = Embedding.embed(m, texts)
+        {:ok, server} = ExBurn.Serving.Batcher.start_link(m, batch_size: 8, batch_timeout: 300)
+
+        # texts and rows mixed in one batch: the texts are tokenised in the batch
+        samples =
+          Enum.zip_with([texts, ids, 0..3], fn [t, row, i] ->
+            if rem(i, 2) == 0, do: t, else: {:token_ids, row}
+          end)
+
+        assert {:ok, ^direct} = ExBurn.Serving.Batcher.run_many(server, samples, 60_000)
+
+        assert {:ok, ^direct} =
+                 ExBurn.Serving.Batcher.run_many(server, Enum.map(ids, &{:token_ids, &1}), 60_000)
+
+        # a bad row fails alone; the good one runs on its own then (last bits may differ)
+        other = Task.async(fn -> ExBurn.Serving.Batcher.run(server, {:token_ids, hd(ids)}, 60_000) end)
+
+        assert {:error, %ExBurn.Error{details: %{kind: :token_out_of_range}}} =
+                 ExBurn.Serving.Batcher.run(server, {:token_ids, [101, 10_000_000, 102]}, 60_000)
+
+        assert {:ok, alone} = Task.await(other, 60_000)
+        assert Enum.zip_with(alone, hd(direct), &abs(&1 - &2)) |> Enum.max() < 1.0e-6
+      end
+
       test "bad input is an ExBurn.Error", %{models: models} do
         m = models[unquote(engine)]
 

@@ -108,6 +108,82 @@ defmodule ExBurn.Server.ModelsHttpTest do
     end)
   end
 
+  test "a request's texts are tokenised once and reach the batcher as one request of token ids", %{
+    name: name,
+    url: url,
+    embedding: model
+  } do
+    texts = ["tokenised once: first", "tokenised once: the second text", "tokenised once: 3"]
+    {:ok, ids} = ExBurn.Embedding.tokenize(model, texts)
+    config = ExBurn.Server.Instance.config(name)
+    ExBurn.TestHelpers.wait_until(fn -> ExBurn.Server.Models.lookup(config, @emb) != nil end, 6_000)
+    served = ExBurn.Server.Models.lookup(config, @emb).model
+
+    traced = [
+      {ExBurn.Native, :embedder_tokenize, 2},
+      {ExBurn.Native, :embedder_embed, 2},
+      {ExBurn.Native, :embedder_embed_ids, 2},
+      {ExBurn.Serving.Batcher, :run, 3},
+      {ExBurn.Serving.Batcher, :run_many, 3}
+    ]
+
+    for mfa <- traced, do: :erlang.trace_pattern(mfa, true, [:global])
+    :erlang.trace(:all, true, [:call])
+
+    try do
+      assert {200, _, body} = post(url, "/v1/embeddings", %{model: @emb, input: texts})
+      tokens = ids |> Enum.map(&length/1) |> Enum.sum()
+      assert body["usage"] == %{"prompt_tokens" => tokens, "total_tokens" => tokens}
+    after
+      :erlang.trace(:all, false, [:call])
+      for mfa <- traced, do: :erlang.trace_pattern(mfa, false, [:global])
+    end
+
+    calls = traced_calls([])
+    # the served model's own calls (other tests' models are not this one)
+    native = for {f, [ref | args]} <- calls, ref == served.ref, do: {f, args}
+    assert [{:embedder_tokenize, [^texts]}] = Enum.filter(native, &(elem(&1, 0) == :embedder_tokenize))
+    assert Enum.filter(native, &(elem(&1, 0) == :embedder_embed)) == []
+
+    # the batch embedded exactly the request's rows (several calls if it was split)
+    embedded = for {:embedder_embed_ids, [rows]} <- native, row <- rows, do: row
+    assert Enum.sort(embedded) == Enum.sort(ids)
+
+    assert [{:run_many, [_server, rows, _timeout]}] = for({f, _} = c <- calls, f in [:run, :run_many], do: c)
+    assert rows == Enum.map(ids, &{:token_ids, &1})
+  end
+
+  defp traced_calls(acc) do
+    receive do
+      {:trace, _pid, :call, {_module, f, args}} -> traced_calls([{f, args} | acc])
+    after
+      100 -> Enum.reverse(acc)
+    end
+  end
+
+  test "a request of several texts gives each text's own vector and usage", %{url: url} do
+    texts = [
+      "The sky is blue.",
+      "Le ciel est bleu, et la mer aussi.",
+      "7",
+      "A much longer sentence " <> String.duplicate("with many words ", 12)
+    ]
+
+    singles =
+      for text <- texts do
+        assert {200, _, body} = post(url, "/v1/embeddings", %{model: @emb, input: text})
+        assert [%{"index" => 0, "embedding" => vector}] = body["data"]
+        {vector, body["usage"]["prompt_tokens"]}
+      end
+
+    assert {200, _, body} = post(url, "/v1/embeddings", %{model: @emb, input: texts})
+    assert Enum.map(body["data"], & &1["index"]) == [0, 1, 2, 3]
+    assert_vectors(Enum.map(body["data"], & &1["embedding"]), Enum.map(singles, &elem(&1, 0)))
+    tokens = singles |> Enum.map(&elem(&1, 1)) |> Enum.sum()
+    assert Enum.all?(singles, &(elem(&1, 1) > 2))
+    assert body["usage"] == %{"prompt_tokens" => tokens, "total_tokens" => tokens}
+  end
+
   # Equal to the direct call's vectors up to the last bits: the texts sharing a call change the
   # kernel (calls of a few tokens run on the host, longer ones through gemm); a mixed-up row
   # would be ~0.1 away.

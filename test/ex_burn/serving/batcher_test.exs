@@ -235,6 +235,154 @@ defmodule ExBurn.Serving.BatcherTest do
     assert {:error, %Error{details: %{cause: :down}}} = Batcher.run(:no_such_server, [1])
   end
 
+  describe "run_many/3" do
+    test "a request's samples share batches and come back in order, without a process each" do
+      {:ok, server} = Batcher.start_link(affine(self()), batch_size: 4, batch_timeout: 1_000)
+      parent = self()
+
+      caller =
+        spawn(fn ->
+          receive do: (:go -> send(parent, {:result, Batcher.run_many(server, Enum.map(1..10, &[&1, -&1]))}))
+        end)
+
+      # the caller is traced for the processes it spawns
+      :erlang.trace(caller, true, [:procs])
+      send(caller, :go)
+      assert_receive {:result, {:ok, rows}}, 5_000
+      assert Enum.map(rows, &Tensor.to_flat_list/1) == Enum.map(1..10, &[2 * &1 + 1, -2 * &1 + 1])
+      assert_receive {:trace, ^caller, :exit, :normal}, 5_000
+      refute_received {:trace, ^caller, :spawn, _, _}
+
+      # queued at once: two full batches at once, the rest after its timeout (not one batch each)
+      assert rows_seen() == [4, 4, 2]
+      assert Batcher.run_many(server, []) == {:ok, []}
+    end
+
+    test "requests of many samples from concurrent callers each get their own rows" do
+      {:ok, server} = Batcher.start_link(affine(self()), batch_size: 16, batch_timeout: 5)
+
+      results =
+        concurrently(16, 4, fn i ->
+          {i, Batcher.run_many(server, Enum.map(0..(rem(i, 5) + 1), &Tensor.tensor([i, &1], type: :s32)))}
+        end)
+
+      for {i, result} <- results do
+        assert {:ok, rows} = result
+
+        assert Enum.map(rows, &Tensor.to_flat_list/1) ==
+                 Enum.map(0..(rem(i, 5) + 1), &[2 * i + 1, 2 * &1 + 1])
+      end
+
+      assert Enum.max(rows_seen()) > 1
+      # every caller's monitor was released with its last sample (this one stays alive)
+      assert {:ok, [_, _]} = Batcher.run_many(server, [[1, 1], [2, 2]])
+      wait_until(fn -> :sys.get_state(server).holds == %{} end)
+      wait_until(fn -> Process.info(server, :monitors) == {:monitors, []} end)
+    end
+
+    test "a failing sample fails its request with the first failure; others' samples are unaffected" do
+      fun = fn batch ->
+        if Enum.any?(Tensor.to_flat_list(batch), &(&1 < 0)), do: raise(ArgumentError, "negative input")
+        Tensor.add(batch, 10)
+      end
+
+      {:ok, server} = Batcher.start_link(fun, batch_size: 8, batch_timeout: 50)
+      other = Task.async(fn -> Batcher.run_many(server, [[1], [2]]) end)
+
+      assert {:error, %Error{reason: "the serving function raised: negative input"}} =
+               Batcher.run_many(server, [[3], [-4], [5], [-6]])
+
+      assert {:ok, rows} = Task.await(other)
+      assert Enum.map(rows, &Tensor.to_flat_list/1) == [[11], [12]]
+      assert {:error, %Error{op: :serving}} = Batcher.run_many(server, [[1], :junk])
+      assert {:error, %Error{details: %{kind: :argument}}} = Batcher.run_many(server, :junk)
+    end
+
+    test "a request the queue cannot take now is overloaded; one it can never take is an argument error" do
+      parent = self()
+
+      fun = fn batch ->
+        send(parent, {:running, self()})
+        receive do: (:go -> batch)
+      end
+
+      {:ok, server} = Batcher.start_link(fun, batch_size: 1, batch_timeout: 0, max_queue: 3)
+      first = Task.async(fn -> Batcher.run(server, [0]) end)
+      assert_receive {:running, batch_pid}, 2_000
+      queued = Task.async(fn -> Batcher.run_many(server, [[1], [2]]) end)
+      wait_until(fn -> :sys.get_state(server).queued == 2 end)
+
+      assert {:error, %Error{details: %{cause: :overloaded, max_queue: 3}}} =
+               Batcher.run_many(server, [[3], [4]])
+
+      assert {:error, %Error{details: %{kind: :argument, samples: 4, max_queue: 3}}} =
+               Batcher.run_many(server, [[3], [4], [5], [6]])
+
+      # nothing of the refused requests was queued
+      assert :sys.get_state(server).queued == 2
+
+      send(batch_pid, :go)
+      assert {:ok, _} = Task.await(first)
+
+      for _ <- 1..2 do
+        assert_receive {:running, pid}, 2_000
+        send(pid, :go)
+      end
+
+      assert {:ok, rows} = Task.await(queued)
+      assert Enum.map(rows, &Tensor.to_flat_list/1) == [[1], [2]]
+    end
+
+    test "a request that times out is reported, and its late rows never reach the caller" do
+      fun = fn batch ->
+        Process.sleep(150)
+        batch
+      end
+
+      {:ok, server} = Batcher.start_link(fun, batch_size: 2, batch_timeout: 0)
+
+      assert {:error, %Error{details: %{cause: :timeout, timeout: 50}}} =
+               Batcher.run_many(server, [[1], [2], [3]], 50)
+
+      # the running batch finishes and answers the expired request; the third sample is skipped
+      wait_until(fn ->
+        match?(%{queued: 0, task: nil, holds: holds} when holds == %{}, :sys.get_state(server))
+      end)
+
+      assert {:messages, []} = Process.info(self(), :messages)
+      assert {:ok, [row]} = Batcher.run_many(server, [[7]])
+      assert Tensor.to_flat_list(row) == [7]
+    end
+
+    test "no server, or one that dies while the request waits, is :down" do
+      assert {:error, %Error{details: %{cause: :down}}} = Batcher.run_many(:no_such_server, [[1]])
+
+      # the server is linked: its death must not take the test down
+      Process.flag(:trap_exit, true)
+      {:ok, server} = Batcher.start_link(affine(self()), batch_size: 100, batch_timeout: 5_000)
+      waiting = Task.async(fn -> Batcher.run_many(server, [[1], [2]], 10_000) end)
+      wait_until(fn -> :sys.get_state(server).queued == 2 end)
+      Process.exit(server, :kill)
+      assert {:error, %Error{details: %{cause: :down, exit: :killed}}} = Task.await(waiting)
+    end
+
+    test "a caller killed while its samples are queued takes all of them out of the queue" do
+      {:ok, server} = Batcher.start_link(affine(self()), batch_size: 100, batch_timeout: 2_000)
+      parent = self()
+      doomed = spawn(fn -> Batcher.run_many(server, Enum.map(1..5, &[&1])) end)
+      spawn(fn -> send(parent, {:result, Batcher.run_many(server, [[10], [11]])}) end)
+      wait_until(fn -> :sys.get_state(server).queued == 7 end)
+
+      Process.exit(doomed, :kill)
+      wait_until(fn -> :sys.get_state(server).queued == 2 end)
+      assert map_size(:sys.get_state(server).holds) == 1
+
+      assert_receive {:result, {:ok, rows}}, 5_000
+      assert Enum.map(rows, &Tensor.to_flat_list/1) == [[21], [23]]
+      assert rows_seen() == [2]
+    end
+  end
+
   test "a supervised server is restarted and serves again" do
     name = :"serving_restart_#{System.unique_integer([:positive])}"
     children = [{Batcher, model: affine(self()), name: name, batch_timeout: 0}]
