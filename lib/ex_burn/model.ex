@@ -131,14 +131,21 @@ defmodule ExBurn.Model do
     * `:loss` - `:cross_entropy`, `:mse` (default) or `:binary_cross_entropy`. Cross-entropy
       reads the output as probabilities after a final `:softmax`, as log-probabilities after
       `:log_softmax`, otherwise as logits; binary cross-entropy reads probabilities after
-      `:sigmoid`, otherwise logits.
+      `:sigmoid`, otherwise logits. `:categorical_cross_entropy` (the Keras and `Axon.Losses`
+      name) is accepted as an alias of `:cross_entropy`, which the compiled model's `config`
+      then records.
     * `:optimizer` - `:adam` (default), `:adamw`, `:sgd` or `:rmsprop`
-    * `:learning_rate` (1.0e-3), `:weight_decay`, `:momentum` (SGD, RMSprop)
-    * `:beta1` (0.9), `:beta2` (0.999), `:epsilon` (1.0e-8) for Adam/AdamW; `:decay` (0.9) is
-      RMSprop's smoothing constant
-    * `:clip_norm`, `:clip_value` - gradient clipping (also settable per `fit/3`)
+    * `:learning_rate` (1.0e-3)
+    * `:weight_decay` - none by default, except 1.0e-4 for `:adamw` (give 0 to turn it off)
+    * `:momentum` - SGD and RMSprop; none by default
+    * `:beta1` (0.9), `:beta2` (0.999), `:epsilon` (1.0e-8) for Adam/AdamW; `:decay` is
+      RMSprop's smoothing constant (default `:beta1`'s, 0.9)
+    * `:clip_norm`, `:clip_value` - gradient clipping (also settable per `fit/3`); none by default
     * `:device` - `:cpu` or `{kind, index}` (default `ExBurn.default_device/0`)
     * `:seed` - weight initialisation, dropout and shuffling seed (default 42)
+
+  An option given as `nil` takes its default. These defaults are the only ones: the native
+  side receives every setting filled in.
   """
   def compile(model, opts \\ [])
 
@@ -155,7 +162,8 @@ defmodule ExBurn.Model do
     device = ExBurn.Tensor.Util.device!(op, opts[:device])
 
     seed =
-      case Keyword.get(opts, :seed, 42) do
+      case Keyword.get(opts, :seed) do
+        nil -> 42
         s when is_integer(s) and s >= 0 -> s
         s -> Options.bad!(op, :seed, s, "a non-negative integer")
       end
@@ -177,27 +185,41 @@ defmodule ExBurn.Model do
   defp axon?(%{__struct__: Axon}), do: Code.ensure_loaded?(ExBurn.Model.Axon)
   defp axon?(_), do: false
 
+  @losses [:cross_entropy, :mse, :binary_cross_entropy]
+  @loss_aliases %{categorical_cross_entropy: :cross_entropy}
+  @optimizers [:adam, :adamw, :sgd, :rmsprop]
+
   @doc false
-  def config!(opts) do
-    op = :compile
-    optimizer = one_of!(op, :optimizer, Keyword.get(opts, :optimizer, :adam), [:adam, :adamw, :sgd, :rmsprop])
+  # The training configuration the NIF decodes (`TrainConfig`), every key filled in: the defaults
+  # of `compile/2` live here and nowhere else. Also re-reads a saved model's configuration.
+  def config!(op \\ :compile, opts) do
+    value = fn key, default ->
+      case Keyword.get(opts, key) do
+        nil -> default
+        v -> v
+      end
+    end
+
+    optimizer = one_of!(op, :optimizer, value.(:optimizer, :adam), @optimizers)
 
     if opts[:decay] != nil and optimizer != :rmsprop,
       do: fail!(op, "option :decay is only for optimizer: :rmsprop", %{option: :decay, optimizer: optimizer})
 
-    num = fn key, default -> number!(op, key, Keyword.get(opts, key, default), min: 0, nullable: true) end
+    loss = one_of!(op, :loss, value.(:loss, :mse), @losses ++ Map.keys(@loss_aliases))
+    num = fn key, default -> number!(op, key, value.(key, default), min: 0, nullable: default == nil) end
 
     positive = fn key ->
       if (v = num.(key, nil)) == 0.0, do: Options.bad!(op, key, v, "a number > 0"), else: v
     end
 
     %{
-      loss: one_of!(op, :loss, Keyword.get(opts, :loss, :mse), [:cross_entropy, :mse, :binary_cross_entropy]),
+      loss: Map.get(@loss_aliases, loss, loss),
       optimizer: optimizer,
       learning_rate: num.(:learning_rate, 1.0e-3),
-      weight_decay: num.(:weight_decay, nil),
+      weight_decay: num.(:weight_decay, if(optimizer == :adamw, do: 1.0e-4)),
       momentum: num.(:momentum, nil),
-      beta1: (opts[:decay] && num.(:decay, nil)) || num.(:beta1, 0.9),
+      # RMSprop's smoothing constant travels as beta1
+      beta1: num.(:decay, nil) || num.(:beta1, 0.9),
       beta2: num.(:beta2, 0.999),
       epsilon: num.(:epsilon, 1.0e-8),
       clip_norm: positive.(:clip_norm),
@@ -210,7 +232,7 @@ defmodule ExBurn.Model do
   def build!(op, %Spec{} = spec, config, device, seed) do
     int_input = spec.input_type == {:s, 64}
 
-    case Native.model_new(spec.layers, spec.input_shape, int_input, config, device, seed) do
+    case Native.model_new(Spec.native_layers(spec), spec.input_shape, int_input, config, device, seed) do
       {:ok, {ref, info}} ->
         model = %__MODULE__{ref: ref, spec: spec, config: config, device: device, seed: seed}
         with_info(model, info)

@@ -23,6 +23,7 @@ defmodule ExBurn.Pretrained do
   alias ExBurn.Error
 
   @engines [:auto, :burn, :candle]
+  @load_options [:engine, :device, :dir]
   @counter_key {__MODULE__, :fallbacks}
 
   # Failures that another engine would meet the same way: what the caller passed, and files that
@@ -59,16 +60,18 @@ defmodule ExBurn.Pretrained do
   def fallback_count, do: :counters.get(counter(), 1)
 
   @doc false
-  # Loads `name_or_path` (of `kind`, :embedding or :llm) with `load_nif`; returns a map with the
-  # resource and what the struct records about the engine.
+  # Loads `name_or_path` (of `kind`, :embedding or :llm) with `load_nif`, a NIF taking the path
+  # and `%{engine: :burn | :candle, device: device}`; returns a map with the resource and what
+  # the struct records about the engine.
   def load(kind, name_or_path, opts, load_nif) do
     with :ok <- keyword(opts),
+         :ok <- known_options(:load, opts, @load_options),
          {:ok, engine} <- engine(opts),
          {:ok, device} <- device(opts, engine),
          {:ok, path, name} <- resolve(kind, name_or_path, opts) do
       model = %{path: path, name: name, device: device, auto: engine == :auto}
 
-      case {engine, load_nif.(path, burn_or(engine), device)} do
+      case {engine, load_nif.(path, %{engine: burn_or(engine), device: device})} do
         {_, {:ok, ref}} ->
           {:ok, Map.merge(model, %{ref: ref, engine: burn_or(engine)})}
 
@@ -78,7 +81,7 @@ defmodule ExBurn.Pretrained do
           else
             record_fallback(name, op, reason)
 
-            with {:ok, ref} <- wrap(load_nif.(path, :candle, {:cpu, 0})),
+            with {:ok, ref} <- wrap(load_nif.(path, candle_cpu())),
                  do: {:ok, Map.merge(model, %{ref: ref, engine: :candle, device: {:cpu, 0}})}
           end
 
@@ -90,6 +93,8 @@ defmodule ExBurn.Pretrained do
 
   defp burn_or(:auto), do: :burn
   defp burn_or(engine), do: engine
+
+  defp candle_cpu, do: %{engine: :candle, device: {:cpu, 0}}
 
   @doc false
   # Runs `fun.(ref)` (a NIF answer) on the model's engine. An `:auto` model on Burn whose call
@@ -143,6 +148,24 @@ defmodule ExBurn.Pretrained do
       else: error(:load, "options must be a keyword list", %{got: opts, kind: :invalid_option})
   end
 
+  @doc false
+  # `:ok` when every key of the keyword list `opts` is in `allowed`, else an error naming the
+  # first other one: an option is never silently ignored.
+  def known_options(op, opts, allowed) do
+    case Enum.reject(Keyword.keys(opts), &(&1 in allowed)) do
+      [] ->
+        :ok
+
+      [key | _] = unknown ->
+        error(op, "unknown option #{inspect(key)}", %{
+          option: key,
+          unknown: unknown,
+          allowed: allowed,
+          kind: :invalid_option
+        })
+    end
+  end
+
   defp no_fallback?(%{kind: kind}), do: kind in @no_fallback_kinds
   defp no_fallback?(%{argument: _}), do: true
   defp no_fallback?(_), do: false
@@ -154,7 +177,7 @@ defmodule ExBurn.Pretrained do
 
     case :persistent_term.get(key, nil) do
       nil ->
-        with {:ok, ref} <- wrap(load_nif.(model.path, :candle, {:cpu, 0})) do
+        with {:ok, ref} <- wrap(load_nif.(model.path, candle_cpu())) do
           :persistent_term.put(key, ref)
           {:ok, ref}
         end

@@ -117,7 +117,7 @@ if Code.ensure_loaded?(Axon) do
       apply(Spec, conv, [
         spec,
         last(out),
-        [kernel_size: kernel, strides: opts[:strides] || 1, padding: opts[:padding]]
+        [kernel_size: kernel, padding: opts[:padding]] ++ given(opts, [:strides])
       ])
     end
 
@@ -129,10 +129,7 @@ if Code.ensure_loaded?(Axon) do
           all_ones?(opts[:window_dilations])
       )
 
-      pool_opts =
-        [kernel_size: opts[:kernel_size]] ++ if(opts[:strides], do: [strides: opts[:strides]], else: [])
-
-      apply(Spec, pool, [spec, pool_opts])
+      apply(Spec, pool, [spec, [kernel_size: opts[:kernel_size]] ++ given(opts, [:strides])])
     end
 
     defp layer(%{op_name: :global_avg_pool, opts: opts} = node, spec, _out, _params) do
@@ -143,13 +140,13 @@ if Code.ensure_loaded?(Axon) do
     defp layer(%{op_name: :flatten}, spec, _out, _params), do: Spec.flatten(spec)
 
     defp layer(%{op_name: :dropout, opts: opts}, spec, _out, _params),
-      do: Spec.dropout(spec, rate: opts[:rate] || 0.5)
+      do: Spec.dropout(spec, given(opts, [:rate]))
 
     defp layer(%{op_name: :batch_norm, opts: opts}, spec, _out, _params),
-      do: Spec.batch_norm(spec, epsilon: opts[:epsilon] || 1.0e-5, momentum: opts[:momentum] || 0.1)
+      do: Spec.batch_norm(spec, given(opts, [:epsilon, :momentum]))
 
     defp layer(%{op_name: :layer_norm, opts: opts}, spec, _out, _params),
-      do: Spec.layer_norm(spec, epsilon: opts[:epsilon] || 1.0e-5)
+      do: Spec.layer_norm(spec, given(opts, [:epsilon]))
 
     defp layer(%{op_name: :embedding}, spec, _out, params) do
       {vocab, dim} = Map.fetch!(params, "kernel")
@@ -157,7 +154,7 @@ if Code.ensure_loaded?(Axon) do
     end
 
     defp layer(%{op_name: :leaky_relu, opts: opts}, spec, _out, _params),
-      do: Spec.activation(spec, :leaky_relu, alpha: opts[:alpha] || 0.01)
+      do: Spec.activation(spec, :leaky_relu, given(opts, [:alpha]))
 
     defp layer(%{op_name: name}, spec, _out, _params) when name in @activations,
       do: Spec.activation(spec, name)
@@ -169,6 +166,9 @@ if Code.ensure_loaded?(Axon) do
 
     defp unsupported!(node),
       do: fail!("unsupported Axon layer #{inspect(node.op_name)}", %{op: node.op_name, opts: node.opts})
+
+    # The options of `keys` the Axon node sets; the others take ExBurn.Model.Spec's defaults.
+    defp given(opts, keys), do: for(key <- keys, opts[key] != nil, do: {key, opts[key]})
 
     defp all_ones?(nil), do: true
     defp all_ones?(1), do: true

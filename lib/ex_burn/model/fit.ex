@@ -215,7 +215,7 @@ defmodule ExBurn.Model.Fit do
     if config == model.config do
       model
     else
-      nif!(Native.model_configure(model.ref, changes))
+      nif!(Native.model_configure(model.ref, Map.take(config, [:clip_norm, :clip_value])))
       %{model | config: config}
     end
   end

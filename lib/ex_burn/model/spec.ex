@@ -178,6 +178,25 @@ defmodule ExBurn.Model.Spec do
     end
   end
 
+  @doc false
+  # The layers as the NIF decodes them (`LayerSpec`): `{kind, %{option => value}}` with sizes as
+  # lists, `{:activation, name}` (`{:activation, {:leaky_relu, alpha}}`), and layers without
+  # options as their bare name. Anything else is passed on for the NIF to reject.
+  def native_layers(%__MODULE__{layers: layers}), do: Enum.map(layers, &native_layer/1)
+
+  defp native_layer({:leaky_relu, [alpha: alpha]}), do: {:activation, {:leaky_relu, alpha}}
+  defp native_layer({name, []}) when name in @activations, do: {:activation, name}
+  defp native_layer({kind, []}) when kind in [:global_avg_pool, :flatten], do: kind
+
+  defp native_layer({kind, opts}) when is_list(opts) and opts != [] do
+    if Keyword.keyword?(opts), do: {kind, Map.new(opts, &native_option/1)}, else: {kind, opts}
+  end
+
+  defp native_layer(other), do: other
+
+  defp native_option({key, size}) when key in [:kernel_size, :strides], do: {key, List.wrap(size)}
+  defp native_option(option), do: option
+
   defp with_activation(spec, _op, nil), do: spec
   defp with_activation(spec, _op, name), do: activation(spec, name)
 

@@ -76,7 +76,9 @@ defmodule ExBurn.Model.Store do
     opts = ExBurn.Model.Options.keyword!(:load, opts, [:device])
     {header, weights} = read!(path)
     device = ExBurn.Tensor.Util.device!(:load, opts[:device])
-    model = Model.build!(:load, header.spec, header.config, device, header.seed)
+    # read again as compile/2 would: a file written before a default existed gets it now
+    config = Model.config!(:load, Map.to_list(header.config))
+    model = Model.build!(:load, header.spec, config, device, header.seed)
     %{load_weights!(model, weights) | epochs: Map.get(header, :epochs, 0)}
   end
 

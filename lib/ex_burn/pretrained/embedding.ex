@@ -47,7 +47,7 @@ defmodule ExBurn.Embedding do
   @doc "Loads a model by name (in the models directory) or path. See the moduledoc for options."
   @spec load(String.t(), keyword) :: {:ok, t} | {:error, Error.t()}
   def load(name_or_path, opts \\ []) do
-    with {:ok, m} <- Pretrained.load(:embedding, name_or_path, opts, &ExBurn.Native.embedder_load/3),
+    with {:ok, m} <- Pretrained.load(:embedding, name_or_path, opts, &ExBurn.Native.embedder_load/2),
          {:ok, info} <- Pretrained.wrap(ExBurn.Native.embedder_info(m.ref)) do
       {:ok,
        %__MODULE__{
@@ -84,14 +84,16 @@ defmodule ExBurn.Embedding do
     do: Pretrained.not_a_model(:embed, __MODULE__, model)
 
   def embed(model, text, opts) when is_binary(text) do
-    with {:ok, %{embeddings: bin}} <- run(model, [text]) do
-      {:ok, convert(bin, {model.dim}, Keyword.get(opts, :as, :list))}
+    with {:ok, as} <- as_option(opts),
+         {:ok, %{embeddings: bin}} <- run(model, [text]) do
+      {:ok, convert(bin, {model.dim}, as)}
     end
   end
 
   def embed(%__MODULE__{} = model, texts, opts) do
-    with {:ok, %{embeddings: bin, rows: n}} <- run(model, texts) do
-      {:ok, convert(bin, {n, model.dim}, Keyword.get(opts, :as, :list))}
+    with {:ok, as} <- as_option(opts),
+         {:ok, %{embeddings: bin, rows: n}} <- run(model, texts) do
+      {:ok, convert(bin, {n, model.dim}, as)}
     end
   end
 
@@ -185,7 +187,26 @@ defmodule ExBurn.Embedding do
       })
 
   defp call(model, op, fun) do
-    Pretrained.call(Map.from_struct(model), op, &ExBurn.Native.embedder_load/3, fun)
+    Pretrained.call(Map.from_struct(model), op, &ExBurn.Native.embedder_load/2, fun)
+  end
+
+  @as [:list, :tensor, :nx]
+
+  # embed/3's options, checked before any work: `:as` alone.
+  defp as_option(opts) do
+    with :ok <- keyword_list(:embed, opts),
+         :ok <- Pretrained.known_options(:embed, opts, [:as]) do
+      case Keyword.get(opts, :as, :list) do
+        as when as in @as -> {:ok, as}
+        as -> Pretrained.error(:embed, "unknown :as", %{as: as, allowed: @as, kind: :invalid_option})
+      end
+    end
+  end
+
+  defp keyword_list(op, opts) do
+    if is_list(opts) and Keyword.keyword?(opts),
+      do: :ok,
+      else: Pretrained.error(op, "options must be a keyword list", %{got: opts, kind: :invalid_option})
   end
 
   defp convert(bin, {dim}, :list), do: floats(bin, dim) |> hd()
@@ -199,14 +220,6 @@ defmodule ExBurn.Embedding do
       raise Error, op: :embed, reason: "as: :nx needs Nx", details: %{as: :nx}
     end
   end
-
-  defp convert(_bin, _shape, as),
-    do:
-      raise(Error,
-        op: :embed,
-        reason: "unknown :as",
-        details: %{as: as, allowed: [:list, :tensor, :nx], kind: :invalid_option}
-      )
 
   defp floats(bin, dim), do: for(<<x::float-32-native <- bin>>, do: x) |> Enum.chunk_every(dim)
 

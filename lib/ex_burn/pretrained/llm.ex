@@ -19,10 +19,15 @@ defmodule ExBurn.LLM do
     * `:greedy` - always take the most likely token (default false; same as `temperature: 0`)
     * `:temperature` - default 0.8, as llama.cpp; 0 means greedy
     * `:top_k` - default 40; `nil` turns it off
-    * `:top_p` - default 0.95; `nil` turns it off
+    * `:top_p` - default 0.95, at most 1; `nil` turns it off
     * `:seed` - the sampling seed; default a random one, so give it for repeatable samples
-    * `:stop` - strings that end generation (not included in the text)
+    * `:stop` - a string or strings that end generation (not included in the text)
     * `:stop_token_ids` - token ids that end generation, besides the model's end-of-sequence ids
+
+  Any other option given as `nil` takes its default. An unknown option, or a value of the
+  wrong kind, is an `ExBurn.Error` (`details.kind` `:invalid_option`, `details.option` naming
+  it) before anything runs. These defaults are the only ones: the native side receives every
+  option filled in.
 
   Generation also ends at the model's context length (`finish_reason: :length`).
 
@@ -50,11 +55,17 @@ defmodule ExBurn.LLM do
 
   @defaults [max_tokens: 256, temperature: 0.8, top_k: 40, top_p: 0.95, stop: [], stop_token_ids: []]
   @options [:greedy, :seed | Keyword.keys(@defaults)]
+  # nil turns these off rather than taking the default
+  @nil_turns_off [:top_k, :top_p]
+
+  @doc false
+  # The generation options (for the servings that take them alongside their own).
+  def generation_options, do: @options
 
   @doc "Loads a model by name (in the models directory) or path (a .gguf file or its directory)."
   @spec load(String.t(), keyword) :: {:ok, t} | {:error, Error.t()}
   def load(name_or_path, opts \\ []) do
-    with {:ok, m} <- Pretrained.load(:llm, name_or_path, opts, &ExBurn.Native.llm_load/3),
+    with {:ok, m} <- Pretrained.load(:llm, name_or_path, opts, &ExBurn.Native.llm_load/2),
          {:ok, info} <- Pretrained.wrap(ExBurn.Native.llm_info(m.ref)) do
       {:ok,
        %__MODULE__{
@@ -173,8 +184,11 @@ defmodule ExBurn.LLM do
   def tokenize(model, _text, _opts) when not is_struct(model, __MODULE__),
     do: Pretrained.not_a_model(:tokenize, __MODULE__, model)
 
-  def tokenize(%__MODULE__{ref: ref}, text, opts),
-    do: Pretrained.wrap(ExBurn.Native.llm_tokenize(ref, text, Keyword.get(opts, :add_special, false)))
+  def tokenize(%__MODULE__{ref: ref}, text, opts) do
+    with {:ok, opts} <- keyword(:tokenize, opts),
+         :ok <- Pretrained.known_options(:tokenize, opts, [:add_special]),
+         do: Pretrained.wrap(ExBurn.Native.llm_tokenize(ref, text, Keyword.get(opts, :add_special, false)))
+  end
 
   @doc "The text of token ids."
   @spec detokenize(t, [non_neg_integer]) :: {:ok, String.t()} | {:error, Error.t()}
@@ -262,7 +276,7 @@ defmodule ExBurn.LLM do
     with {:ok, value, _model} <- call3(model, op, fun), do: {:ok, value}
   end
 
-  defp call3(model, op, fun), do: Pretrained.call(Map.from_struct(model), op, &ExBurn.Native.llm_load/3, fun)
+  defp call3(model, op, fun), do: Pretrained.call(Map.from_struct(model), op, &ExBurn.Native.llm_load/2, fun)
 
   @doc false
   # The NIF arguments for a prompt and options; every option is checked here so a typo is an
@@ -311,35 +325,74 @@ defmodule ExBurn.LLM do
     )
   end
 
+  # The NIF's `GenOptions`, every field filled in from `@defaults`.
   defp opts_arg(opts) do
-    opts = Keyword.new(opts)
-
-    case Keyword.keys(opts) -- @options do
-      [] ->
-        opts = Keyword.merge(@defaults, opts)
-        temperature = if opts[:greedy], do: 0.0, else: opts[:temperature] / 1
-
-        {:ok,
-         %{
-           max_tokens: opts[:max_tokens],
-           temperature: temperature,
-           top_k: opts[:top_k],
-           top_p: opts[:top_p] && opts[:top_p] / 1,
-           seed: Keyword.get_lazy(opts, :seed, fn -> :rand.uniform(4_294_967_295) end),
-           stop: List.wrap(opts[:stop]),
-           stop_token_ids: opts[:stop_token_ids]
-         }}
-
-      unknown ->
-        Pretrained.error(:llm_start, "unknown options", %{
-          unknown: unknown,
-          allowed: @options,
-          kind: :invalid_option
-        })
+    with {:ok, opts} <- keyword(:llm_start, opts),
+         :ok <- Pretrained.known_options(:llm_start, opts, @options),
+         given = Enum.reject(Keyword.new(opts), fn {key, v} -> v == nil and key not in @nil_turns_off end),
+         opts = Keyword.merge(@defaults, given),
+         :ok <- check_values(opts) do
+      {:ok,
+       %{
+         max_tokens: opts[:max_tokens],
+         temperature: if(opts[:greedy], do: 0.0, else: opts[:temperature] / 1),
+         top_k: opts[:top_k],
+         top_p: opts[:top_p] && opts[:top_p] / 1,
+         seed: opts |> Keyword.get_lazy(:seed, fn -> :rand.uniform(4_294_967_295) end) |> u64(),
+         stop: List.wrap(opts[:stop]),
+         stop_token_ids: opts[:stop_token_ids]
+       }}
     end
-  rescue
-    ArithmeticError ->
-      Pretrained.error(:llm_start, ":temperature and :top_p must be numbers", %{kind: :invalid_option})
+  end
+
+  @expected [
+    greedy: "a boolean",
+    max_tokens: "a non-negative integer",
+    temperature: "a number >= 0",
+    top_k: "nil or a non-negative integer",
+    top_p: "nil or a number from 0 to 1",
+    seed: "an integer from -2^63 to 2^64 - 1",
+    stop: "a string or a list of strings",
+    stop_token_ids: "a list of token ids (integers from 0 to 2^32 - 1)"
+  ]
+
+  defp check_values(opts) do
+    case Enum.find(opts, fn {key, v} -> not valid?(key, v) end) do
+      nil ->
+        :ok
+
+      {key, v} ->
+        Pretrained.error(
+          :llm_start,
+          "invalid value for option #{inspect(key)}: expected #{@expected[key]}",
+          %{
+            option: key,
+            value: v,
+            kind: :invalid_option
+          }
+        )
+    end
+  end
+
+  defp valid?(:greedy, v), do: is_boolean(v)
+  defp valid?(:max_tokens, v), do: is_integer(v) and v >= 0
+  defp valid?(:temperature, v), do: is_number(v) and v >= 0
+  defp valid?(:top_k, v), do: v == nil or (is_integer(v) and v >= 0)
+  defp valid?(:top_p, v), do: v == nil or (is_number(v) and v >= 0 and v <= 1)
+  defp valid?(:seed, v), do: is_integer(v) and v >= -0x8000_0000_0000_0000 and v <= 0xFFFF_FFFF_FFFF_FFFF
+  defp valid?(:stop, v), do: v |> List.wrap() |> Enum.all?(&is_binary/1)
+
+  defp valid?(:stop_token_ids, v),
+    do: is_list(v) and Enum.all?(v, &(is_integer(&1) and &1 >= 0 and &1 <= 0xFFFF_FFFF))
+
+  # A negative seed (the server takes signed 64-bit ones) is its two's-complement u64.
+  defp u64(seed) when seed < 0, do: seed + 0x1_0000_0000_0000_0000
+  defp u64(seed), do: seed
+
+  defp keyword(op, opts) do
+    if is_list(opts) and Keyword.keyword?(opts),
+      do: {:ok, opts},
+      else: Pretrained.error(op, "options must be a keyword list", %{got: opts, kind: :invalid_option})
   end
 
   defp ok!({:ok, _, _} = ok), do: ok

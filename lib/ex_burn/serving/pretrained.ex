@@ -204,7 +204,7 @@ if Code.ensure_loaded?(Nx) do
     end
 
     defp embed_ids(model, rows) do
-      Pretrained.call(Map.from_struct(model), :embedder_embed_ids, &ExBurn.Native.embedder_load/3, fn ref ->
+      Pretrained.call(Map.from_struct(model), :embedder_embed_ids, &ExBurn.Native.embedder_load/2, fn ref ->
         ExBurn.Native.embedder_embed_ids(ref, rows)
       end)
       |> case do
@@ -293,7 +293,7 @@ if Code.ensure_loaded?(Nx) do
     alias ExBurn.LLM
     import ExBurn.Serving.Pretrained.Util
 
-    @generation [:max_tokens, :greedy, :temperature, :top_k, :top_p, :seed, :stop, :stop_token_ids]
+    @generation LLM.generation_options()
     @options [:stream, :stream_done, :partitions | @generation]
 
     def build(%LLM{} = model, opts) do

@@ -184,11 +184,10 @@ fn bench_llm(a: &Args) {
     let file = a.models.join("llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
     let (load_ms, model) = ms(|| TextModel::load(&file, a.engine, a.device).unwrap_or_else(|e| panic!("load {}: {e:?}", file.display())));
     let model = Arc::new(model);
-    let opts = |n| GenOptions { max_tokens: n, ..GenOptions::default() }; // temperature 0: greedy
     let p = Prompt::Text(prompt);
     let alive = || true;
     let run = |n: usize| {
-        let mut g = model.start(&p, opts(n)).unwrap_or_else(|e| panic!("start: {e:?}"));
+        let mut g = model.start(&p, GenOptions::greedy(n)).unwrap_or_else(|e| panic!("start: {e:?}"));
         let (_, ids, _) = g.run(&alive).unwrap_or_else(|e| panic!("generate: {e:?}"));
         (g.prompt_ids().len(), ids)
     };

@@ -212,7 +212,8 @@ defmodule ExBurn.Model.BuilderTest do
     e =
       assert_raise ExBurn.Error, fn -> Model.compile(%Spec{input_shape: [4], layers: [{:frobnicate, []}]}) end
 
-    assert {e.op, e.reason, e.details} == {:compile, "unsupported layer", %{layer: "frobnicate"}}
+    assert {e.op, e.reason, e.details} ==
+             {:compile, "unknown layer :frobnicate", %{argument: "layer", variant: "frobnicate", index: 0}}
 
     e = assert_raise ExBurn.Error, fn -> Model.compile(:nope) end
     assert e.op == :compile

@@ -12,7 +12,7 @@ defmodule ExBurn.Pretrained.EnginePolicyTest do
   defp fake_load(burn_result) do
     parent = self()
 
-    fn path, engine, device ->
+    fn path, %{engine: engine, device: device} ->
       send(parent, {:loaded, engine, device})
       if engine == :burn, do: burn_result, else: {:ok, {:candle_ref, path}}
     end

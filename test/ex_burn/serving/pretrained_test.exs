@@ -338,7 +338,7 @@ if Code.ensure_loaded?(Nx) do
       # build options
       assert_raise ExBurn.Error, ~r/unknown options/, fn -> LLM.serving(model, max_token: 3) end
       assert_raise ExBurn.Error, ~r/:stream/, fn -> LLM.serving(model, stream: :yes) end
-      assert_raise ExBurn.Error, ~r/numbers/, fn -> LLM.serving(model, temperature: "hot") end
+      assert_raise ExBurn.Error, ~r/option :temperature/, fn -> LLM.serving(model, temperature: "hot") end
       assert_raise ExBurn.Error, ~r/ExBurn.LLM model/, fn -> LLM.serving(%{}) end
     end
   end

@@ -208,7 +208,7 @@ fn check_at(specs: Vec<LayerSpec>, input: &[usize], check_input: bool, precision
 }
 
 fn dense(units: usize) -> LayerSpec {
-    LayerSpec::Dense { units, bias: true }
+    LayerSpec::Dense { units, use_bias: true }
 }
 
 #[test]
@@ -234,14 +234,14 @@ fn every_activation() {
 
 #[test]
 fn conv_layers() {
-    check(vec![LayerSpec::Conv1d { filters: 2, kernel: 3, stride: 1, padding: Padding::Same }], &[2, 6, 3], true);
-    check(vec![LayerSpec::Conv2d { filters: 2, kernel: [2, 2], stride: [1, 1], padding: Padding::Valid }], &[2, 4, 4, 2], true);
+    check(vec![LayerSpec::Conv1d { filters: 2, kernel_size: vec![3], strides: vec![1], padding: Padding::Same }], &[2, 6, 3], true);
+    check(vec![LayerSpec::Conv2d { filters: 2, kernel_size: vec![2, 2], strides: vec![1], padding: Padding::Valid }], &[2, 4, 4, 2], true);
 }
 
 #[test]
 fn pooling_and_reshaping_layers() {
-    check(vec![LayerSpec::MaxPool { kernel: vec![2], stride: vec![2] }, LayerSpec::Flatten, dense(2)], &[2, 4, 4, 2], true);
-    check(vec![LayerSpec::AvgPool { kernel: vec![2], stride: vec![1] }, LayerSpec::Flatten], &[2, 5, 3], true);
+    check(vec![LayerSpec::MaxPool { kernel_size: vec![2], strides: vec![2] }, LayerSpec::Flatten, dense(2)], &[2, 4, 4, 2], true);
+    check(vec![LayerSpec::AvgPool { kernel_size: vec![2], strides: vec![1] }, LayerSpec::Flatten], &[2, 5, 3], true);
     check(vec![LayerSpec::GlobalAvgPool, dense(2)], &[2, 3, 3, 2], true);
 }
 
@@ -253,8 +253,8 @@ fn normalisation_layers() {
 
 #[test]
 fn recurrent_layers() {
-    check_at(vec![LayerSpec::Lstm { hidden: 3, return_sequences: true }], &[2, 3, 2], true, Precision::F32);
-    check_at(vec![LayerSpec::Gru { hidden: 3, return_sequences: false }], &[2, 3, 2], true, Precision::F32);
+    check_at(vec![LayerSpec::Lstm { units: 3, return_sequences: true }], &[2, 3, 2], true, Precision::F32);
+    check_at(vec![LayerSpec::Gru { units: 3, return_sequences: false }], &[2, 3, 2], true, Precision::F32);
 }
 
 #[test]
@@ -262,7 +262,7 @@ fn embedding_weights() {
     let dev = device();
     // Burn's embedding kernel is f32-only on flex; the probe loss is linear in the weights, so
     // f32 central differences with a large step are exact up to rounding.
-    let (net, _) = build(&[LayerSpec::Embedding { vocab: 5, dim: 3 }, LayerSpec::Flatten], &[2], true, &dev).unwrap();
+    let (net, _) = build(&[LayerSpec::Embedding { vocab_size: 5, embedding_size: 3 }, LayerSpec::Flatten], &[2], true, &dev).unwrap();
     const H: f64 = 1e-2;
     let tokens = || Act::I2(Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 4, 4, 0], [2, 2]), &dev));
     let grads = probe_loss(&net, tokens()).backward();

@@ -295,11 +295,12 @@ pub struct LayerInfo {
     pub params: usize,
 }
 
+/// A kernel or stride size per spatial axis (`n` of them): one entry serves every axis.
 fn per_axis(v: &[usize], n: usize) -> ExResult<Vec<usize>> {
     match v.len() {
         1 => Ok(vec![v[0]; n]),
         l if l == n => Ok(v.to_vec()),
-        _ => Err(ExError::invalid(format!("pool sizes must have 1 or {n} entries, got {}", v.len()))),
+        _ => Err(ExError::invalid(format!("kernel and stride sizes must have 1 or {n} entries, got {}", v.len()))),
     }
 }
 
@@ -313,22 +314,24 @@ fn make_layer(spec: &LayerSpec, input: &[usize], device: &Device) -> ExResult<La
         )
     };
     Ok(match spec {
-        LayerSpec::Dense { units, bias } => Layer::Dense(LinearConfig::new(last, *units).with_bias(*bias).init(device)),
-        LayerSpec::Conv1d { filters, kernel, stride, padding } => {
+        LayerSpec::Dense { units, use_bias } => Layer::Dense(LinearConfig::new(last, *units).with_bias(*use_bias).init(device)),
+        LayerSpec::Conv1d { filters, kernel_size, strides, padding } => {
             let pad = match padding {
                 Padding::Valid => PaddingConfig1d::Valid,
                 Padding::Same => PaddingConfig1d::Same,
             };
-            Layer::Conv1d(Conv1dConfig::new(last, *filters, *kernel).with_stride(*stride).with_padding(pad).init(device))
+            let (k, s) = (per_axis(kernel_size, 1)?[0], per_axis(strides, 1)?[0]);
+            Layer::Conv1d(Conv1dConfig::new(last, *filters, k).with_stride(s).with_padding(pad).init(device))
         }
-        LayerSpec::Conv2d { filters, kernel, stride, padding } => {
+        LayerSpec::Conv2d { filters, kernel_size, strides, padding } => {
             let pad = match padding {
                 Padding::Valid => PaddingConfig2d::Valid,
                 Padding::Same => PaddingConfig2d::Same,
             };
-            Layer::Conv2d(Conv2dConfig::new([last, *filters], *kernel).with_stride(*stride).with_padding(pad).init(device))
+            let (k, s) = (per_axis(kernel_size, 2)?, per_axis(strides, 2)?);
+            Layer::Conv2d(Conv2dConfig::new([last, *filters], [k[0], k[1]]).with_stride([s[0], s[1]]).with_padding(pad).init(device))
         }
-        LayerSpec::MaxPool { kernel, stride } | LayerSpec::AvgPool { kernel, stride } => {
+        LayerSpec::MaxPool { kernel_size: kernel, strides: stride } | LayerSpec::AvgPool { kernel_size: kernel, strides: stride } => {
             let max = matches!(spec, LayerSpec::MaxPool { .. });
             match spatial {
                 1 => {
@@ -363,13 +366,13 @@ fn make_layer(spec: &LayerSpec, input: &[usize], device: &Device) -> ExResult<La
             Layer::BatchNorm(BatchNormConfig::new(last).with_epsilon(*epsilon).with_momentum(*momentum).init(device))
         }
         LayerSpec::LayerNorm { epsilon } => Layer::LayerNorm(LayerNormConfig::new(last).with_epsilon(*epsilon).init(device)),
-        LayerSpec::Embedding { vocab, dim } => Layer::Embedding(EmbeddingConfig::new(*vocab, *dim).init(device)),
-        LayerSpec::Lstm { hidden, return_sequences } => Layer::Lstm(Recurrent {
-            cell: LstmConfig::new(last, *hidden, true).init(device),
+        LayerSpec::Embedding { vocab_size, embedding_size } => Layer::Embedding(EmbeddingConfig::new(*vocab_size, *embedding_size).init(device)),
+        LayerSpec::Lstm { units, return_sequences } => Layer::Lstm(Recurrent {
+            cell: LstmConfig::new(last, *units, true).init(device),
             return_sequences: *return_sequences,
         }),
-        LayerSpec::Gru { hidden, return_sequences } => Layer::Gru(Recurrent {
-            cell: GruConfig::new(last, *hidden, true).init(device),
+        LayerSpec::Gru { units, return_sequences } => Layer::Gru(Recurrent {
+            cell: GruConfig::new(last, *units, true).init(device),
             return_sequences: *return_sequences,
         }),
         LayerSpec::Activation(a) => Layer::Activation(ActivationLayer::new(*a)),

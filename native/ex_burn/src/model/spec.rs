@@ -1,7 +1,12 @@
 //! What a model is made of, independent of Burn: the layer list Elixir sends, and the training
 //! configuration.
+//!
+//! With the `nif` feature these types are decoded by rustler from what `ExBurn.Model` sends
+//! (`ExBurn.Model.Spec.native_layers/1`, `ExBurn.Model.config!/2`): field and variant names are
+//! the Elixir option names, and no field has a default here, Elixir fills every one.
 
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifTaggedEnum))]
 pub enum Activation {
     Relu,
     Gelu,
@@ -46,6 +51,7 @@ impl Activation {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifUnitEnum))]
 pub enum Padding {
     Valid,
     Same,
@@ -54,21 +60,22 @@ pub enum Padding {
 /// One layer. Tensors are channels-last, as in Axon: images `[batch, h, w, c]`, sequences
 /// `[batch, time, features]`.
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifTaggedEnum))]
 pub enum LayerSpec {
-    Dense { units: usize, bias: bool },
-    Conv1d { filters: usize, kernel: usize, stride: usize, padding: Padding },
-    Conv2d { filters: usize, kernel: [usize; 2], stride: [usize; 2], padding: Padding },
-    /// Pool sizes are per spatial axis; a single size is used for every axis.
-    MaxPool { kernel: Vec<usize>, stride: Vec<usize> },
-    AvgPool { kernel: Vec<usize>, stride: Vec<usize> },
+    Dense { units: usize, use_bias: bool },
+    /// Convolution and pool sizes are per spatial axis; a single size is used for every axis.
+    Conv1d { filters: usize, kernel_size: Vec<usize>, strides: Vec<usize>, padding: Padding },
+    Conv2d { filters: usize, kernel_size: Vec<usize>, strides: Vec<usize>, padding: Padding },
+    MaxPool { kernel_size: Vec<usize>, strides: Vec<usize> },
+    AvgPool { kernel_size: Vec<usize>, strides: Vec<usize> },
     GlobalAvgPool,
     Flatten,
     Dropout { rate: f64 },
     BatchNorm { epsilon: f64, momentum: f64 },
     LayerNorm { epsilon: f64 },
-    Embedding { vocab: usize, dim: usize },
-    Lstm { hidden: usize, return_sequences: bool },
-    Gru { hidden: usize, return_sequences: bool },
+    Embedding { vocab_size: usize, embedding_size: usize },
+    Lstm { units: usize, return_sequences: bool },
+    Gru { units: usize, return_sequences: bool },
     Activation(Activation),
 }
 
@@ -94,18 +101,21 @@ impl LayerSpec {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifUnitEnum))]
 pub enum LossKind {
     CrossEntropy,
     Mse,
     BinaryCrossEntropy,
 }
 
+/// Variants are spelt as the Elixir atoms they decode from (`:adamw`, `:rmsprop`).
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifUnitEnum))]
 pub enum OptimizerKind {
     Adam,
-    AdamW,
+    Adamw,
     Sgd,
-    RmsProp,
+    Rmsprop,
 }
 
 /// Learning-rate schedules, stepped once per epoch.
@@ -117,7 +127,9 @@ pub enum Schedule {
     Cosine { min: f64, epochs: usize },
 }
 
+/// `None` turns a setting off (no weight decay, momentum or clipping); it is not a default.
 #[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifMap))]
 pub struct TrainConfig {
     pub loss: LossKind,
     pub optimizer: OptimizerKind,
@@ -129,23 +141,6 @@ pub struct TrainConfig {
     pub epsilon: f64,
     pub clip_norm: Option<f64>,
     pub clip_value: Option<f64>,
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        TrainConfig {
-            loss: LossKind::Mse,
-            optimizer: OptimizerKind::Adam,
-            learning_rate: 1e-3,
-            weight_decay: None,
-            momentum: None,
-            beta1: 0.9,
-            beta2: 0.999,
-            epsilon: 1e-8,
-            clip_norm: None,
-            clip_value: None,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -49,12 +49,12 @@ fn optimizer(c: &TrainConfig) -> ModuleOptimizer {
     let optim = match c.optimizer {
         // Burn's Adam and AdamW, their element-wise updates fused on the CPU (same bits; model/fused_adam.rs)
         OptimizerKind::Adam => ModuleOptimizer::from(FusedAdam::new(b1, b2, eps, decay)),
-        OptimizerKind::AdamW => ModuleOptimizer::from(FusedAdamW::new(b1, b2, eps, c.weight_decay.unwrap_or(1e-4) as f32)),
+        OptimizerKind::Adamw => ModuleOptimizer::from(FusedAdamW::new(b1, b2, eps, c.weight_decay.unwrap_or(0.0) as f32)),
         OptimizerKind::Sgd => SgdConfig::new()
             .with_weight_decay(decay)
             .with_momentum(c.momentum.filter(|m| *m > 0.0).map(|m| MomentumConfig::new().with_momentum(m).with_dampening(0.0)))
             .init(),
-        OptimizerKind::RmsProp => RmsPropConfig::new()
+        OptimizerKind::Rmsprop => RmsPropConfig::new()
             .with_alpha(b1)
             .with_epsilon(eps)
             .with_momentum(c.momentum.unwrap_or(0.0) as f32)
@@ -120,21 +120,16 @@ impl Trainer {
         self.net.num_params()
     }
 
-    /// Changes the learning rate and the clipping between fits. Norm clipping is added to the
-    /// live optimizer (its moments are kept); removing it rebuilds the optimizer, which resets them.
-    pub fn configure(&mut self, learning_rate: Option<f64>, clip_norm: Option<Option<f64>>, clip_value: Option<Option<f64>>) {
-        if let Some(lr) = learning_rate {
-            self.config.learning_rate = lr;
-        }
-        if let Some(v) = clip_value {
-            self.config.clip_value = v;
-        }
+    /// Sets the clipping between fits. Norm clipping is added to (or changed on) the live
+    /// optimizer, its moments kept; removing it rebuilds the optimizer, which resets them.
+    pub fn set_clipping(&mut self, clip_norm: Option<f64>, clip_value: Option<f64>) {
+        self.config.clip_value = clip_value;
         match clip_norm {
-            Some(Some(n)) => {
+            Some(n) if self.config.clip_norm != Some(n) => {
                 self.config.clip_norm = Some(n);
                 self.optim = self.optim.clone().with_grad_clipping(GradientClippingConfig::Norm(n as f32).init());
             }
-            Some(None) if self.config.clip_norm.is_some() => {
+            None if self.config.clip_norm.is_some() => {
                 self.config.clip_norm = None;
                 self.optim = optimizer(&self.config);
             }
@@ -359,14 +354,29 @@ mod tests {
         (f32s(&[0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], &[4, 2]), i64s(&[0, 1, 1, 0], &[4]))
     }
 
+    /// Cross-entropy with Adam at `learning_rate`, nothing else set.
+    fn cross_entropy(learning_rate: f64) -> TrainConfig {
+        TrainConfig {
+            loss: LossKind::CrossEntropy,
+            optimizer: OptimizerKind::Adam,
+            learning_rate,
+            weight_decay: None,
+            momentum: None,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+            clip_norm: None,
+            clip_value: None,
+        }
+    }
+
+    fn dense(units: usize) -> LayerSpec {
+        LayerSpec::Dense { units, use_bias: true }
+    }
+
     fn xor_trainer() -> Trainer {
-        let specs = vec![
-            LayerSpec::Dense { units: 8, bias: true },
-            LayerSpec::Activation(Activation::Tanh),
-            LayerSpec::Dense { units: 2, bias: true },
-        ];
-        let config = TrainConfig { loss: LossKind::CrossEntropy, learning_rate: 0.05, ..TrainConfig::default() };
-        Trainer::new(specs, vec![2], false, config, crate::testing::device(), 42).unwrap()
+        let specs = vec![dense(8), LayerSpec::Activation(Activation::Tanh), dense(2)];
+        Trainer::new(specs, vec![2], false, cross_entropy(0.05), crate::testing::device(), 42).unwrap()
     }
 
     /// Dense stacks are costed at their parameter count per row (2·8+8 + 8·2+2 = 42 here);
@@ -376,9 +386,8 @@ mod tests {
         let t = xor_trainer();
         assert_eq!(t.dense_forward_macs(1), Some(42));
         assert_eq!(t.dense_forward_macs(1000), Some(42_000));
-        let conv = vec![LayerSpec::Conv1d { filters: 2, kernel: 3, stride: 1, padding: Padding::Same }, LayerSpec::Flatten, LayerSpec::Dense { units: 2, bias: true }];
-        let config = TrainConfig { loss: LossKind::CrossEntropy, ..TrainConfig::default() };
-        let c = Trainer::new(conv, vec![8, 1], false, config, crate::testing::device(), 1).unwrap();
+        let conv = LayerSpec::Conv1d { filters: 2, kernel_size: vec![3], strides: vec![1], padding: Padding::Same };
+        let c = Trainer::new(vec![conv, LayerSpec::Flatten, dense(2)], vec![8, 1], false, cross_entropy(1e-3), crate::testing::device(), 1).unwrap();
         assert_eq!(c.dense_forward_macs(1), None);
     }
 
@@ -397,9 +406,7 @@ mod tests {
             let stop = stop.clone();
             std::thread::spawn(move || {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let config = TrainConfig { loss: LossKind::CrossEntropy, ..TrainConfig::default() };
-                    let specs = vec![LayerSpec::Dense { units: 64, bias: true }];
-                    let t = Trainer::new(specs, vec![32], false, config, crate::testing::device(), 7).unwrap();
+                    let t = Trainer::new(vec![dense(64)], vec![32], false, cross_entropy(1e-3), crate::testing::device(), 7).unwrap();
                     t.to_bytes().unwrap();
                 }
             })
@@ -458,13 +465,13 @@ mod tests {
     #[test]
     fn schedules_and_clipping_train() {
         let (x, y) = xor();
+        let base = cross_entropy(0.01);
         for (schedule, config) in [
-            (Schedule::Step { step: 2, gamma: 0.5 }, TrainConfig { optimizer: OptimizerKind::Sgd, momentum: Some(0.9), clip_norm: Some(1.0), ..TrainConfig::default() }),
-            (Schedule::Exponential { gamma: 0.9 }, TrainConfig { optimizer: OptimizerKind::RmsProp, clip_value: Some(0.5), ..TrainConfig::default() }),
-            (Schedule::Cosine { min: 1e-5, epochs: 5 }, TrainConfig { optimizer: OptimizerKind::AdamW, weight_decay: Some(0.01), clip_norm: Some(1.0), clip_value: Some(0.1), ..TrainConfig::default() }),
+            (Schedule::Step { step: 2, gamma: 0.5 }, TrainConfig { optimizer: OptimizerKind::Sgd, momentum: Some(0.9), clip_norm: Some(1.0), ..base.clone() }),
+            (Schedule::Exponential { gamma: 0.9 }, TrainConfig { optimizer: OptimizerKind::Rmsprop, clip_value: Some(0.5), ..base.clone() }),
+            (Schedule::Cosine { min: 1e-5, epochs: 5 }, TrainConfig { optimizer: OptimizerKind::Adamw, weight_decay: Some(0.01), clip_norm: Some(1.0), clip_value: Some(0.1), ..base.clone() }),
         ] {
-            let config = TrainConfig { loss: LossKind::CrossEntropy, learning_rate: 0.01, ..config };
-            let mut t = Trainer::new(vec![LayerSpec::Dense { units: 2, bias: true }], vec![2], false, config, crate::testing::device(), 1).unwrap();
+            let mut t = Trainer::new(vec![dense(2)], vec![2], false, config, crate::testing::device(), 1).unwrap();
             t.set_schedule(schedule, 0.01).unwrap();
             for _ in 0..5 {
                 assert!(t.train_epoch(&x, &y, 2, true, &AtomicBool::new(false)).unwrap().is_finite());

@@ -1,8 +1,9 @@
 //! The Erlang NIF layer: argument decoding, result encoding and the guard every NIF runs in.
 //!
 //! Each NIF returns `{:ok, value}` or `{:error, {op, reason, details}}`, which Elixir turns into
-//! `ExBurn.Error`. Arguments are decoded by hand (`term`) so a malformed one is such an error too,
-//! naming the argument, rather than rustler's bare `ArgumentError`. Everything that computes runs
+//! `ExBurn.Error`. Arguments are decoded by hand (`term`), or by rustler's derives through
+//! `strict` for typed inputs, so a malformed one is such an error too, naming the argument,
+//! rather than rustler's bare `ArgumentError`. Everything that computes runs
 //! on a dirty CPU scheduler, except element-wise ops and reads on small CPU tensors, which
 //! `schedule` runs in place.
 
@@ -19,6 +20,7 @@ mod reduce;
 mod resource;
 mod schedule;
 mod shape;
+mod strict;
 mod term;
 mod window;
 

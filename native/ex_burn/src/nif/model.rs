@@ -1,19 +1,20 @@
 //! Model NIFs: build, train one epoch, evaluate, predict, serialise.
 //!
-//! Layers arrive as `{kind, opts}` with `opts` a keyword list whose defaults Elixir has already
-//! filled in; the training configuration arrives as a map.
+//! The layers, the training configuration, the schedule and the clipping arrive as typed terms
+//! (`model::spec`'s types and the two below), decoded by rustler through `strict`; Elixir has
+//! filled in every default.
 
 use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use rustler::{Binary, Encoder, Env, ResourceArc, Term};
+use rustler::{Binary, Encoder, Env, NifMap, NifTaggedEnum, ResourceArc, Term};
 
 use super::resource::{arg, BinaryOut, TensorOut};
-use super::{atoms, guard, schedule, term};
+use super::{atoms, guard, schedule, strict, term};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::error::{Detail, ExError, ExResult};
-use crate::model::spec::{Activation, LayerSpec, LossKind, OptimizerKind, Padding, Schedule, TrainConfig};
+use crate::model::spec::{LayerSpec, Schedule, TrainConfig};
 use crate::model::net::LayerInfo;
 use crate::model::train::Trainer;
 
@@ -54,139 +55,43 @@ fn with_trainer<R>(m: &ModelRes, f: impl FnOnce(&mut Trainer) -> ExResult<R>) ->
     result
 }
 
-/// A keyword list, decoded.
-type Opts<'a> = [(Term<'a>, Term<'a>)];
-
-/// Looks up `key` in a keyword list.
-fn opt<'a>(opts: &Opts<'a>, key: &str) -> Option<Term<'a>> {
-    opts.iter().find(|(k, _)| k.atom_to_string().map(|s| s == key).unwrap_or(false)).map(|(_, v)| *v)
+/// `fit`'s `:lr_schedule` as `ExBurn.Model.Fit` sends it, the base rate first: `{:step, base,
+/// step_epochs, gamma}`, `{:exponential, base, gamma}` or `{:cosine, base, min, epochs}`.
+#[derive(NifTaggedEnum)]
+enum LrSchedule {
+    Step(f64, usize, f64),
+    Exponential(f64, f64),
+    Cosine(f64, f64, usize),
 }
 
-fn req_usize<'a>(opts: &Opts<'a>, key: &'static str) -> ExResult<usize> {
-    opt(opts, key).ok_or(ExError::Arg { name: key, expected: "a non-negative integer" }).and_then(|t| term::usize_arg(t, key))
-}
-
-fn num(t: Term, name: &'static str) -> ExResult<f64> {
-    t.decode::<f64>()
-        .or_else(|_| t.decode::<i64>().map(|i| i as f64))
-        .map_err(|_| ExError::Arg { name, expected: "a number" })
-}
-
-fn opt_num<'a>(opts: &Opts<'a>, key: &'static str, default: f64) -> ExResult<f64> {
-    match opt(opts, key) {
-        Some(t) if !term::is_nil(t) => num(t, key),
-        _ => Ok(default),
+impl LrSchedule {
+    fn schedule_and_base(self) -> (Schedule, f64) {
+        match self {
+            LrSchedule::Step(base, step, gamma) => (Schedule::Step { step: step.max(1), gamma }, base),
+            LrSchedule::Exponential(base, gamma) => (Schedule::Exponential { gamma }, base),
+            LrSchedule::Cosine(base, min, epochs) => (Schedule::Cosine { min, epochs: epochs.max(1) }, base),
+        }
     }
 }
 
-fn opt_bool<'a>(opts: &Opts<'a>, key: &'static str, default: bool) -> ExResult<bool> {
-    opt(opts, key).map_or(Ok(default), |t| term::boolean(t, key))
-}
-
-fn sizes<'a>(opts: &Opts<'a>, key: &'static str, default: Option<Vec<usize>>) -> ExResult<Vec<usize>> {
-    match opt(opts, key) {
-        Some(t) if t.decode::<u64>().is_ok() => Ok(vec![term::usize_arg(t, key)?]),
-        Some(t) => term::usizes(t, key),
-        None => default.ok_or(ExError::Arg { name: key, expected: "an integer or a list of integers" }),
-    }
-}
-
-fn padding<'a>(opts: &Opts<'a>) -> ExResult<Padding> {
-    match opt(opts, "padding").map(|t| term::atom(t, "padding")).transpose()?.as_deref() {
-        None | Some("valid") => Ok(Padding::Valid),
-        Some("same") => Ok(Padding::Same),
-        Some(_) => Err(ExError::Arg { name: "padding", expected: ":valid or :same" }),
-    }
-}
-
-fn activation<'a>(name: &str, opts: &Opts<'a>) -> ExResult<Option<Activation>> {
-    Ok(Activation::from_name(name, opt_num(opts, "alpha", 0.01)?))
-}
-
-fn layer(t: Term) -> ExResult<LayerSpec> {
-    let (kind, opts): (Term, Vec<(Term, Term)>) =
-        t.decode().map_err(|_| ExError::Arg { name: "layers", expected: "a list of {kind, keyword_options}" })?;
-    let kind = term::atom(kind, "layer kind")?;
-    let o = &opts;
-    Ok(match kind.as_str() {
-        "dense" => LayerSpec::Dense { units: req_usize(o, "units")?, bias: opt_bool(o, "use_bias", true)? },
-        "conv1d" => LayerSpec::Conv1d {
-            filters: req_usize(o, "filters")?,
-            kernel: sizes(o, "kernel_size", None)?[0],
-            stride: sizes(o, "strides", Some(vec![1]))?[0],
-            padding: padding(o)?,
-        },
-        "conv2d" => {
-            let k = sizes(o, "kernel_size", None)?;
-            let s = sizes(o, "strides", Some(vec![1]))?;
-            let pair = |v: &[usize]| if v.len() == 1 { [v[0], v[0]] } else { [v[0], v[1]] };
-            LayerSpec::Conv2d { filters: req_usize(o, "filters")?, kernel: pair(&k), stride: pair(&s), padding: padding(o)? }
+/// Each layer decoded on its own, so that an error says which.
+fn layer_specs(layers: Term) -> ExResult<Vec<LayerSpec>> {
+    let items: Vec<Term> = layers.decode().map_err(|_| ExError::Arg { name: "layers", expected: "a list" })?;
+    let at = |i: usize, e: ExError| match e {
+        ExError::Invalid { reason, mut details } => {
+            details.push(("index", Detail::Int(i as i128)));
+            ExError::Invalid { reason, details }
         }
-        "max_pool" | "avg_pool" => {
-            let kernel = sizes(o, "kernel_size", Some(vec![2]))?;
-            let stride = sizes(o, "strides", Some(kernel.clone()))?;
-            if kind == "max_pool" { LayerSpec::MaxPool { kernel, stride } } else { LayerSpec::AvgPool { kernel, stride } }
-        }
-        "global_avg_pool" => LayerSpec::GlobalAvgPool,
-        "flatten" => LayerSpec::Flatten,
-        "dropout" => LayerSpec::Dropout { rate: opt_num(o, "rate", 0.5)? },
-        "batch_norm" => LayerSpec::BatchNorm { epsilon: opt_num(o, "epsilon", 1e-5)?, momentum: opt_num(o, "momentum", 0.1)? },
-        "layer_norm" => LayerSpec::LayerNorm { epsilon: opt_num(o, "epsilon", 1e-5)? },
-        "embedding" => LayerSpec::Embedding { vocab: req_usize(o, "vocab_size")?, dim: req_usize(o, "embedding_size")? },
-        "lstm" | "gru" => {
-            let hidden = req_usize(o, "units")?;
-            let return_sequences = opt_bool(o, "return_sequences", true)?;
-            if kind == "lstm" { LayerSpec::Lstm { hidden, return_sequences } } else { LayerSpec::Gru { hidden, return_sequences } }
-        }
-        other => match activation(other, o)? {
-            Some(a) => LayerSpec::Activation(a),
-            None => {
-                return Err(ExError::invalid_with(
-                    "unsupported layer",
-                    vec![("layer", Detail::Text(other.to_string()))],
-                ))
-            }
-        },
-    })
-}
-
-fn config(t: Term) -> ExResult<TrainConfig> {
-    let map: Vec<(Term, Term)> = rustler::types::map::MapIterator::new(t)
-        .ok_or(ExError::Arg { name: "config", expected: "a map" })?
-        .collect();
-    let d = TrainConfig::default();
-    let choice = |key: &'static str| -> ExResult<Option<String>> { opt(&map, key).map(|v| term::atom(v, key)).transpose() };
-    let loss = match choice("loss")?.as_deref() {
-        None | Some("mse") => LossKind::Mse,
-        Some("cross_entropy") | Some("categorical_cross_entropy") => LossKind::CrossEntropy,
-        Some("binary_cross_entropy") => LossKind::BinaryCrossEntropy,
-        Some(_) => return Err(ExError::Arg { name: "loss", expected: ":cross_entropy, :mse or :binary_cross_entropy" }),
+        other => other,
     };
-    let optimizer = match choice("optimizer")?.as_deref() {
-        None | Some("adam") => OptimizerKind::Adam,
-        Some("adamw") => OptimizerKind::AdamW,
-        Some("sgd") => OptimizerKind::Sgd,
-        Some("rmsprop") => OptimizerKind::RmsProp,
-        Some(_) => return Err(ExError::Arg { name: "optimizer", expected: ":adam, :adamw, :sgd or :rmsprop" }),
-    };
-    let maybe = |key: &'static str| -> ExResult<Option<f64>> {
-        match opt(&map, key) {
-            Some(v) if !term::is_nil(v) => num(v, key).map(Some),
-            _ => Ok(None),
-        }
-    };
-    Ok(TrainConfig {
-        loss,
-        optimizer,
-        learning_rate: maybe("learning_rate")?.unwrap_or(d.learning_rate),
-        weight_decay: maybe("weight_decay")?,
-        momentum: maybe("momentum")?,
-        beta1: maybe("beta1")?.unwrap_or(d.beta1),
-        beta2: maybe("beta2")?.unwrap_or(d.beta2),
-        epsilon: maybe("epsilon")?.unwrap_or(d.epsilon),
-        clip_norm: maybe("clip_norm")?,
-        clip_value: maybe("clip_value")?,
-    })
+    items.into_iter().enumerate().map(|(i, l)| strict::decode(l, "layer").map_err(|e| at(i, e))).collect()
+}
+
+/// The gradient clipping a fit asks for; `nil` removes one.
+#[derive(NifMap)]
+struct Clipping {
+    clip_norm: Option<f64>,
+    clip_value: Option<f64>,
 }
 
 fn summary<'a>(env: Env<'a>, m: &ModelRes) -> Term<'a> {
@@ -201,12 +106,12 @@ fn summary<'a>(env: Env<'a>, m: &ModelRes) -> Term<'a> {
 #[rustler::nif(schedule = "DirtyCpu")]
 fn model_new<'a>(env: Env<'a>, layers: Term<'a>, input: Term<'a>, int_input: Term<'a>, cfg: Term<'a>, device: Term<'a>, seed: Term<'a>) -> Term<'a> {
     guard(env, "compile", || {
-        let specs: Vec<Term> = layers.decode().map_err(|_| ExError::Arg { name: "layers", expected: "a list" })?;
-        let specs = specs.into_iter().map(layer).collect::<ExResult<Vec<_>>>()?;
+        let specs = layer_specs(layers)?;
+        let config: TrainConfig = strict::decode(cfg, "config")?;
         let input = term::usizes(input, "input_shape")?;
         let int_input = term::boolean(int_input, "integer_input")?;
         let seed: u64 = seed.decode().map_err(|_| ExError::Arg { name: "seed", expected: "a non-negative integer" })?;
-        let trainer = Trainer::new(specs, input, int_input, config(cfg)?, term::decode_device(device)?, seed)?;
+        let trainer = Trainer::new(specs, input, int_input, config, term::decode_device(device)?, seed)?;
         let res = ResourceArc::new(ModelRes {
             layers: trainer.infos.clone(),
             params: trainer.num_params(),
@@ -228,27 +133,18 @@ fn model_summary<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
 fn model_set_schedule<'a>(env: Env<'a>, m: Term<'a>, schedule: Term<'a>) -> Term<'a> {
     guard(env, "fit", || {
         let m = model(m)?;
-        let bad = || ExError::Arg {
-            name: "lr_schedule",
-            expected: "nil, {:step, base, step, gamma}, {:exponential, base, gamma} or {:cosine, base, min}",
-        };
-        if term::is_nil(schedule) {
-            with_trainer(&m, |t| {
+        // nil (no schedule) is checked first: `Option`'s decoder would hide why a schedule is refused
+        let schedule: Option<LrSchedule> = if term::is_nil(schedule) { None } else { Some(strict::decode(schedule, "lr_schedule")?) };
+        with_trainer(&m, |t| match schedule {
+            Some(s) => {
+                let (schedule, base) = s.schedule_and_base();
+                t.set_schedule(schedule, base)
+            }
+            None => {
                 let base = t.config.learning_rate;
                 t.set_schedule(Schedule::Constant, base)
-            })?;
-            return Ok(atoms::ok());
-        }
-        let parts = rustler::types::tuple::get_tuple(schedule).map_err(|_| bad())?;
-        let kind = parts.first().map(|k| term::atom(*k, "lr_schedule")).transpose()?.ok_or_else(bad)?;
-        let f = |i: usize| parts.get(i).ok_or_else(bad).and_then(|t| num(*t, "lr_schedule"));
-        let (schedule, base) = match (kind.as_str(), parts.len()) {
-            ("step", 4) => (Schedule::Step { step: f(2)?.max(1.0) as usize, gamma: f(3)? }, f(1)?),
-            ("exponential", 3) => (Schedule::Exponential { gamma: f(2)? }, f(1)?),
-            ("cosine", 4) => (Schedule::Cosine { min: f(2)?, epochs: f(3)?.max(1.0) as usize }, f(1)?),
-            _ => return Err(bad()),
-        };
-        with_trainer(&m, |t| t.set_schedule(schedule, base))?;
+            }
+        })?;
         Ok(atoms::ok())
     })
 }
@@ -357,26 +253,14 @@ fn model_load_bytes<'a>(env: Env<'a>, m: Term<'a>, bytes: Term<'a>) -> Term<'a> 
     })
 }
 
-/// Changes learning rate and clipping between fits: a map with any of `learning_rate`,
-/// `clip_norm`, `clip_value` (nil removes a clipping).
+/// Sets the gradient clipping between fits (`%{clip_norm: _, clip_value: _}`).
 #[rustler::nif(schedule = "DirtyCpu")]
-fn model_configure<'a>(env: Env<'a>, m: Term<'a>, changes: Term<'a>) -> Term<'a> {
+fn model_configure<'a>(env: Env<'a>, m: Term<'a>, clipping: Term<'a>) -> Term<'a> {
     guard(env, "fit", || {
         let m = model(m)?;
-        let map: Vec<(Term, Term)> = rustler::types::map::MapIterator::new(changes)
-            .ok_or(ExError::Arg { name: "changes", expected: "a map" })?
-            .collect();
-        let clip = |key: &'static str| -> ExResult<Option<Option<f64>>> {
-            match opt(&map, key) {
-                None => Ok(None),
-                Some(v) if term::is_nil(v) => Ok(Some(None)),
-                Some(v) => num(v, key).map(|n| Some(Some(n))),
-            }
-        };
-        let lr = opt(&map, "learning_rate").map(|v| num(v, "learning_rate")).transpose()?;
-        let (norm, value) = (clip("clip_norm")?, clip("clip_value")?);
+        let Clipping { clip_norm, clip_value } = strict::decode(clipping, "clipping")?;
         with_trainer(&m, |t| {
-            t.configure(lr, norm, value);
+            t.set_clipping(clip_norm, clip_value);
             Ok(())
         })?;
         Ok(atoms::ok())

@@ -7,13 +7,13 @@ use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use rustler::types::map::MapIterator;
-use rustler::{Atom, Encoder, Env, ResourceArc, Term};
+use rustler::{Atom, Encoder, Env, NifMap, ResourceArc, Term};
 
 use super::resource::BinaryOut;
-use super::{guard, term};
+use super::{guard, strict, term};
+use crate::device::DeviceRef;
 use crate::error::{ExError, ExResult};
-use crate::pretrained::generate::{ChatMessage, GenOptions, Generation, Prompt};
+use crate::pretrained::generate::{GenOptions, Generation, Prompt};
 use crate::pretrained::{files, EmbeddingModel, Engine, TextModel};
 
 pub struct EmbedderRes(EmbeddingModel);
@@ -72,9 +72,12 @@ fn ids(t: Term, name: &'static str) -> ExResult<Vec<u32>> {
     t.decode::<Vec<u32>>().map_err(|_| ExError::Arg { name, expected: "a list of token ids (non-negative integers)" })
 }
 
-fn engine(t: Term) -> ExResult<Engine> {
-    let bad = ExError::Arg { name: "engine", expected: ":burn or :candle" };
-    t.atom_to_string().ok().and_then(|s| Engine::from_name(&s)).ok_or(bad)
+/// How `embedder_load` and `llm_load` load a model: `:auto` and the models directory are
+/// Elixir's (`ExBurn.Pretrained`), so only a concrete engine and device arrive here.
+#[derive(NifMap)]
+struct LoadOptions {
+    engine: Engine,
+    device: DeviceRef,
 }
 
 fn embedder(t: Term) -> ExResult<ResourceArc<EmbedderRes>> {
@@ -115,10 +118,11 @@ fn pretrained_list<'a>(env: Env<'a>, dir: Term<'a>) -> Term<'a> {
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn embedder_load<'a>(env: Env<'a>, path: Term<'a>, eng: Term<'a>, device: Term<'a>) -> Term<'a> {
+fn embedder_load<'a>(env: Env<'a>, path: Term<'a>, opts: Term<'a>) -> Term<'a> {
     guard(env, "embedder_load", || {
         let path = string(path, "path")?;
-        let model = EmbeddingModel::load(Path::new(&path), engine(eng)?, term::decode_device(device)?)?;
+        let LoadOptions { engine, device } = strict::decode(opts, "opts")?;
+        let model = EmbeddingModel::load(Path::new(&path), engine, device)?;
         Ok(ResourceArc::new(EmbedderRes(model)))
     })
 }
@@ -189,10 +193,11 @@ fn embedder_embed_ids<'a>(env: Env<'a>, m: Term<'a>, rows: Term<'a>) -> Term<'a>
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn llm_load<'a>(env: Env<'a>, path: Term<'a>, eng: Term<'a>, device: Term<'a>) -> Term<'a> {
+fn llm_load<'a>(env: Env<'a>, path: Term<'a>, opts: Term<'a>) -> Term<'a> {
     guard(env, "llm_load", || {
         let path = string(path, "path")?;
-        let model = TextModel::load(Path::new(&path), engine(eng)?, term::decode_device(device)?)?;
+        let LoadOptions { engine, device } = strict::decode(opts, "opts")?;
+        let model = TextModel::load(Path::new(&path), engine, device)?;
         Ok(ResourceArc::new(LlmRes(Arc::new(model))))
     })
 }
@@ -233,73 +238,12 @@ fn llm_detokenize<'a>(env: Env<'a>, m: Term<'a>, token_ids: Term<'a>) -> Term<'a
     guard(env, "llm_detokenize", || llm(m)?.0.tokenizer.decode(&ids(token_ids, "ids")?))
 }
 
-/// `{:text, binary}` or `{:chat, [{role, content}]}` (messages may also be maps with `role` and
-/// `content` keys, atoms or binaries).
-fn prompt(t: Term) -> ExResult<Prompt> {
-    let bad = || ExError::Arg { name: "prompt", expected: "{:text, binary} or {:chat, [{role, content}]}" };
-    let (tag, body): (Term, Term) = t.decode().map_err(|_| bad())?;
-    match tag.atom_to_string().map_err(|_| bad())?.as_str() {
-        "text" => Ok(Prompt::Text(string(body, "prompt")?)),
-        "chat" => {
-            let items: Vec<Term> = body.decode().map_err(|_| bad())?;
-            let bad_msg = || ExError::Arg { name: "messages", expected: "a list of {role, content} binaries" };
-            let msgs = items
-                .into_iter()
-                .map(|m| {
-                    if let Ok((role, content)) = m.decode::<(String, String)>() {
-                        return Ok(ChatMessage { role, content });
-                    }
-                    let it = MapIterator::new(m).ok_or_else(bad_msg)?;
-                    let (mut role, mut content) = (None, None);
-                    for (k, v) in it {
-                        let key = k.atom_to_string().or_else(|_| k.decode::<String>()).unwrap_or_default();
-                        match key.as_str() {
-                            "role" => role = Some(v.atom_to_string().or_else(|_| v.decode::<String>()).map_err(|_| bad_msg())?),
-                            "content" => content = Some(v.decode::<String>().map_err(|_| bad_msg())?),
-                            _ => {}
-                        }
-                    }
-                    Ok(ChatMessage { role: role.ok_or_else(bad_msg)?, content: content.ok_or_else(bad_msg)? })
-                })
-                .collect::<ExResult<Vec<_>>>()?;
-            Ok(Prompt::Chat(msgs))
-        }
-        _ => Err(bad()),
-    }
-}
-
-fn number(t: Term, name: &'static str) -> ExResult<f64> {
-    t.decode::<f64>().or_else(|_| t.decode::<i64>().map(|i| i as f64)).map_err(|_| ExError::Arg { name, expected: "a number" })
-}
-
-/// The generation options map; missing keys and `nil` take the defaults.
-fn gen_options(t: Term) -> ExResult<GenOptions> {
-    let it = MapIterator::new(t).ok_or(ExError::Arg { name: "opts", expected: "a map" })?;
-    let mut o = GenOptions::default();
-    for (k, v) in it {
-        let Ok(key) = k.atom_to_string() else { continue };
-        if term::is_nil(v) {
-            continue;
-        }
-        match key.as_str() {
-            "max_tokens" => o.max_tokens = term::usize_arg(v, "max_tokens")?,
-            "temperature" => o.temperature = number(v, "temperature")?,
-            "top_k" => o.top_k = Some(term::usize_arg(v, "top_k")?),
-            "top_p" => o.top_p = Some(number(v, "top_p")?),
-            "seed" => o.seed = v.decode::<u64>().or_else(|_| v.decode::<i64>().map(|i| i as u64)).map_err(|_| ExError::Arg { name: "seed", expected: "an integer" })?,
-            "stop" => o.stop = if let Ok(s) = v.decode::<String>() { vec![s] } else { strings(v, "stop")? },
-            "stop_token_ids" => o.stop_token_ids = ids(v, "stop_token_ids")?,
-            _ => {}
-        }
-    }
-    Ok(o)
-}
-
 #[rustler::nif(schedule = "DirtyCpu")]
 fn llm_start<'a>(env: Env<'a>, m: Term<'a>, p: Term<'a>, opts: Term<'a>) -> Term<'a> {
     guard(env, "llm_start", || {
+        let (prompt, opts): (Prompt, GenOptions) = (strict::decode(p, "prompt")?, strict::decode(opts, "opts")?);
         let m = llm(m)?;
-        let gen = m.0.start(&prompt(p)?, gen_options(opts)?)?;
+        let gen = m.0.start(&prompt, opts)?;
         Ok(ResourceArc::new(GenerationRes { prompt: gen.prompt_ids().to_vec(), gen: Mutex::new(gen), _model: m.0.clone() }))
     })
 }

@@ -57,6 +57,19 @@ pub fn decode_device(term: Term) -> ExResult<DeviceRef> {
     Ok(DeviceRef { kind: kind_of(kind)?, index: usize::try_from(index).map_err(|_| bad())? })
 }
 
+/// A device inside a typed input (a `NifMap` field), read as `decode_device` reads it.
+impl<'a> rustler::Decoder<'a> for DeviceRef {
+    fn decode(term: Term<'a>) -> rustler::NifResult<Self> {
+        decode_device(term).map_err(|e| rustler::Error::RaiseTerm(Box::new(e.to_string())))
+    }
+}
+
+impl rustler::Encoder for DeviceRef {
+    fn encode<'a>(&self, env: Env<'a>) -> Term<'a> {
+        device(env, *self)
+    }
+}
+
 pub fn usizes(term: Term, name: &'static str) -> ExResult<Vec<usize>> {
     let err = ExError::Arg { name, expected: "a list of non-negative integers" };
     let v: Vec<u64> = term.decode().map_err(|_| err)?;

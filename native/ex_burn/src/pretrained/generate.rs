@@ -16,19 +16,26 @@ use super::tokenizer::LmTokenizer;
 use super::LmSession;
 use crate::error::{Detail, ExError, ExResult};
 
+/// Crosses the NIF as `{role, content}`, two binaries.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "nif", derive(rustler::NifTuple))]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
 }
 
+/// Crosses the NIF as `{:text, binary}` or `{:chat, [{role, content}]}` (`ExBurn.LLM` builds it).
 #[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifTaggedEnum))]
 pub enum Prompt {
     Text(String),
     Chat(Vec<ChatMessage>),
 }
 
+/// How to generate. Every field is given: the user-visible defaults are `ExBurn.LLM`'s, filled in
+/// Elixir before the NIF decodes this (rustler, `nif` feature), so there are none here.
 #[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifMap))]
 pub struct GenOptions {
     pub max_tokens: usize,
     /// ≤ 0: greedy (argmax).
@@ -42,13 +49,13 @@ pub struct GenOptions {
     pub stop_token_ids: Vec<u32>,
 }
 
-impl Default for GenOptions {
-    fn default() -> Self {
-        GenOptions { max_tokens: 256, temperature: 0.0, top_k: None, top_p: None, seed: 0, stop: vec![], stop_token_ids: vec![] }
-    }
-}
-
 impl GenOptions {
+    /// Greedy decoding of at most `max_tokens`, without stop rules: the deterministic baseline
+    /// tests and benchmarks compare engines with.
+    pub fn greedy(max_tokens: usize) -> Self {
+        GenOptions { max_tokens, temperature: 0.0, top_k: None, top_p: None, seed: 0, stop: vec![], stop_token_ids: vec![] }
+    }
+
     pub fn sampling(&self) -> Sampling {
         if self.temperature <= 0.0 || !self.temperature.is_finite() {
             return Sampling::ArgMax;
@@ -452,7 +459,7 @@ mod tests {
     fn emoji_split_over_byte_tokens_streams_whole_characters() {
         let t = tiny();
         let script = ids_of(&t, "a😀b👍🏽");
-        let opts = GenOptions { max_tokens: script.len(), ..Default::default() };
+        let opts = GenOptions::greedy(script.len());
         let (pieces, text, ids, finish) = stream(&script, 100, &opts, 1);
         assert_eq!(text, "a😀b👍🏽");
         assert_eq!(ids, script);
@@ -469,7 +476,7 @@ mod tests {
         let t = tiny();
         let script = ids_of(&t, "hello wo world! tail");
         for stop in ["world", "o w", "d!", "wor"] {
-            let opts = GenOptions { stop: vec![stop.into(), "never".into()], ..Default::default() };
+            let opts = GenOptions { stop: vec![stop.into(), "never".into()], ..GenOptions::greedy(256) };
             let full = "hello wo world! tail";
             let expected = &full[..full.find(stop).unwrap()];
             for step in [1, 2, 5, 100] {
@@ -480,7 +487,7 @@ mod tests {
             }
         }
         // A suffix that only looked like a stop string is released at the end.
-        let opts = GenOptions { stop: vec!["tails".into()], max_tokens: script.len(), ..Default::default() };
+        let opts = GenOptions { stop: vec!["tails".into()], ..GenOptions::greedy(script.len()) };
         let (_, text, _, finish) = stream(&script, 100, &opts, 1);
         assert_eq!(finish, Finish::Length);
         assert_eq!(text, "hello wo world! tail");
@@ -492,11 +499,11 @@ mod tests {
         let mut script = ids_of(&t, "hi");
         script.push(t.eos.unwrap());
         script.extend(ids_of(&t, "more"));
-        let (_, text, ids, finish) = stream(&script, 100, &GenOptions::default(), 1);
+        let (_, text, ids, finish) = stream(&script, 100, &GenOptions::greedy(256), 1);
         assert_eq!((text.as_str(), finish), ("hi", Finish::Stop));
         assert_eq!(ids, ids_of(&t, "hi"));
         let x = ids_of(&t, "i")[0];
-        let opts = GenOptions { stop_token_ids: vec![x], ..Default::default() };
+        let opts = GenOptions { stop_token_ids: vec![x], ..GenOptions::greedy(256) };
         assert_eq!(stream(&script, 100, &opts, 3).1, "h");
     }
 
@@ -504,13 +511,13 @@ mod tests {
     fn max_tokens_and_context_length_finish_with_length() {
         let t = tiny();
         let script = ids_of(&t, "abcdefghijklmnop");
-        let opts = GenOptions { max_tokens: 5, ..Default::default() };
+        let opts = GenOptions::greedy(5);
         let (_, text, ids, finish) = stream(&script, 100, &opts, 2);
         assert_eq!((text.as_str(), ids.len(), finish), ("abcde", 5, Finish::Length));
         // Prompt of 3 in a context of 7: 4 tokens fit.
-        let (_, text, _, finish) = stream(&script, 7, &GenOptions::default(), 3);
+        let (_, text, _, finish) = stream(&script, 7, &GenOptions::greedy(256), 3);
         assert_eq!((text.as_str(), finish), ("abcd", Finish::Length));
-        let (_, text, _, finish) = stream(&script, 100, &GenOptions { max_tokens: 0, ..Default::default() }, 3);
+        let (_, text, _, finish) = stream(&script, 100, &GenOptions::greedy(0), 3);
         assert_eq!((text.as_str(), finish), ("", Finish::Length));
     }
 
@@ -519,7 +526,7 @@ mod tests {
         let t = Arc::new(tiny());
         let mk = |p: Vec<u32>, ctx| {
             let session = Box::new(Scripted { script: vec![], calls: 0, vocab: t.vocab_size(), next_pos: 0 });
-            Generation::new(session, t.clone(), p, ctx, GenOptions::default()).err().unwrap()
+            Generation::new(session, t.clone(), p, ctx, GenOptions::greedy(256)).err().unwrap()
         };
         let e = mk(vec![1, 2, 3, 4], 4);
         assert_eq!(errors::kind_of(&e), Some(kind::PROMPT_TOO_LONG));
@@ -533,9 +540,9 @@ mod tests {
     #[test]
     fn cancellation_stops_between_tokens() {
         let t = tiny();
-        let mut g = generation(ids_of(&t, "abcdef"), vec![1], 100, GenOptions::default());
+        let mut g = generation(ids_of(&t, "abcdef"), vec![1], 100, GenOptions::greedy(256));
         assert!(matches!(g.next(3, &|| false), Err(ExError::Cancelled)));
-        let mut g = generation(ids_of(&t, "abcdef"), vec![1], 100, GenOptions::default());
+        let mut g = generation(ids_of(&t, "abcdef"), vec![1], 100, GenOptions::greedy(256));
         let calls = std::cell::Cell::new(0);
         let alive = || {
             calls.set(calls.get() + 1);
@@ -546,14 +553,14 @@ mod tests {
 
     #[test]
     fn sampling_is_seeded_and_greedy_at_zero_temperature() {
-        let opts = |temperature, seed| GenOptions { temperature, seed, top_k: Some(50), top_p: Some(0.9), ..Default::default() };
+        let opts = |temperature, seed| GenOptions { temperature, seed, top_k: Some(50), top_p: Some(0.9), ..GenOptions::greedy(256) };
         assert!(matches!(opts(0.0, 0).sampling(), Sampling::ArgMax));
         assert!(matches!(opts(0.7, 0).sampling(), Sampling::TopKThenTopP { k: 50, .. }));
         // Flat logits: the seed decides, and the same seed decides the same way.
         let t = Arc::new(tiny());
         let run = |seed| {
             let session = Box::new(Flat { vocab: t.vocab_size() });
-            let o = GenOptions { temperature: 1.0, seed, max_tokens: 20, ..Default::default() };
+            let o = GenOptions { temperature: 1.0, seed, ..GenOptions::greedy(20) };
             Generation::new(session, t.clone(), vec![1], 100, o).unwrap().run(&|| true).unwrap().1
         };
         assert_eq!(run(7), run(7));

@@ -41,6 +41,7 @@ use tokenizer::{EncoderTokenizer, LmTokenizer};
 /// Which implementation runs a model. `:auto` is an Elixir-side policy (Burn, then Candle on
 /// failure) and never reaches Rust.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifUnitEnum))]
 pub enum Engine {
     Burn,
     Candle,

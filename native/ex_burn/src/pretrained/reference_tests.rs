@@ -135,7 +135,7 @@ fn smollm_candle_greedy_generation_matches_transformers() {
         flips.extend(forced.flips.iter().map(|f| (i, f.0, f.2)));
 
         let max = g["max_new_tokens"].as_u64().unwrap() as usize;
-        let opts = GenOptions { max_tokens: max, ..Default::default() };
+        let opts = GenOptions::greedy(max);
         let mut whole = model.start(&prompt, opts.clone()).unwrap();
         assert_eq!(whole.prompt_ids(), ids(&g["prompt_ids"]).as_slice());
         let (text, got, finish) = whole.run(&|| true).unwrap();
@@ -203,11 +203,11 @@ fn smollm_candle_sessions_are_independent_and_first_logits_match() {
 fn smollm_text_model_errors() {
     let Some(path) = smollm_path() else { return };
     let model = TextModel::load(&path, Engine::Candle, DeviceRef::CPU).unwrap();
-    let e = model.start(&Prompt::Text(String::new()), GenOptions::default()).err().unwrap();
+    let e = model.start(&Prompt::Text(String::new()), GenOptions::greedy(256)).err().unwrap();
     assert_eq!(errors::kind_of(&e), Some(kind::EMPTY_PROMPT));
     // A stop string spanning tokens, streamed one token at a time: text up to it, never past.
     let prompt = Prompt::Text("Here is a list of three fruits:\n1.".into());
-    let opts = GenOptions { max_tokens: 16, stop: vec!["\n3.".into()], ..Default::default() };
+    let opts = GenOptions { stop: vec!["\n3.".into()], ..GenOptions::greedy(16) };
     let (whole, _, finish) = model.start(&prompt, opts.clone()).unwrap().run(&|| true).unwrap();
     let mut g = model.start(&prompt, opts).unwrap();
     let mut pieces = vec![];
@@ -217,7 +217,7 @@ fn smollm_text_model_errors() {
     assert!(!whole.contains("\n3"), "{whole:?}");
     println!("SmolLM2 stop string: {whole:?} in {} pieces {pieces:?}", pieces.len());
     let long = "word ".repeat(9000); // past the 8192 positions SmolLM2 declares
-    let e = model.start(&Prompt::Text(long), GenOptions::default()).err().unwrap();
+    let e = model.start(&Prompt::Text(long), GenOptions::greedy(256)).err().unwrap();
     assert_eq!(errors::kind_of(&e), Some(kind::PROMPT_TOO_LONG));
     // The Burn engine is another agent's; whatever it answers, it must be an error or a model.
     let gpu = DeviceRef { kind: crate::device::DeviceKind::Vulkan, index: 0 };
