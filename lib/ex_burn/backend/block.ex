@@ -6,7 +6,7 @@ if Code.ensure_loaded?(Nx) do
 
     import ExBurn.Backend.Util
 
-    alias ExBurn.{Backend, Native}
+    alias ExBurn.Native
     alias ExBurn.Tensor, as: ET
 
     @cumulative %{
@@ -27,42 +27,42 @@ if Code.ensure_loaded?(Nx) do
     defp native_block?(mod, output, args) do
       (Map.has_key?(@cumulative, mod) or
          mod in [Nx.Block.Take, Nx.Block.TakeAlongAxis, Nx.Block.TopK, Nx.Block.LogicalNot]) and
-        output |> List.wrap() |> Enum.flat_map(&flat_templates/1) |> Enum.all?(&Backend.native_type?(&1.type)) and
-        Backend.native_args?(args)
+        output |> List.wrap() |> Enum.flat_map(&flat_templates/1) |> Enum.all?(&native_type?(&1.type)) and
+        native_args?(args)
     end
 
     defp flat_templates(tuple) when is_tuple(tuple), do: Tuple.to_list(tuple)
     defp flat_templates(t), do: [t]
 
     defp native_block(%mod{axis: axis, reverse: reverse}, out, [t]) when is_map_key(@cumulative, mod) do
-      x = ET.as_type(Backend.et(t, nil), out.type)
+      x = ET.as_type(et(t, nil), out.type)
       op = Map.fetch!(@cumulative, mod)
-      Backend.put(out, wrap_native(Native.cumulative(op, x.ref, axis, reverse)))
+      put(out, wrap_native(Native.cumulative(op, x.ref, axis, reverse)))
     end
 
     defp native_block(%Nx.Block.Take{axis: axis}, out, [t, idx]) do
-      d = Backend.device_of([t, idx])
-      Backend.put(out, wrap_native(Native.take(ref(t, d), ref(idx, d), axis)))
+      d = device_of([t, idx])
+      put(out, wrap_native(Native.take(ref(t, d), ref(idx, d), axis)))
     end
 
     defp native_block(%Nx.Block.TakeAlongAxis{axis: axis}, out, [t, idx]) do
-      d = Backend.device_of([t, idx])
-      Backend.put(out, wrap_native(Native.take_along_axis(ref(t, d), ref(idx, d), axis)))
+      d = device_of([t, idx])
+      put(out, wrap_native(Native.take_along_axis(ref(t, d), ref(idx, d), axis)))
     end
 
     defp native_block(%Nx.Block.TopK{k: k}, {values_out, idx_out}, [t]) do
-      x = Backend.et(t, nil)
+      x = et(t, nil)
       axis = tuple_size(x.shape) - 1
       order = wrap_native(Native.argsort(x.ref, axis, true, {:s, 64}))
       dims = Tuple.to_list(x.shape)
       starts = Enum.map(dims, fn _ -> 0 end)
       top = ET.slice(order, starts, List.replace_at(dims, axis, k))
       values = wrap_native(Native.take_along_axis(x.ref, top.ref, axis))
-      {Backend.put(values_out, values), Backend.put(idx_out, top)}
+      {put(values_out, values), put(idx_out, top)}
     end
 
     defp native_block(%Nx.Block.LogicalNot{}, out, [t]) do
-      Backend.put(out, wrap_native(Native.unary(:logical_not, ref(t, nil), {:u, 8})))
+      put(out, wrap_native(Native.unary(:logical_not, ref(t, nil), {:u, 8})))
     end
   end
 end

@@ -4,30 +4,33 @@ if Code.ensure_loaded?(Nx) do
 
     import ExBurn.Backend.Util
 
-    alias ExBurn.{Backend, Native}
+    alias ExBurn.Backend.Fallback
+    import ExBurn.Backend.Fallback, only: [native: 4]
+
+    alias ExBurn.Native
     alias ExBurn.Tensor, as: ET
 
     def select(out, pred, on_true, on_false) do
       native :select, out, [pred, on_true, on_false] do
-        d = Backend.device_of([pred, on_true, on_false])
+        d = device_of([pred, on_true, on_false])
         answer = Native.select(ref(pred, d), ref(on_true, d), ref(on_false, d), out.type)
-        Backend.put(out, wrap_native(answer))
+        put(out, wrap_native(answer))
       end
     end
 
     def clip(out, t, min, max) do
       native :clip, out, [t, min, max] do
-        d = Backend.device_of([t, min, max])
-        Backend.put(out, wrap_native(Native.clip(ref(t, d), ref(min, d), ref(max, d), out.type)))
+        d = device_of([t, min, max])
+        put(out, wrap_native(Native.clip(ref(t, d), ref(min, d), ref(max, d), out.type)))
       end
     end
 
     for op <- ExBurn.Tensor.Ops.binary_ops() do
       def unquote(op)(out, l, r) do
         native unquote(op), out, [l, r] do
-          d = Backend.device_of([l, r])
-          compute = Backend.compute_type(unquote(op), l.type, r.type, out.type)
-          Backend.put(out, wrap_native(Native.binary(unquote(op), ref(l, d), ref(r, d), compute)))
+          d = device_of([l, r])
+          compute = compute_type(unquote(op), l.type, r.type, out.type)
+          put(out, wrap_native(Native.binary(unquote(op), ref(l, d), ref(r, d), compute)))
         end
       end
     end
@@ -40,11 +43,11 @@ if Code.ensure_loaded?(Nx) do
       if op in ExBurn.Tensor.Ops.unary_ops() do
         def unquote(op)(out, t) do
           native unquote(op), out, [t] do
-            Backend.put(out, wrap_native(Native.unary(unquote(op), ref(t, nil), out.type)))
+            put(out, wrap_native(Native.unary(unquote(op), ref(t, nil), out.type)))
           end
         end
       else
-        def unquote(op)(out, t), do: Backend.fallback(unquote(op), out, [t])
+        def unquote(op)(out, t), do: Fallback.run(unquote(op), out, [t])
       end
     end
 
@@ -52,16 +55,16 @@ if Code.ensure_loaded?(Nx) do
     # inputs fall back.
     def real(out, t) do
       native :real, out, [t] do
-        Backend.put(out, ET.as_type(Backend.et(t, nil), out.type))
+        put(out, ET.as_type(et(t, nil), out.type))
       end
     end
 
     def imag(out, t) do
       native :imag, out, [t] do
-        Backend.put(out, ET.zeros(out.shape, out.type, device: Backend.device_of([t])))
+        put(out, ET.zeros(out.shape, out.type, device: device_of([t])))
       end
     end
 
-    def conjugate(out, t), do: Backend.fallback(:conjugate, out, [t])
+    def conjugate(out, t), do: Fallback.run(:conjugate, out, [t])
   end
 end

@@ -13,6 +13,7 @@ if Code.ensure_loaded?(Nx) do
     """
 
     alias Nx.Tensor, as: T
+    alias ExBurn.Backend.Util
 
     # Every name a fallback can be counted under: the callbacks plus the Nx.Block structs that
     # fall back as a whole. Fixed at compile time so the counters need no owning process.
@@ -54,6 +55,26 @@ if Code.ensure_loaded?(Nx) do
       :ok
     end
 
+    @doc "Runs `body` when the output type and all operands are native, else falls back."
+    defmacro native(name, out, args, do: body) do
+      quote do
+        out = unquote(out)
+        args = unquote(args)
+
+        if ExBurn.Backend.Util.native_type?(out.type) and ExBurn.Backend.Util.native_args?(args) do
+          unquote(body)
+        else
+          ExBurn.Backend.Fallback.run(unquote(name), out, args)
+        end
+      end
+    end
+
+    @doc "Runs callback `name` of `out` and `args` on `Nx.BinaryBackend` (see `call/3`)."
+    def run(name, out, args) do
+      out = if match?(%T{}, out), do: %{out | data: nil}, else: out
+      call(name, [out | args], Util.device_of(args))
+    end
+
     @doc """
     Runs `Nx.BinaryBackend.name(args...)` on host copies of every tensor in `args` and brings
     tensor results back onto `device`. `args` may nest tensors in lists and tuples.
@@ -84,7 +105,7 @@ if Code.ensure_loaded?(Nx) do
     def to_host(%T{data: nil} = t), do: t
 
     def to_host(%T{data: %ExBurn.Backend{}} = t),
-      do: %{t | data: %Nx.BinaryBackend{state: ExBurn.Backend.to_binary(t, nil)}}
+      do: %{t | data: %Nx.BinaryBackend{state: Util.to_binary(t, nil)}}
 
     def to_host(%T{} = t), do: Nx.backend_copy(t, Nx.BinaryBackend)
     def to_host(list) when is_list(list), do: Enum.map(list, &to_host/1)
@@ -93,7 +114,7 @@ if Code.ensure_loaded?(Nx) do
 
     @doc "Brings BinaryBackend tensors in `term` (deeply) onto `device`."
     def from_host(%T{data: %Nx.BinaryBackend{state: bin}} = t, device),
-      do: ExBurn.Backend.from_binary(t, bin, device: device)
+      do: Util.from_binary(t, bin, device)
 
     def from_host(list, device) when is_list(list), do: Enum.map(list, &from_host(&1, device))
 
@@ -109,7 +130,7 @@ if Code.ensure_loaded?(Nx) do
 
       @doc false
       def unquote(name)(unquote(out), unquote_splicing(args)),
-        do: ExBurn.Backend.fallback(unquote(name), unquote(out), unquote(args))
+        do: run(unquote(name), unquote(out), unquote(args))
     end
   end
 end

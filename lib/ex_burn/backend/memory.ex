@@ -2,23 +2,15 @@ if Code.ensure_loaded?(Nx) do
   defmodule ExBurn.Backend.Memory do
     @moduledoc false
 
-    import ExBurn.Backend.Util, only: [backend_device: 1]
+    import ExBurn.Backend.Util, except: [to_binary: 2, from_binary: 3]
 
     alias Nx.Tensor, as: T
     alias ExBurn.{Backend, Native}
     alias ExBurn.Tensor, as: ET
+    alias ExBurn.Backend.Util
     alias ExBurn.Backend.Fallback
 
-    def to_binary(%T{data: %Backend{host: host}, type: {_, bits}}, limit) when is_bitstring(host) do
-      case host do
-        <<part::bitstring-size(limit * bits), _::bitstring>> when is_integer(limit) -> part
-        _ -> host
-      end
-    end
-
-    def to_binary(%T{data: %Backend{ref: ref}}, limit) do
-      ExBurn.Error.unwrap!(Native.to_binary(ref, limit))
-    end
+    def to_binary(t, limit), do: Util.to_binary(t, limit)
 
     def backend_deallocate(%T{data: %Backend{ref: ref}}) when is_reference(ref),
       do: ExBurn.Error.unwrap!(Native.deallocate(ref))
@@ -32,7 +24,7 @@ if Code.ensure_loaded?(Nx) do
         %Backend{ref: nil} -> %{t | data: %{t.data | device: device}}
         # to_device always makes a new reference (sharing Burn's buffer on the same device),
         # so deallocating the original leaves the copy alive
-        _ -> Backend.put(t, ET.to_device(Backend.et(t, nil), device))
+        _ -> put(t, ET.to_device(et(t, nil), device))
       end
     end
 
@@ -62,8 +54,8 @@ if Code.ensure_loaded?(Nx) do
       rest = rem(total, batch)
       ranges = for i <- 0..(full - 1)//1, do: {i * batch, batch}
 
-      if Backend.native_type?(t.type) and Backend.native_args?([t]) do
-        x = Backend.et(t, nil)
+      if native_type?(t.type) and native_args?([t]) do
+        x = et(t, nil)
         tail_dims = tl(Tuple.to_list(shape))
         zeros = Enum.map(tail_dims, fn _ -> 0 end)
         take = fn start, len -> ET.slice(x, [start | zeros], [len | tail_dims]) end
@@ -75,13 +67,13 @@ if Code.ensure_loaded?(Nx) do
             else: []
 
         Stream.map(ranges ++ leftover, fn
-          {s, l} -> Backend.put(out, take.(s, l))
-          :wrap -> Backend.put(out, ET.concatenate([take.(full * batch, rest), take.(0, batch - rest)]))
+          {s, l} -> put(out, take.(s, l))
+          :wrap -> put(out, ET.concatenate([take.(full * batch, rest), take.(0, batch - rest)]))
         end)
       else
         Fallback.bump(:to_batched)
         host = Fallback.to_host(t)
-        device = Backend.device_of([t])
+        device = device_of([t])
 
         Nx.BinaryBackend.to_batched(out, host, opts)
         |> Stream.map(&Fallback.from_host(&1, device))

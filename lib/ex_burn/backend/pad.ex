@@ -3,13 +3,14 @@ if Code.ensure_loaded?(Nx) do
     @moduledoc false
 
     import ExBurn.Backend.Util
+    import ExBurn.Backend.Fallback, only: [native: 4]
 
-    alias ExBurn.{Backend, Native}
+    alias ExBurn.Native
 
     def pad(out, t, pad_value, config) do
       native :pad, out, [t, pad_value, config] do
-        d = Backend.device_of([t, pad_value])
-        Backend.put(out, wrap_native(Native.pad(ref(t, d), ref(pad_value, d), config, out.type)))
+        d = device_of([t, pad_value])
+        put(out, wrap_native(Native.pad(ref(t, d), ref(pad_value, d), config, out.type)))
       end
     end
   end

@@ -3,15 +3,15 @@ if Code.ensure_loaded?(Nx) do
     @moduledoc false
 
     import ExBurn.Backend.Util
+    import ExBurn.Backend.Fallback, only: [native: 4]
 
-    alias ExBurn.{Backend, Native, Type}
-    alias ExBurn.Tensor, as: ET
+    alias ExBurn.Native
 
     for op <- [:sum, :product, :reduce_max, :reduce_min, :all, :any] do
       def unquote(op)(out, t, opts) do
         native unquote(op), out, [t, opts] do
           keep = opts[:keep_axes] == true
-          Backend.put(out, wrap_native(Native.reduce(unquote(op), ref(t, nil), opts[:axes], keep, out.type)))
+          put(out, wrap_native(Native.reduce(unquote(op), ref(t, nil), opts[:axes], keep, out.type)))
         end
       end
     end
@@ -23,21 +23,21 @@ if Code.ensure_loaded?(Nx) do
           keep = opts[:keep_axis] == true
           tie = opts[:tie_break] || :low
           answer = Native.arg_reduce(unquote(op), ref(t, nil), opts[:axis], keep, tie, out.type)
-          Backend.put(out, wrap_native(answer))
+          put(out, wrap_native(answer))
         end
       end
     end
 
     def dot(out, l, contract_l, batch_l, r, contract_r, batch_r) do
       native :dot, out, [l, contract_l, batch_l, r, contract_r, batch_r] do
-        d = Backend.device_of([l, r])
+        d = device_of([l, r])
 
         precision = ExBurn.Precision.current()
 
         answer =
           Native.dot(ref(l, d), contract_l, batch_l, ref(r, d), contract_r, batch_r, out.type, precision)
 
-        Backend.put(out, wrap_native(answer))
+        put(out, wrap_native(answer))
       end
     end
   end

@@ -3,53 +3,55 @@ if Code.ensure_loaded?(Nx) do
     @moduledoc false
 
     import ExBurn.Backend.Util
+    import ExBurn.Backend.Fallback, only: [native: 4]
 
     alias Nx.Tensor, as: T
     alias ExBurn.{Backend, Native}
     alias ExBurn.Tensor, as: ET
+    alias ExBurn.Backend.Util
 
     def as_type(out, t) do
       native :as_type, out, [t] do
-        Backend.put(out, ET.as_type(Backend.et(t, nil), out.type))
+        put(out, ET.as_type(et(t, nil), out.type))
       end
     end
 
     def bitcast(%T{} = out, %T{} = t) do
-      Backend.from_binary(out, to_binary_any(t), device: Backend.device_of([t]))
+      Util.from_binary(out, to_binary_any(t), device_of([t]))
     end
 
-    defp to_binary_any(%T{data: %Backend{}} = t), do: Backend.to_binary(t, nil)
+    defp to_binary_any(%T{data: %Backend{}} = t), do: Util.to_binary(t, nil)
     defp to_binary_any(t), do: Nx.to_binary(t)
 
     def reshape(out, t) do
       native :reshape, out, [t] do
-        Backend.put(out, ET.reshape(Backend.et(t, nil), out.shape))
+        put(out, ET.reshape(et(t, nil), out.shape))
       end
     end
 
     def squeeze(out, t, axes) do
       native :squeeze, out, [t, axes] do
         _ = axes
-        Backend.put(out, ET.reshape(Backend.et(t, nil), out.shape))
+        put(out, ET.reshape(et(t, nil), out.shape))
       end
     end
 
     def broadcast(out, t, shape, axes) do
       native :broadcast, out, [t, shape, axes] do
-        Backend.put(out, wrap_native(Native.broadcast(ref(t, nil), Tuple.to_list(shape), axes, out.type)))
+        put(out, wrap_native(Native.broadcast(ref(t, nil), Tuple.to_list(shape), axes, out.type)))
       end
     end
 
     def transpose(out, t, axes) do
       native :transpose, out, [t, axes] do
-        Backend.put(out, wrap_native(Native.transpose(ref(t, nil), axes)))
+        put(out, wrap_native(Native.transpose(ref(t, nil), axes)))
       end
     end
 
     def slice(out, t, starts, lengths, strides) do
       native :slice, out, [t, starts, lengths, strides] do
-        d = Backend.device_of([t | starts])
-        Backend.put(out, wrap_native(Native.slice(ref(t, d), start_args(starts, d), lengths, strides)))
+        d = device_of([t | starts])
+        put(out, wrap_native(Native.slice(ref(t, d), start_args(starts, d), lengths, strides)))
       end
     end
 
@@ -61,9 +63,9 @@ if Code.ensure_loaded?(Nx) do
     for op <- [:concatenate, :stack] do
       def unquote(op)(out, tensors, axis) do
         native unquote(op), out, [tensors, axis] do
-          device = Backend.device_of(tensors)
+          device = device_of(tensors)
           refs = Enum.map(tensors, &ref(&1, device))
-          Backend.put(out, wrap_native(apply(Native, unquote(op), [refs, axis, out.type])))
+          put(out, wrap_native(apply(Native, unquote(op), [refs, axis, out.type])))
         end
       end
     end

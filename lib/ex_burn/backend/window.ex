@@ -4,7 +4,10 @@ if Code.ensure_loaded?(Nx) do
 
     import ExBurn.Backend.Util
 
-    alias ExBurn.{Backend, Native, Type}
+    alias ExBurn.Backend.Fallback
+    import ExBurn.Backend.Fallback, only: [native: 4]
+
+    alias ExBurn.{Native, Type}
 
     def conv(out, t, k, opts) do
       spatial = tuple_size(t.shape) - 2
@@ -12,7 +15,7 @@ if Code.ensure_loaded?(Nx) do
       # Burn has conv1d/2d/3d; more spatial axes take the fallback.
       if spatial in 1..3 do
         native :conv, out, [t, k, opts] do
-          d = Backend.device_of([t, k])
+          d = device_of([t, k])
           axes = Enum.to_list(0..(spatial + 1))
 
           spec =
@@ -20,10 +23,10 @@ if Code.ensure_loaded?(Nx) do
              opts[:feature_group_size], opts[:batch_group_size], opts[:input_permutation] || axes,
              opts[:kernel_permutation] || axes, opts[:output_permutation] || axes}
 
-          Backend.put(out, wrap_native(Native.conv(ref(t, d), ref(k, d), spec, out.type)))
+          put(out, wrap_native(Native.conv(ref(t, d), ref(k, d), spec, out.type)))
         end
       else
-        Backend.fallback(:conv, out, [t, k, opts])
+        Fallback.run(:conv, out, [t, k, opts])
       end
     end
 
@@ -32,7 +35,7 @@ if Code.ensure_loaded?(Nx) do
         native unquote(op), out, [t, window, opts] do
           ones = List.duplicate(1, tuple_size(t.shape))
           spec = {Tuple.to_list(window), opts[:strides], opts[:padding], opts[:window_dilations] || ones}
-          Backend.put(out, wrap_native(Native.window_reduce(unquote(op), ref(t, nil), spec, out.type)))
+          put(out, wrap_native(Native.window_reduce(unquote(op), ref(t, nil), spec, out.type)))
         end
       end
     end
@@ -41,7 +44,7 @@ if Code.ensure_loaded?(Nx) do
       def unquote(op)(out, t, source, init, window, opts) do
         if Enum.all?(opts[:padding], fn {lo, hi} -> lo >= 0 and hi >= 0 end) do
           native unquote(op), out, [t, source, init, window, opts] do
-            d = Backend.device_of([t, source, init])
+            d = device_of([t, source, init])
             spec = {Tuple.to_list(window), opts[:strides], opts[:padding]}
 
             answer =
@@ -55,10 +58,10 @@ if Code.ensure_loaded?(Nx) do
                 out.type
               )
 
-            Backend.put(out, wrap_native(answer))
+            put(out, wrap_native(answer))
           end
         else
-          Backend.fallback(unquote(op), out, [t, source, init, window, opts])
+          Fallback.run(unquote(op), out, [t, source, init, window, opts])
         end
       end
     end

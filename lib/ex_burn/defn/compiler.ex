@@ -150,7 +150,7 @@ if Code.ensure_loaded?(Nx) do
     # outputs after the results), the literal tensors uploaded once, and each hook as
     # `{id, callback, template, value_count}` for `finish/3`.
     def prepare(%{outputs: outputs, literals: literals, hooks: hooks}, device, overrides) do
-      literal_refs = Enum.map(literals, &ExBurn.Backend.et(&1, device).ref)
+      literal_refs = Enum.map(literals, &ExBurn.Backend.Util.et(&1, device).ref)
       outputs = outputs ++ Enum.flat_map(hooks, &elem(&1, 3))
 
       hooks =
@@ -169,7 +169,7 @@ if Code.ensure_loaded?(Nx) do
     # those are materialised, so templates and unused lazy fields are never touched.
     def param_refs(params, used, device) do
       params = List.to_tuple(params)
-      Enum.map(used, fn i -> ExBurn.Backend.et(elem(params, i).(), device).ref end)
+      Enum.map(used, fn i -> ExBurn.Backend.Util.et(elem(params, i).(), device).ref end)
     end
 
     # Keeps only what results need (types, shapes, names): dropping the expression lets the
@@ -253,7 +253,7 @@ if Code.ensure_loaded?(Nx) do
     def fill(template, answers) do
       Composite.traverse(template, answers, fn
         _out, [%Nx.Tensor{} = answer | rest] -> {answer, rest}
-        out, [answer | rest] -> {ExBurn.Backend.put(out, ExBurn.Tensor.Util.wrap({:ok, answer})), rest}
+        out, [answer | rest] -> {ExBurn.Backend.Util.put(out, ExBurn.Tensor.Util.wrap({:ok, answer})), rest}
       end)
     end
 

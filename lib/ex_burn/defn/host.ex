@@ -123,8 +123,8 @@ if Code.ensure_loaded?(Nx) do
     end
 
     defp slot(%Nx.Tensor{type: type} = t, device) do
-      if ExBurn.Backend.native_type?(type) do
-        et = ExBurn.Backend.et(t, device)
+      if ExBurn.Backend.Util.native_type?(type) do
+        et = ExBurn.Backend.Util.et(t, device)
         {et.ref, et.shape, et.type, et.device}
       else
         Nx.backend_transfer(t, {ExBurn.Backend, device: device})

@@ -126,7 +126,7 @@ if Code.ensure_loaded?(Nx) do
 
     defp emit(op, args, %T{type: type, shape: shape}, state) do
       cond do
-        not ExBurn.Backend.native_type?(type) ->
+        not ExBurn.Backend.Util.native_type?(type) ->
           unsupported({:type, type}, state)
 
         # a host output the program cannot hold (complex, f8, ...) only feeds other host nodes
@@ -152,7 +152,7 @@ if Code.ensure_loaded?(Nx) do
     defp lower_node(%T{data: %Expr{op: :parameter, args: [i]}} = t, state) do
       cond do
         state.scope != nil -> {Enum.at(state.scope, i), state}
-        ExBurn.Backend.native_type?(t.type) -> emit({:input, i}, [], t, state)
+        ExBurn.Backend.Util.native_type?(t.type) -> emit({:input, i}, [], t, state)
         # a parameter the program cannot hold (complex, f8, ...) enters as a host value
         state.depth == 0 and state.host? -> host_param(i, t, state)
         true -> unsupported({:type, t.type}, state)
@@ -160,7 +160,7 @@ if Code.ensure_loaded?(Nx) do
     end
 
     defp lower_node(%T{data: %Expr{op: :tensor, args: [literal]}} = t, state) do
-      if ExBurn.Backend.native_type?(literal.type) do
+      if ExBurn.Backend.Util.native_type?(literal.type) do
         index = state.n_params + length(state.literals)
         emit({:input, index}, [], t, %{state | literals: [literal | state.literals]})
       else
@@ -195,7 +195,7 @@ if Code.ensure_loaded?(Nx) do
 
     defp lower_node(%T{data: %Expr{op: op, args: [a, b]}} = t, state) when op in @binary do
       {[ia, ib], state} = nodes([a, b], state)
-      emit({:binary, op, ExBurn.Backend.compute_type(op, a.type, b.type, t.type)}, [ia, ib], t, state)
+      emit({:binary, op, ExBurn.Backend.Util.compute_type(op, a.type, b.type, t.type)}, [ia, ib], t, state)
     end
 
     defp lower_node(%T{data: %Expr{op: op, args: [a]}} = t, state) when op in @unary do
@@ -523,7 +523,7 @@ if Code.ensure_loaded?(Nx) do
         {index, state} = emit!({:host, id, k}, args, type, shape, state)
 
         foreign =
-          if ExBurn.Backend.native_type?(type), do: state.foreign, else: MapSet.put(state.foreign, index)
+          if ExBurn.Backend.Util.native_type?(type), do: state.foreign, else: MapSet.put(state.foreign, index)
 
         {index, %{state | foreign: foreign}}
       end)

@@ -78,7 +78,7 @@ if Code.ensure_loaded?(Nx) do
 
       fn batch ->
         x = batch_tensor(batch)
-        x = ExBurn.Backend.et(x, device)
+        x = ExBurn.Backend.Util.et(x, device)
         out = Model.predict(model, x, batch_size: max(elem(x.shape, 0), 1))
         to_nx(out)
       end
@@ -118,7 +118,7 @@ if Code.ensure_loaded?(Nx) do
       tensor
     end
 
-    defp to_nx(%ET{} = et), do: ExBurn.Backend.put(Nx.template(et.shape, et.type), et)
+    defp to_nx(%ET{} = et), do: ExBurn.Backend.Util.put(Nx.template(et.shape, et.type), et)
 
     ## Client side
 

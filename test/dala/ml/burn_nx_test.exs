@@ -232,7 +232,11 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Axon) do
       assert_in_delta avg_loss, Burn.evaluate(trained, {rows, labels}), 1.0e-6
 
       {trained, history} =
-        Training.fit_with_progress(trained, {x, y}, epochs: 2, batch_size: 32, validation_data: {val_x, val_y})
+        Training.fit_with_progress(trained, {x, y},
+          epochs: 2,
+          batch_size: 32,
+          validation_data: {val_x, val_y}
+        )
 
       assert [%{epoch: 1, loss: l, val_loss: v}, %{epoch: 2}] = history
       assert is_float(l) and is_float(v)

@@ -155,7 +155,10 @@ if Code.ensure_loaded?(Nx) do
                 end)
               end
             ] do
-          assert_same(jit(fun).(burn_copy(a), burn_copy(b)), reference(fun).(a, b), atol: 1.0e-3, rtol: 1.0e-4)
+          assert_same(jit(fun).(burn_copy(a), burn_copy(b)), reference(fun).(a, b),
+            atol: 1.0e-3,
+            rtol: 1.0e-4
+          )
         end
       end
 

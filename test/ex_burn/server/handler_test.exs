@@ -202,7 +202,13 @@ defmodule ExBurn.Server.HandlerTest do
     options = fn body -> ExBurn.Server.Inference.llm_options(config, body) end
 
     assert {:ok, opts} =
-             options.(%{"max_tokens" => 7, "temperature" => 0.5, "top_p" => 0.9, "seed" => 42, "stop" => "\n"})
+             options.(%{
+               "max_tokens" => 7,
+               "temperature" => 0.5,
+               "top_p" => 0.9,
+               "seed" => 42,
+               "stop" => "\n"
+             })
 
     assert opts[:max_tokens] == 7 and opts[:temperature] == 0.5 and opts[:top_p] == 0.9
     assert opts[:seed] == 42 and opts[:stop] == ["\n"]

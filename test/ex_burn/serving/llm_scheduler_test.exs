@@ -164,7 +164,9 @@ defmodule ExBurn.LLM.SchedulerTest do
     alive? = fn -> :atomics.get(gone, 1) == 0 end
 
     task =
-      Task.async(fn -> Scheduler.generate(server, "Hi", max_tokens: 2, alive?: alive?, check_interval: 10) end)
+      Task.async(fn ->
+        Scheduler.generate(server, "Hi", max_tokens: 2, alive?: alive?, check_interval: 10)
+      end)
 
     ExBurn.TestHelpers.wait_until(fn -> Scheduler.info(server).queued == 1 end)
     :atomics.put(gone, 1, 1)

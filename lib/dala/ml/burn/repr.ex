@@ -8,7 +8,7 @@ defmodule Dala.ML.Burn.Repr do
   #   * Any other input (`ExBurn.Tensor`s, nested lists, numbers, `{binary, type, shape}`) gets
   #     `ExBurn.Tensor`s.
   #
-  # The conversions are `ExBurn.Backend.et/2` and `ExBurn.Backend.put/2`: they wrap the same Burn
+  # The conversions are `ExBurn.Backend.Util.et/2` and `ExBurn.Backend.Util.put/2`: they wrap the same Burn
   # tensor (no copy), so Nx semantics stay in `ExBurn.Backend`. Compiled without Nx too: then no
   # input is Nx and every result is an `ExBurn.Tensor`.
 
@@ -40,11 +40,11 @@ defmodule Dala.ML.Burn.Repr do
   # to_et/1: the `ExBurn.Tensor` of a tensor (Nx tensors of other backends are copied to the
   # default device).
   if Code.ensure_loaded?(Nx) do
-    def to_nx(%ET{} = t), do: ExBurn.Backend.put(Nx.template(t.shape, t.type), t)
+    def to_nx(%ET{} = t), do: ExBurn.Backend.Util.put(Nx.template(t.shape, t.type), t)
     def to_nx(%Nx.Tensor{data: %ExBurn.Backend{}} = t), do: t
     def to_nx(%Nx.Tensor{} = t), do: Nx.backend_transfer(t, ExBurn.Backend)
 
-    def to_et(%Nx.Tensor{} = t), do: ExBurn.Backend.et(t, nil)
+    def to_et(%Nx.Tensor{} = t), do: ExBurn.Backend.Util.et(t, nil)
     def to_et(%ET{} = t), do: t
   else
     def to_nx(_tensor), do: raise(ExBurn.Error, op: :to_nx, reason: "Nx is not loaded", details: %{})
