@@ -58,9 +58,8 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) do
     |> Axon.dense(classes, activation: :softmax)
 
   trainer = fn ->
-    Axon.Loop.trainer(axon, :categorical_cross_entropy, Polaris.Optimizers.adam(learning_rate: 1.0e-3),
-      log: 0
-    )
+    optimizer = Polaris.Optimizers.adam(learning_rate: 1.0e-3)
+    Axon.Loop.trainer(axon, :categorical_cross_entropy, optimizer, log: 0)
   end
 
   # Axon compiled by ExBurn: the epoch's data as ExBurn.Backend tensors, one-hot targets
