@@ -91,6 +91,15 @@ defmodule ExBurn.Pretrained do
     end
   end
 
+  @doc false
+  # `load/4`, then the model's facts from `info_nif` (a NIF taking the resource), as a `module`
+  # struct: the facade modules' `load/2`.
+  def load_struct(module, kind, name_or_path, opts, load_nif, info_nif) do
+    with {:ok, m} <- load(kind, name_or_path, opts, load_nif),
+         {:ok, info} <- wrap(info_nif.(m.ref)),
+         do: {:ok, struct(module, Map.merge(info, m))}
+  end
+
   defp burn_or(:auto), do: :burn
   defp burn_or(engine), do: engine
 

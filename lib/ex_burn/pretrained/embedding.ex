@@ -47,23 +47,16 @@ defmodule ExBurn.Embedding do
   @doc "Loads a model by name (in the models directory) or path. See the moduledoc for options."
   @spec load(String.t(), keyword) :: {:ok, t} | {:error, Error.t()}
   def load(name_or_path, opts \\ []) do
-    with {:ok, m} <- Pretrained.load(:embedding, name_or_path, opts, &ExBurn.Native.embedder_load/2),
-         {:ok, info} <- Pretrained.wrap(ExBurn.Native.embedder_info(m.ref)) do
-      {:ok,
-       %__MODULE__{
-         ref: m.ref,
-         name: m.name,
-         path: m.path,
-         engine: m.engine,
-         device: m.device,
-         auto: m.auto,
-         dim: info.dim,
-         max_seq_len: info.max_seq_len,
-         normalize: info.normalize,
-         pooling: info.pooling,
-         arch: info.arch
-       }}
-    end
+    load_nif = &ExBurn.Native.embedder_load/2
+
+    Pretrained.load_struct(
+      __MODULE__,
+      :embedding,
+      name_or_path,
+      opts,
+      load_nif,
+      &ExBurn.Native.embedder_info/1
+    )
   end
 
   @doc "Like `load/2`, but raises `ExBurn.Error`."

@@ -65,23 +65,14 @@ defmodule ExBurn.LLM do
   @doc "Loads a model by name (in the models directory) or path (a .gguf file or its directory)."
   @spec load(String.t(), keyword) :: {:ok, t} | {:error, Error.t()}
   def load(name_or_path, opts \\ []) do
-    with {:ok, m} <- Pretrained.load(:llm, name_or_path, opts, &ExBurn.Native.llm_load/2),
-         {:ok, info} <- Pretrained.wrap(ExBurn.Native.llm_info(m.ref)) do
-      {:ok,
-       %__MODULE__{
-         ref: m.ref,
-         name: m.name,
-         path: m.path,
-         engine: m.engine,
-         device: m.device,
-         auto: m.auto,
-         vocab_size: info.vocab_size,
-         context_length: info.context_length,
-         arch: info.arch,
-         chat_template: info.chat_template,
-         eos_token_ids: info.eos_token_ids
-       }}
-    end
+    Pretrained.load_struct(
+      __MODULE__,
+      :llm,
+      name_or_path,
+      opts,
+      &ExBurn.Native.llm_load/2,
+      &ExBurn.Native.llm_info/1
+    )
   end
 
   @doc "Like `load/2`, but raises `ExBurn.Error`."

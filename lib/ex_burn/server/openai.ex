@@ -83,101 +83,74 @@ defmodule ExBurn.Server.OpenAI do
   end
 
   def completions(config, request, _params) do
-    with {:ok, body} <- json_body(request),
-         :ok <- unsupported(body, [:n, :penalties, :logit_bias, :logprobs, :echo, :best_of, :suffix]),
-         {:ok, prompt} <- completion_prompt(body),
-         {:ok, stream?, usage?} <- stream_flags(body),
-         {:ok, served} <- Inference.model(config, body, :llm),
-         {:ok, opts} <- Inference.llm_options(config, body) do
-      id = "cmpl-" <> random_id()
-      created = System.os_time(:second)
-
-      if stream? do
-        choice = fn text, finish -> %{text: text, index: 0, logprobs: nil, finish_reason: finish} end
-
-        chunk = fn choices ->
-          %{id: id, object: "text_completion", created: created, model: served.id, choices: choices}
-        end
-
-        stream(
-          served,
-          prompt,
-          opts,
-          request,
-          chunk,
-          fn t -> [choice.(t, nil)] end,
-          fn f -> [choice.("", f)] end,
-          usage?
-        )
-      else
-        with {:ok, result} <- Inference.generate(served, prompt, opts, request) do
-          json(%{
-            id: id,
-            object: "text_completion",
-            created: created,
-            model: served.id,
-            choices: [%{text: result.text, index: 0, logprobs: nil, finish_reason: result.finish_reason}],
-            usage: Inference.usage(result.usage)
-          })
-        end
-      end
-    end
-    |> response()
+    generation(config, request, %{
+      unsupported: [:n, :penalties, :logit_bias, :logprobs, :echo, :best_of, :suffix],
+      prompt: &completion_prompt/1,
+      id_prefix: "cmpl-",
+      object: "text_completion",
+      chunk_object: "text_completion",
+      choice: fn text, finish -> %{text: text, index: 0, logprobs: nil, finish_reason: finish} end,
+      whole: fn text -> text end,
+      streamed: fn text -> text end,
+      ended: "",
+      head: []
+    })
   end
 
   def chat_completions(config, request, _params) do
+    generation(config, request, %{
+      unsupported: [:n, :penalties, :logit_bias, :chat_logprobs, :tools, :response_format],
+      prompt: &Inference.messages/1,
+      id_prefix: "chatcmpl-",
+      object: "chat.completion",
+      chunk_object: "chat.completion.chunk",
+      choice: fn message, finish -> %{index: 0, message: message, logprobs: nil, finish_reason: finish} end,
+      whole: fn text -> %{role: "assistant", content: text} end,
+      streamed: fn text -> %{content: text} end,
+      ended: %{},
+      # the first chunk carries the role, as OpenAI's does
+      head: [%{role: "assistant", content: ""}]
+    })
+  end
+
+  # A completion or chat completion, whole or streamed; `kind` says what differs between them:
+  # the parameters refused, how the prompt is read, the object names, each choice's shape (a
+  # chat's choice holds a `message` whole and a `delta` when streamed) and what the text,
+  # whole, streamed or ended, becomes inside it.
+  defp generation(config, request, kind) do
     with {:ok, body} <- json_body(request),
-         :ok <- unsupported(body, [:n, :penalties, :logit_bias, :chat_logprobs, :tools, :response_format]),
-         {:ok, messages} <- Inference.messages(body),
+         :ok <- unsupported(body, kind.unsupported),
+         {:ok, prompt} <- kind.prompt.(body),
          {:ok, stream?, usage?} <- stream_flags(body),
          {:ok, served} <- Inference.model(config, body, :llm),
          {:ok, opts} <- Inference.llm_options(config, body) do
-      id = "chatcmpl-" <> random_id()
+      id = kind.id_prefix <> random_id()
       created = System.os_time(:second)
 
+      object = fn object, choices ->
+        %{id: id, object: object, created: created, model: served.id, choices: choices}
+      end
+
       if stream? do
-        choice = fn delta, finish -> %{index: 0, delta: delta, logprobs: nil, finish_reason: finish} end
-
-        chunk = fn choices ->
-          %{id: id, object: "chat.completion.chunk", created: created, model: served.id, choices: choices}
-        end
-
-        # The first chunk carries the role, as OpenAI's does.
-        first = sse(chunk.([choice.(%{role: "assistant", content: ""}, nil)]))
-
-        stream(
-          served,
-          messages,
-          opts,
-          request,
-          chunk,
-          fn t -> [choice.(%{content: t}, nil)] end,
-          fn f -> [choice.(%{}, f)] end,
-          usage?,
-          [first]
-        )
+        chunk = &object.(kind.chunk_object, &1)
+        delta = fn content, finish -> kind.choice.(content, finish) |> delta() end
+        head = for content <- kind.head, do: sse(chunk.([delta.(content, nil)]))
+        texts = fn t -> [delta.(kind.streamed.(t), nil)] end
+        final = fn f -> [delta.(kind.ended, f)] end
+        stream(served, prompt, opts, request, chunk, texts, final, usage?, head)
       else
-        with {:ok, result} <- Inference.generate(served, messages, opts, request) do
-          json(%{
-            id: id,
-            object: "chat.completion",
-            created: created,
-            model: served.id,
-            choices: [
-              %{
-                index: 0,
-                message: %{role: "assistant", content: result.text},
-                logprobs: nil,
-                finish_reason: result.finish_reason
-              }
-            ],
-            usage: Inference.usage(result.usage)
-          })
+        with {:ok, result} <- Inference.generate(served, prompt, opts, request) do
+          choice = kind.choice.(kind.whole.(result.text), result.finish_reason)
+          json(Map.put(object.(kind.object, [choice]), :usage, Inference.usage(result.usage)))
         end
       end
     end
     |> response()
   end
+
+  # A streamed chat choice carries its message as `delta`; a completion's choice is as is.
+  defp delta(%{message: message} = choice), do: choice |> Map.delete(:message) |> Map.put(:delta, message)
+  defp delta(choice), do: choice
 
   defp response({:error, %Response{} = response}), do: response
   defp response(%Response{} = response), do: response
@@ -185,7 +158,7 @@ defmodule ExBurn.Server.OpenAI do
   # An SSE body: `head`, a chunk per text piece, a last chunk with the finish reason, a usage
   # chunk when asked for, then `data: [DONE]`. An error after the headers went out is an event
   # with OpenAI's error object (OpenAI's clients raise it).
-  defp stream(served, prompt, opts, request, chunk, text_choices, final_choices, usage?, head \\ []) do
+  defp stream(served, prompt, opts, request, chunk, text_choices, final_choices, usage?, head) do
     case Inference.start_stream(served, prompt, opts, request) do
       {:ok, events, cleanup} ->
         body =

@@ -16,16 +16,19 @@ fn reduce<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, axes: Term<'a>, keep: Ter
     })
 }
 
+/// Which of tied extremes argmax/argmin return (Nx's `:tie_break`).
+#[derive(rustler::NifUnitEnum, PartialEq)]
+enum TieBreak {
+    Low,
+    High,
+}
+
 #[rustler::nif(schedule = "DirtyCpu")]
 fn arg_reduce<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, axis: Term<'a>, keep: Term<'a>, tie_break: Term<'a>, out_type: Term<'a>) -> Term<'a> {
     guard(env, &op_name(op, "arg_reduce"), || {
         let op = term::op(op)?;
         let (axis, keep) = (term::opt_usize(axis, "axis")?, term::boolean(keep, "keep_axis")?);
-        let high = match term::atom(tie_break, "tie_break")?.as_str() {
-            "low" => false,
-            "high" => true,
-            _ => return Err(ExError::Arg { name: "tie_break", expected: ":low or :high" }),
-        };
-        Ok(TensorOut(r::arg_reduce(op, &arg(t)?, axis, keep, high, term::decode_type(out_type)?)?))
+        let tie: TieBreak = tie_break.decode().map_err(|_| ExError::Arg { name: "tie_break", expected: ":low or :high" })?;
+        Ok(TensorOut(r::arg_reduce(op, &arg(t)?, axis, keep, tie == TieBreak::High, term::decode_type(out_type)?)?))
     })
 }

@@ -36,6 +36,12 @@ fn window_reduce<'a>(env: Env<'a>, op: Term<'a>, t: Term<'a>, opts: Term<'a>, ou
     })
 }
 
+#[derive(rustler::NifUnitEnum, PartialEq)]
+enum ScatterOp {
+    WindowScatterMax,
+    WindowScatterMin,
+}
+
 /// `op`: `:window_scatter_max | :window_scatter_min`; `opts`: `{window_dimensions, strides,
 /// padding}`; the tensor is compared in `select_type`.
 #[rustler::nif(schedule = "DirtyCpu")]
@@ -51,11 +57,8 @@ fn window_scatter<'a>(
     out_type: Term<'a>,
 ) -> Term<'a> {
     guard(env, &op_name(op, "window_scatter"), || {
-        let max = match term::atom(op, "op")?.as_str() {
-            "window_scatter_max" => true,
-            "window_scatter_min" => false,
-            _ => return Err(ExError::Arg { name: "op", expected: ":window_scatter_max or :window_scatter_min" }),
-        };
+        let op: ScatterOp = op.decode().map_err(|_| ExError::Arg { name: "op", expected: ":window_scatter_max or :window_scatter_min" })?;
+        let max = op == ScatterOp::WindowScatterMax;
         let bad = || ExError::Arg { name: "opts", expected: "{window_dimensions, strides, padding}" };
         let o = rustler::types::tuple::get_tuple(opts).map_err(|_| bad())?;
         if o.len() != 3 {
