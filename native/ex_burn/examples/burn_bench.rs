@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::{DType, Dispatch, TensorData};
-use ex_burn::device::{DeviceKind, DeviceRef};
+use ex_burn::device::DeviceRef;
 use ex_burn::dispatch;
 use ex_burn::dtype::NxType;
 use ex_burn::ops::elementwise as ew;
@@ -39,14 +39,7 @@ fn ramp(n: usize) -> Vec<u8> {
 }
 
 fn parse_device(spec: &str) -> DeviceRef {
-    let (kind, index) = spec.split_once(':').unwrap_or((spec, "0"));
-    match kind {
-        "" | "cpu" => DeviceRef::CPU,
-        name => DeviceRef {
-            kind: DeviceKind::from_name(name).unwrap_or_else(|| panic!("unknown device {spec}")),
-            index: index.parse().expect("device index"),
-        },
-    }
+    DeviceRef::parse(spec).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn operands(device: &burn::tensor::Device, op: &str, size: usize) -> (dispatch::Prim, dispatch::Prim) {

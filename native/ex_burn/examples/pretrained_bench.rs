@@ -45,14 +45,7 @@ struct Args {
 }
 
 fn parse_device(spec: &str) -> DeviceRef {
-    let (kind, index) = spec.split_once(':').unwrap_or((spec, "0"));
-    match kind {
-        "" | "cpu" => DeviceRef::CPU,
-        name => DeviceRef {
-            kind: DeviceKind::from_name(name).unwrap_or_else(|| panic!("unknown device {spec}")),
-            index: index.parse().expect("device index"),
-        },
-    }
+    DeviceRef::parse(spec).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn args() -> Args {

@@ -66,6 +66,15 @@ pub struct DeviceRef {
 impl DeviceRef {
     pub const CPU: DeviceRef = DeviceRef { kind: DeviceKind::Cpu, index: 0 };
 
+    /// A device written `kind[:index]` (`cpu`, `vulkan:1`), as `EXBURN_DEVICE` and the benches
+    /// take it; the index defaults to 0.
+    pub fn parse(spec: &str) -> Result<DeviceRef, String> {
+        let (kind, index) = spec.split_once(':').unwrap_or((spec, "0"));
+        let kind = DeviceKind::from_name(kind).ok_or_else(|| format!("unknown device kind in {spec:?}"))?;
+        let index = index.parse().map_err(|_| format!("bad device index in {spec:?}"))?;
+        Ok(DeviceRef { kind, index })
+    }
+
     /// The Burn device, enumerated once per process and cached.
     pub fn burn(&self) -> ExResult<Device> {
         static CACHE: OnceLock<Mutex<HashMap<DeviceRef, Device>>> = OnceLock::new();

@@ -18,7 +18,7 @@ use std::fmt::Display;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::device::{DeviceKind, DeviceRef};
+use crate::device::DeviceRef;
 
 /// How a variable's value is read, with its default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,10 +187,7 @@ pub fn parse_device(raw: Option<&str>) -> Result<Option<DeviceRef>, String> {
         None | Some("") => return Ok(None),
         Some(spec) => spec,
     };
-    let (kind, index) = spec.split_once(':').unwrap_or((spec, "0"));
-    let kind = DeviceKind::from_name(kind).ok_or_else(|| format!("unknown device kind in {spec:?}"))?;
-    let index = index.parse().map_err(|_| format!("bad device index in {spec:?}"))?;
-    Ok(Some(DeviceRef { kind, index }))
+    DeviceRef::parse(spec).map(Some)
 }
 
 /// The variable's value; unset and empty are the same (`FOO= cmd` is how a shell unsets it).
@@ -245,6 +242,7 @@ fn default_path(default: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::DeviceKind;
 
     #[test]
     fn switches_parse_by_one_rule() {
