@@ -187,12 +187,12 @@ pub fn arg_reduce(op: ArgReduceOp, h: &Handle, axis: Option<usize>, keep: bool, 
     if !h.ty.is_float() {
         return Ok(plain);
     }
-    let nan = super::elementwise::unary(crate::ops::vocab::UnaryOp::IsNan, h, PRED)?;
-    // On the CPU one read saves the patch's passes where there is no NaN; on a GPU the read
-    // would wait for the queue, so the patch always runs there.
-    if h.device.kind == crate::device::DeviceKind::Cpu && super::elementwise::read_ints(&reduce(ReduceOp::Any, &nan, None, false, PRED)?)? == [0] {
+    // On the CPU one pass over the values saves the patch where there is no NaN; on a GPU a
+    // read would wait for the queue, so the patch always runs there.
+    if crate::kernels::cpu::vector::has_nan(&h.prim) == Some(false) {
         return Ok(plain);
     }
+    let nan = super::elementwise::unary(crate::ops::vocab::UnaryOp::IsNan, h, PRED)?;
     let last_nan = arg_extreme(ArgReduceOp::Argmax, &nan, axis, keep, true, out)?;
     let has_nan = reduce(ReduceOp::Any, &nan, axis.map(|a| vec![a]), keep, PRED)?;
     super::elementwise::select(&has_nan, &last_nan, &plain, out)

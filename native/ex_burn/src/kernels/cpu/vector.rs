@@ -519,6 +519,19 @@ pub fn reduce_max(x: &Prim, shape: &[usize], axes: &[usize]) -> Option<Prim> {
     Some(dispatch::from_data(data, &burn::tensor::Device::flex()))
 }
 
+/// Whether a contiguous f32 or f64 tensor on the CPU holds a NaN: one pass of the maxima above,
+/// which propagate NaN.
+pub fn has_nan(x: &Prim) -> Option<bool> {
+    let level = simd();
+    Some(match flex_f32(x) {
+        Some(xs) => !xs.is_empty() && block_max(level, xs, 1, xs.len(), true)[0].is_nan(),
+        None => {
+            let xs = flex_f64(x)?;
+            !xs.is_empty() && block_max(level, xs, 1, xs.len(), true)[0].is_nan()
+        }
+    })
+}
+
 /// The four arithmetic ops `arith` runs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Arith {
@@ -1066,6 +1079,23 @@ mod tests {
     fn specials(n: usize) -> Vec<f32> {
         let special = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MIN_POSITIVE, 1e-45, 88.7, -103.0, 1e30];
         (0..n).map(|i| if i % 97 == 0 { special[(i / 97) % special.len()] } else { ((i as f32) * 1.7e-3).sin() * 20.0 }).collect()
+    }
+
+    /// A NaN anywhere, at either end of a pooled scan, is found; f64 too; integers are not ours.
+    #[test]
+    fn has_nan_scans_every_element() {
+        let n = 3 * PAR_MIN + 5;
+        for at in [None, Some(0), Some(n - 1), Some(PAR_MIN + 7)] {
+            let mut v = vec![1.0f32; n];
+            if let Some(i) = at {
+                v[i] = f32::NAN;
+            }
+            assert_eq!(has_nan(&flex(v, &[n])), Some(at.is_some()), "{at:?}");
+        }
+        let d = crate::dispatch::from_data(TensorData::new(vec![1.0f64, f64::NAN], [2]), &burn::tensor::Device::flex());
+        assert_eq!(has_nan(&d), Some(true));
+        let i = crate::dispatch::from_data(TensorData::new(vec![1i32, 2], [2]), &burn::tensor::Device::flex());
+        assert_eq!(has_nan(&i), None);
     }
 
     #[test]
