@@ -47,14 +47,12 @@ defmodule ExBurn.Embedding do
   @doc "Loads a model by name (in the models directory) or path. See the moduledoc for options."
   @spec load(String.t(), keyword) :: {:ok, t} | {:error, Error.t()}
   def load(name_or_path, opts \\ []) do
-    load_nif = &ExBurn.Native.embedder_load/2
-
     Pretrained.load_struct(
       __MODULE__,
       :embedding,
       name_or_path,
       opts,
-      load_nif,
+      &ExBurn.Native.embedder_load/2,
       &ExBurn.Native.embedder_info/1
     )
   end
