@@ -15,6 +15,22 @@ defmodule ExBurn.Serving.BatcherTest do
 
   defp mlp, do: ExBurn.ModelTestData.serving_mlp()
 
+  # A batcher of one-sample batches, each of which waits for a :go from the test; returns it,
+  # the task whose request is running, and that batch's process.
+  defp gated_batcher(opts) do
+    parent = self()
+
+    fun = fn batch ->
+      send(parent, {:running, self()})
+      receive do: (:go -> batch)
+    end
+
+    {:ok, server} = Batcher.start_link(fun, [batch_size: 1, batch_timeout: 0] ++ opts)
+    first = Task.async(fn -> Batcher.run(server, [0]) end)
+    assert_receive {:running, batch_pid}, 2_000
+    {server, first, batch_pid}
+  end
+
   defp rows_seen(acc \\ []) do
     receive do
       {:batch_rows, n} -> rows_seen([n | acc])
@@ -187,16 +203,7 @@ defmodule ExBurn.Serving.BatcherTest do
   end
 
   test "the queue is bounded: overload is refused at once with a clear error" do
-    parent = self()
-
-    fun = fn batch ->
-      send(parent, {:running, self()})
-      receive do: (:go -> batch)
-    end
-
-    {:ok, server} = Batcher.start_link(fun, batch_size: 1, batch_timeout: 0, max_queue: 3)
-    first = Task.async(fn -> Batcher.run(server, [0]) end)
-    assert_receive {:running, batch_pid}, 2_000
+    {server, first, batch_pid} = gated_batcher(max_queue: 3)
 
     queued = for i <- 1..3, do: Task.async(fn -> Batcher.run(server, [i]) end)
     wait_until(fn -> :sys.get_state(server).queued == 3 end)
@@ -299,16 +306,7 @@ defmodule ExBurn.Serving.BatcherTest do
     end
 
     test "a request the queue cannot take now is overloaded; one it can never take is an argument error" do
-      parent = self()
-
-      fun = fn batch ->
-        send(parent, {:running, self()})
-        receive do: (:go -> batch)
-      end
-
-      {:ok, server} = Batcher.start_link(fun, batch_size: 1, batch_timeout: 0, max_queue: 3)
-      first = Task.async(fn -> Batcher.run(server, [0]) end)
-      assert_receive {:running, batch_pid}, 2_000
+      {server, first, batch_pid} = gated_batcher(max_queue: 3)
       queued = Task.async(fn -> Batcher.run_many(server, [[1], [2]]) end)
       wait_until(fn -> :sys.get_state(server).queued == 2 end)
 
