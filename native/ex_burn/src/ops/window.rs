@@ -95,9 +95,14 @@ pub(crate) fn pad_constant(
     Ok((dispatch::slice(prim, &slices), out))
 }
 
+/// The shape after inserting `interior[i]` elements between neighbours along each axis.
+fn interior_shape(shape: &[usize], interior: &[usize]) -> Vec<usize> {
+    shape.iter().zip(interior).map(|(&d, &i)| if d == 0 { 0 } else { (d - 1) * (i + 1) + 1 }).collect()
+}
+
 /// Inserts `interior[i]` copies of `fill` between neighbours along each axis.
 pub(crate) fn pad_interior_prim(prim: Prim, shape: &[usize], interior: &[usize], fill: &Fill, device: &Device) -> (Prim, Vec<usize>) {
-    let out: Vec<usize> = shape.iter().zip(interior).map(|(&d, &i)| if d == 0 { 0 } else { (d - 1) * (i + 1) + 1 }).collect();
+    let out = interior_shape(shape, interior);
     if out == shape {
         return (prim, out);
     }
@@ -124,7 +129,7 @@ pub fn pad(h: &Handle, value: &Handle, config: &[(i64, i64, usize)], ty: NxType)
     }
     device.check_type(ty)?;
     let interior: Vec<usize> = config.iter().map(|c| c.2).collect();
-    let inner: Vec<usize> = h.shape.iter().zip(&interior).map(|(&d, &i)| if d == 0 { 0 } else { (d - 1) * (i + 1) + 1 }).collect();
+    let inner = interior_shape(&h.shape, &interior);
     let out: Option<Vec<usize>> = inner
         .iter()
         .zip(config)
