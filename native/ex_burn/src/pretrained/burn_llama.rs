@@ -543,7 +543,16 @@ mod tests {
             cases.len(),
             flips.len()
         );
-        assert!(worst_logit < 0.05, "first-step logits differ by {worst_logit}");
+        // the quantised layers round activations to 8 bits per block, as llama.cpp and Candle do
+        // (greedy_check): about a logit at most, where one layer skipped moves them by several
+        assert!(worst_logit < 1.25, "first-step logits differ by {worst_logit}");
+        // every weight dequantised, activations f32: transformers' own arithmetic up to f32 sums
+        let dense = BurnLlama::load_with(&path, &crate::testing::device(), true, false).unwrap();
+        for (i, case) in cases.iter().enumerate() {
+            let first = dense.session().unwrap().forward(&ids(&case["prompt_ids"]), 0).unwrap();
+            let worst = greedy_check::first_step_error(&first, case);
+            assert!(worst < 0.05, "dequantised: case {i}: first-step logits differ by {worst}");
+        }
     }
 
     /// Greedy decoding of `n` tokens, stopping early at eos as generation does.
@@ -567,22 +576,37 @@ mod tests {
     #[test]
     fn pretrained_burn_llama_prompt_equals_stepwise() {
         let Some(path) = smollm_path() else { return };
-        let model = BurnLlama::load(&path, &crate::testing::device()).unwrap();
+        let dev = crate::testing::device();
+        let model = BurnLlama::load(&path, &dev).unwrap();
         println!("burn llama: peak RSS after load {:.0} MiB", peak_rss_mib());
         let prompt = [1u32, 504, 3458, 282, 4649, 314, 253];
-        let batched = model.session().unwrap().forward(&prompt, 0).unwrap();
-        let mut s = model.session().unwrap();
-        let mut last = Vec::new();
-        for (i, t) in prompt.iter().enumerate() {
-            last = s.forward(&[*t], i).unwrap();
+        // f32 activations (every weight dequantised) keep the two orders within f32 sums; off
+        // the CPU Burn's matmul kernels run f32 in TF32 (guides/devices.md). 8-bit activations
+        // (the CPU's quantised layers) round a value differently when an earlier sum moved it
+        // across a rounding boundary, so the two orders differ as the quantised and
+        // dequantised layers do, and the pick may differ only at a near tie.
+        let dense = BurnLlama::load_with(&path, &dev, true, false).unwrap();
+        let cpu = dev.kind == crate::device::DeviceKind::Cpu;
+        for (m, quantised) in [(&dense, false), (&model, cpu)] {
+            let batched = m.session().unwrap().forward(&prompt, 0).unwrap();
+            let mut s = m.session().unwrap();
+            let mut last = Vec::new();
+            for (i, t) in prompt.iter().enumerate() {
+                last = s.forward(&[*t], i).unwrap();
+            }
+            assert_eq!(batched.len(), m.vocab_size());
+            let diff = batched.iter().zip(&last).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let scale = last.iter().fold(0f32, |a, v| a.max(v.abs()));
+            println!("burn llama (quantised {quantised}): batched prompt vs token-by-token max logit difference {diff:e}");
+            let tol = if quantised { greedy_check::Q8_LOGIT_DRIFT * scale } else if cpu { 1e-3 } else { 5e-2 };
+            assert!(diff < tol, "quantised {quantised}: {diff}");
+            let (pick, want) = (argmax(&batched) as usize, argmax(&last) as usize);
+            assert!(pick == want || last[want] - last[pick] < greedy_check::NEAR_TIE as f32);
         }
-        assert_eq!(batched.len(), model.vocab_size());
-        let diff = batched.iter().zip(&last).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        println!("burn llama: batched prompt vs token-by-token max logit difference {diff:e}");
-        // off the CPU Burn's matmul kernels run f32 in TF32 (guides/devices.md): differences of a
-        // few 1e-2 for logits up to about 20
-        let tol = if crate::testing::device().kind == crate::device::DeviceKind::Cpu { 1e-3 } else { 5e-2 };
-        assert!(diff < tol, "{diff}");
+        let mut s = model.session().unwrap();
+        for (i, t) in prompt.iter().enumerate() {
+            s.forward(&[*t], i).unwrap();
+        }
         // Feeding out of order is an error, and a fresh session works.
         assert!(err_text(s.forward(&[1], 3)).contains("fed in order"));
         assert!(err_text(s.forward(&[99999], prompt.len())).contains("outside the vocabulary"));
@@ -591,7 +615,8 @@ mod tests {
 
     /// The CPU's quantised layers against every weight dequantised (the path other devices
     /// take), on a prompt long enough for the 4-row groups and their remainder, then two cached
-    /// steps.
+    /// steps. The quantised layers round activations to 8 bits per block of 32, as llama.cpp
+    /// does, so their logits may drift by `Q8_LOGIT_DRIFT`; the pick may differ only at a near tie.
     #[test]
     fn pretrained_burn_llama_quantised_layers_equal_dequantised() {
         let Some(path) = smollm_path() else { return };
@@ -614,8 +639,9 @@ mod tests {
             let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
             let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
             println!("burn llama: quantised vs dequantised layers at position {pos}: max logit difference {diff:e} (logits up to {scale})");
-            assert!(diff < 1e-3 * scale.max(1.0), "{diff} at position {pos}");
-            assert_eq!(argmax(&a), argmax(&b));
+            assert!(diff < greedy_check::Q8_LOGIT_DRIFT * scale.max(1.0), "{diff} at position {pos}");
+            let (pick, want) = (argmax(&a) as usize, argmax(&b) as usize);
+            assert!(pick == want || b[want] - b[pick] < greedy_check::NEAR_TIE as f32, "picked {pick}, not {want}, at position {pos}");
         }
     }
 
@@ -764,7 +790,9 @@ mod tests {
             r.forward(&[1, 2, 3], 0).unwrap();
             let d = r.forward(&[4], 3).unwrap();
             let diff = b.iter().zip(&d).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(diff < if cpu { 1e-4 } else { 5e-4 }, "{diff}");
+            // the quantised layers round activations to 8 bits (greedy_check::Q8_LOGIT_DRIFT)
+            let scale = d.iter().fold(0f32, |a, v| a.max(v.abs()));
+            assert!(diff < if cpu { greedy_check::Q8_LOGIT_DRIFT * scale.max(1.0) } else { 5e-4 }, "{diff}");
         }
 
         // The dequantised path's RoPE (pair tables, four tensor ops) gives the pairwise form's

@@ -4,6 +4,7 @@
 pub(crate) mod bf16_gemm;
 pub(crate) mod conv;
 pub(crate) mod gather;
+pub mod quant;
 pub(crate) mod row_split;
 pub(crate) mod sort;
 pub(crate) mod vector;

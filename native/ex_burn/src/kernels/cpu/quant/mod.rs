@@ -1,0 +1,175 @@
+//! GGML's block formats (Q4_0, Q4_1, Q8_0, and plain f32 rows) and `x @ Wᵀ` with W's rows kept in
+//! their blocks.
+//!
+//! Why: decoding one token reads every weight once, so a dequantised model is bound by memory
+//! bandwidth and holds several times its file's size in memory (guides/pretrained.md).
+//!
+//! Quantised rows take llama.cpp's route: each activation row is quantised to 8 bits per block of
+//! 32 (`q8`), and a block's products are summed in integers (`int_dots`: `maddubs` on AVX2 and
+//! AVX-512BW, `dpbusd` with VNNI), then scaled once per block. The activations' rounding adds at
+//! most `amax/254` per value of a block (`amax` its largest magnitude), the bound the tests check
+//! against an f64 product of the dequantised weights. F32 rows keep f32 activations
+//! (`f32_dots`): nothing to decode, and a general matmul's packing of the weights would cost more
+//! than the product when the activations are a few rows.
+
+mod f32_dots;
+mod int_dots;
+#[cfg(target_arch = "x86_64")]
+mod int_avx2;
+#[cfg(target_arch = "x86_64")]
+mod int_avx512;
+mod q8;
+
+use burn::tensor::f16;
+use candle_core::quantized::GgmlDType;
+
+use crate::kernels::cpu::vector::{par_chunks_for, simd};
+pub use q8::Q8Rows;
+
+/// Values per GGML block, for every format here.
+pub const BLOCK: usize = 32;
+
+/// The GGML block formats this kernel decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum QFormat {
+    /// `d: f16, qs: [u8; 16]`, `w = d·(q − 8)` with 4-bit `q`.
+    Q4_0,
+    /// `d: f16, m: f16, qs: [u8; 16]`, `w = d·q + m`.
+    Q4_1,
+    /// `d: f16, qs: [i8; 32]`, `w = d·q`.
+    Q8_0,
+    /// Plain f32 rows (blocks of 32 values, nothing to decode): the same kernel serves f32
+    /// weights where few activation rows make a general matmul's packing of the weights its
+    /// main cost (`matmul_f32`).
+    F32,
+}
+
+impl QFormat {
+    pub fn from_ggml(t: GgmlDType) -> Option<QFormat> {
+        match t {
+            GgmlDType::Q4_0 => Some(QFormat::Q4_0),
+            GgmlDType::Q4_1 => Some(QFormat::Q4_1),
+            GgmlDType::Q8_0 => Some(QFormat::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// The format a kernel's `const F: u8` parameter names (`QFormat as u8`).
+    #[inline(always)]
+    pub(super) const fn of(f: u8) -> QFormat {
+        match f {
+            0 => QFormat::Q4_0,
+            1 => QFormat::Q4_1,
+            2 => QFormat::Q8_0,
+            _ => QFormat::F32,
+        }
+    }
+
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            QFormat::Q4_0 => 18,
+            QFormat::Q4_1 => 20,
+            QFormat::Q8_0 => 34,
+            QFormat::F32 => 4 * BLOCK,
+        }
+    }
+
+    /// A block's scale `d` and offset `m`, and where its quants start.
+    #[inline(always)]
+    pub(super) fn header(self, b: &[u8]) -> (f32, f32, usize) {
+        let half = |i: usize| f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32();
+        match self {
+            QFormat::Q4_0 => {
+                let d = half(0);
+                (d, -8.0 * d, 2)
+            }
+            QFormat::Q4_1 => (half(0), half(2), 4),
+            QFormat::Q8_0 => (half(0), 0.0, 2),
+            QFormat::F32 => (1.0, 0.0, 0),
+        }
+    }
+
+    /// The 32 quants of a block as f32, unscaled (GGML order: low nibbles are values 0..16,
+    /// high nibbles 16..32).
+    #[inline(always)]
+    pub(super) fn quants(self, b: &[u8], at: usize, out: &mut [f32; BLOCK]) {
+        match self {
+            QFormat::Q4_0 | QFormat::Q4_1 => {
+                for j in 0..16 {
+                    out[j] = (b[at + j] & 0x0f) as f32;
+                    out[j + 16] = (b[at + j] >> 4) as f32;
+                }
+            }
+            QFormat::Q8_0 => {
+                for j in 0..BLOCK {
+                    out[j] = b[at + j] as i8 as f32;
+                }
+            }
+            QFormat::F32 => {
+                for j in 0..BLOCK {
+                    out[j] = f32::from_le_bytes(b[at + 4 * j..at + 4 * j + 4].try_into().unwrap());
+                }
+            }
+        }
+    }
+}
+
+/// One row of `format` blocks (`row`, as GGML stores it) dequantised into `out`: an embedding
+/// lookup, for `QMatrix` and for Candle's own quantised tensors.
+pub fn dequantise_row(format: QFormat, row: &[u8], out: &mut [f32]) {
+    let mut q = [0f32; BLOCK];
+    for (b, chunk) in row.chunks_exact(format.block_bytes()).zip(out.chunks_exact_mut(BLOCK)) {
+        let (d, m, at) = format.header(b);
+        format.quants(b, at, &mut q);
+        for (o, q) in chunk.iter_mut().zip(q) {
+            *o = d * q + m;
+        }
+    }
+}
+
+/// `x @ Wᵀ` for `x` of `m` rows of `k` values and `n` weight rows of `k` values, row `r` as
+/// `row(r)`'s format and bytes: `m` rows of `n` values. `quantised` says whether any row is in a
+/// quantised format (then the activations are quantised once, for all of them).
+pub fn matmul_rows<'a>(n: usize, k: usize, x: &[f32], m: usize, quantised: bool, row: impl Fn(usize) -> (QFormat, &'a [u8]) + Sync) -> Vec<f32> {
+    assert_eq!(x.len(), m * k, "qmatmul: x holds {} values, not {m} rows of {k}", x.len());
+    if m == 0 || n == 0 {
+        return vec![0.0; m * n];
+    }
+    let level = simd();
+    let acts = quantised.then(|| Q8Rows::quantise(x, k));
+    // computed transposed, `[n, m]`, so each task owns a run of weight rows. Tasks of about
+    // 128K multiply-adds: fewer hand-offs between the threads than smaller ones, and larger
+    // ones gain nothing (guides/pretrained.md)
+    let mut out_t = vec![0f32; n * m];
+    let tile = ((1 << 17) / (k * m).max(1)).clamp(1, 256);
+    par_chunks_for(&mut out_t, tile * m, n * k * m.min(f32_dots::ROWS), |t, piece| {
+        let first = t * tile;
+        for (i, dst) in piece.chunks_exact_mut(m).enumerate() {
+            let (format, w) = row(first + i);
+            let group = if format == QFormat::F32 { f32_dots::ROWS } else { int_dots::ROWS };
+            let mut r = 0;
+            while r < m {
+                let take = (m - r).min(group);
+                match &acts {
+                    Some(a) if format != QFormat::F32 => int_dots::row_dots(level, format, w, a, r, &mut dst[r..r + take]),
+                    _ => f32_dots::row_dots(level, format, w, &x[r * k..(r + take) * k], k, &mut dst[r..r + take]),
+                }
+                r += take;
+            }
+        }
+    });
+    if m == 1 {
+        return out_t;
+    }
+    let mut out = vec![0f32; m * n];
+    for (j, col) in out_t.chunks_exact(m).enumerate() {
+        for (i, v) in col.iter().enumerate() {
+            out[i * n + j] = *v;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,263 @@
+//! The block kernels against independent references: candle's dequantisation of the same bytes,
+//! products summed in f64, and the scalar kernel for every ISA path. Also the helpers the
+//! quantised layers' tests share.
+
+use burn::tensor::f16;
+use candle_core::quantized::{ggml_file, GgmlDType};
+
+use super::int_dots::{row_dots, row_dots_scalar, ROWS};
+use super::{q8::Q8Rows, QFormat, BLOCK};
+use crate::kernels::cpu::vector::{simd, Simd};
+
+/// Random blocks of a format, scales of both signs included.
+pub(crate) fn random_blocks(f: QFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    let mut next = || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (s >> 33) as u32
+    };
+    let mut out = Vec::new();
+    for _ in 0..rows * cols / BLOCK {
+        if f == QFormat::F32 {
+            for _ in 0..BLOCK {
+                out.extend(((next() % 2000) as f32 / 1000.0 - 1.0).to_le_bytes());
+            }
+            continue;
+        }
+        let mut half = |out: &mut Vec<u8>| {
+            let v = (next() % 2000) as f32 / 1000.0 - 1.0;
+            out.extend(f16::from_f32(v * 0.05).to_bits().to_le_bytes());
+        };
+        half(&mut out);
+        if f == QFormat::Q4_1 {
+            half(&mut out);
+        }
+        let n = f.block_bytes() - out.len() % f.block_bytes();
+        for _ in 0..n {
+            out.push(next() as u8);
+        }
+    }
+    out
+}
+
+/// The weights as candle dequantises them, `[rows, cols]` row-major.
+pub(crate) fn candle_dequantised(f: QFormat, data: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let dtype = match f {
+        QFormat::Q4_0 => GgmlDType::Q4_0,
+        QFormat::Q4_1 => GgmlDType::Q4_1,
+        QFormat::Q8_0 => GgmlDType::Q8_0,
+        QFormat::F32 => GgmlDType::F32,
+    };
+    let dev = candle_core::Device::Cpu;
+    let w = ggml_file::qtensor_from_ggml(dtype, data, vec![rows, cols], &dev).unwrap().dequantize(&dev).unwrap();
+    w.flatten_all().unwrap().to_vec1().unwrap()
+}
+
+/// `x @ Wᵀ` in f64 for dequantised `w` (`[rows, cols]`) and `x` of `m` rows.
+pub(crate) fn f64_product(w: &[f32], rows: usize, cols: usize, x: &[f32], m: usize) -> Vec<f64> {
+    let mut out = vec![0f64; m * rows];
+    for i in 0..m {
+        for j in 0..rows {
+            out[i * rows + j] = (0..cols).map(|c| w[j * cols + c] as f64 * x[i * cols + c] as f64).sum();
+        }
+    }
+    out
+}
+
+/// How far a quantised row's product may be from the exact one: rounding each activation to
+/// its block's 8-bit grid moves it by at most `amax/254`, which weight `w` multiplies; plus f32
+/// rounding of the sums.
+pub(crate) fn q8_bound(w_row: &[f32], x_row: &[f32]) -> f64 {
+    let mut bound = 0f64;
+    for (w, x) in w_row.chunks_exact(BLOCK).zip(x_row.chunks_exact(BLOCK)) {
+        let amax = x.iter().fold(0f64, |a, v| a.max(v.abs() as f64));
+        bound += amax / 254.0 * w.iter().map(|v| v.abs() as f64).sum::<f64>();
+    }
+    let magnitude: f64 = w_row.iter().zip(x_row).map(|(w, x)| (w * x).abs() as f64).sum();
+    bound * (1.0 + 1e-6) + 1e-5 * magnitude + 1e-30
+}
+
+pub(crate) fn inputs(m: usize, k: usize) -> Vec<f32> {
+    (0..m * k).map(|i| ((i as f32) * 0.37).sin() * 2.0).collect()
+}
+
+fn levels() -> Vec<Simd> {
+    let mut l = vec![Simd::Base, Simd::Avx2.min(simd()), simd()];
+    l.dedup();
+    l
+}
+
+#[test]
+fn every_isa_path_equals_the_scalar_kernel_and_the_bound_holds() {
+    for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0] {
+        // block counts odd and even (the AVX-512 pairs and the AVX2 tail), 1 to ROWS rows
+        for (rows, k, m) in [(3, 32, 1), (5, 64, 2), (4, 96, 3), (7, 128, 4), (2, 576, 4), (3, 1536, 1), (2, 160, 3)] {
+            let data = random_blocks(f, rows, k, (rows * 131 + k + m) as u64);
+            let w = candle_dequantised(f, &data, rows, k);
+            let x = inputs(m, k);
+            let exact = f64_product(&w, rows, k, &x, m);
+            let a = Q8Rows::quantise(&x, k);
+            let row_bytes = k / BLOCK * f.block_bytes();
+            for j in 0..rows {
+                let wr = &data[j * row_bytes..(j + 1) * row_bytes];
+                let mut want = vec![0f32; m];
+                row_dots_scalar(f, wr, &a, 0, &mut want);
+                for i in 0..m {
+                    let e = exact[i * rows + j];
+                    let bound = q8_bound(&w[j * k..(j + 1) * k], &x[i * k..(i + 1) * k]);
+                    assert!((want[i] as f64 - e).abs() <= bound, "{f:?} {rows}x{k} row {j} x{i}: {} vs {e} (bound {bound})", want[i]);
+                }
+                for level in levels() {
+                    for first in 0..m {
+                        let n = (m - first).min(ROWS);
+                        let mut got = vec![0f32; n];
+                        row_dots(level, f, wr, &a, first, &mut got);
+                        for (i, g) in got.iter().enumerate() {
+                            let s = want[first + i];
+                            let scale: f64 = w[j * k..(j + 1) * k].iter().zip(&x[(first + i) * k..]).map(|(w, x)| (w * x).abs() as f64).sum();
+                            assert!((*g as f64 - s as f64).abs() <= 1e-5 * (1.0 + scale), "{f:?} {level:?} {rows}x{k} row {j} x{}: {g} vs {s}", first + i);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_bytes_do_not_saturate() {
+    // Q8_0 weights of -128 and 127 against activations of ±127: the largest pair sums the i16
+    // step of `maddubs` meets
+    let k = 64;
+    let x: Vec<f32> = (0..k).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+    let a = Q8Rows::quantise(&x, k);
+    assert!(a.qs.iter().all(|q| q.abs() == 127));
+    for fill in [0x80u8, 0x7f, 0xff] {
+        let mut data = Vec::new();
+        for _ in 0..k / BLOCK {
+            data.extend(f16::from_f32(0.5).to_bits().to_le_bytes());
+            data.extend(std::iter::repeat(fill).take(BLOCK));
+        }
+        let mut want = [0f32];
+        row_dots_scalar(QFormat::Q8_0, &data, &a, 0, &mut want);
+        let q = fill as i8 as f64;
+        let exact: f64 = x.iter().map(|v| 0.5 * q * (*v as f64) * (127.0 / 127.0)).sum();
+        assert!((want[0] as f64 - exact).abs() <= 1e-3 * exact.abs().max(1.0), "fill {fill:#x}: {} vs {exact}", want[0]);
+        for level in levels() {
+            let mut got = [0f32];
+            row_dots(level, QFormat::Q8_0, &data, &a, 0, &mut got);
+            assert_eq!(got[0], want[0], "fill {fill:#x} {level:?}");
+        }
+    }
+    // Q4 nibbles of 15 against +127 everywhere
+    let x = vec![1.0f32; k];
+    let a = Q8Rows::quantise(&x, k);
+    let mut data = Vec::new();
+    for _ in 0..k / BLOCK {
+        data.extend(f16::from_f32(1.0).to_bits().to_le_bytes());
+        data.extend(f16::from_f32(0.0).to_bits().to_le_bytes());
+        data.extend(std::iter::repeat(0xffu8).take(16));
+    }
+    for level in levels() {
+        let mut got = [0f32];
+        row_dots(level, QFormat::Q4_1, &data, &a, 0, &mut got);
+        assert_eq!(got[0], 15.0 * k as f32, "{level:?}");
+    }
+}
+
+#[test]
+fn activations_round_to_their_block_grid_and_specials_poison_their_block() {
+    let k = 64;
+    let mut x = inputs(1, k);
+    let a = Q8Rows::quantise(&x, k);
+    for b in 0..2 {
+        let (q, d, ds) = a.block(0, b);
+        let amax = x[b * BLOCK..(b + 1) * BLOCK].iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(d, amax / 127.0);
+        for (v, q) in x[b * BLOCK..].iter().zip(q) {
+            assert!((v - d * *q as f32).abs() <= d / 2.0 * 1.0001, "{v} vs {d}·{q}");
+        }
+        assert_eq!(ds, d * q.iter().map(|q| *q as i32).sum::<i32>() as f32);
+    }
+    let zeros = Q8Rows::quantise(&[0.0; 32], 32);
+    assert_eq!((zeros.d[0], zeros.ds[0]), (0.0, 0.0));
+    assert!(zeros.qs.iter().all(|q| *q == 0));
+    // a NaN or an infinity makes every product of its row non-finite, as the f32 product does
+    let data = random_blocks(QFormat::Q4_1, 1, k, 9);
+    for special in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        x[40] = special;
+        let a = Q8Rows::quantise(&x, k);
+        for level in levels() {
+            let mut got = [0f32];
+            row_dots(level, QFormat::Q4_1, &data, &a, 0, &mut got);
+            assert!(!got[0].is_finite(), "{special} {level:?}: {}", got[0]);
+        }
+    }
+}
+
+#[test]
+fn f32_activation_kernels_equal_an_f64_product_on_every_isa_path() {
+    for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0, QFormat::F32] {
+        for (rows, k, m) in [(3, 32, 1), (5, 64, 2), (4, 96, 5), (2, 576, 8)] {
+            let data = random_blocks(f, rows, k, (rows * 17 + k + m) as u64);
+            let w = candle_dequantised(f, &data, rows, k);
+            let x = inputs(m, k);
+            let want = f64_product(&w, rows, k, &x, m);
+            let row_bytes = k / BLOCK * f.block_bytes();
+            for level in levels() {
+                for j in 0..rows {
+                    let mut got = vec![0f32; m];
+                    super::f32_dots::row_dots(level, f, &data[j * row_bytes..(j + 1) * row_bytes], &x, k, &mut got);
+                    for i in 0..m {
+                        let e = want[i * rows + j];
+                        let tol = 1e-5 * (1.0 + e.abs()) * (k as f64).sqrt();
+                        assert!((got[i] as f64 - e).abs() <= tol, "{f:?} {level:?} {rows}x{k} [{i},{j}]: {} vs {e}", got[i]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// CPU time of this thread: steadier than the wall clock on a shared machine.
+fn thread_cpu_ns() -> u128 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid timespec for clock_gettime to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as u128 * 1_000_000_000 + t.tv_nsec as u128
+}
+
+/// One thread's nanoseconds per weight block (32 weights × `m` activation rows), integer dots
+/// against f32 activations, for a SmolLM2-sized `[1536, 576]` projection.
+#[test]
+#[ignore]
+fn quant_kernel_timing() {
+    let (rows, k) = (1536, 576);
+    for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0] {
+        let data = random_blocks(f, rows, k, 5);
+        let row_bytes = k / BLOCK * f.block_bytes();
+        for m in [1, 4] {
+            let x = inputs(m, k);
+            let a = Q8Rows::quantise(&x, k);
+            let mut out = vec![0f32; m];
+            let mut time = |int: bool| {
+                let reps = 40;
+                let t0 = thread_cpu_ns();
+                for _ in 0..reps {
+                    for j in 0..rows {
+                        let w = &data[j * row_bytes..(j + 1) * row_bytes];
+                        if int {
+                            row_dots(simd(), f, w, &a, 0, &mut out);
+                        } else {
+                            super::f32_dots::row_dots(simd(), f, w, &x, k, &mut out);
+                        }
+                    }
+                }
+                std::hint::black_box(&out);
+                (thread_cpu_ns() - t0) as f64 / (reps * rows * k / BLOCK) as f64
+            };
+            let (fl, int) = (time(false), time(true));
+            println!("{f:?} m={m} {:?}: ns per weight block: f32 activations {fl:.2}, q8 integer {int:.2} ({:.2}x)", simd(), fl / int);
+        }
+    }
+}
