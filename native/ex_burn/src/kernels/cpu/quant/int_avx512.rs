@@ -80,7 +80,7 @@ unsafe fn dots<const F: u8, const R: usize, const VNNI: bool>(w: &[u8], a: &Q8Ro
     }
     let mut tail = [_mm256_setzero_ps(); R];
     if b < nb {
-        int_avx2::step::<F, R>(w, a, first, b, &mut tail, &mut odd_offsets);
+        int_avx2::step::<F, R, VNNI>(w, a, first, b, &mut tail, &mut odd_offsets);
     }
     for r in 0..R {
         out[r] = _mm512_reduce_add_ps(_mm512_add_ps(even[r], odd[r])) + int_avx2::hsum(tail[r]) + (even_offsets[r] + odd_offsets[r]);

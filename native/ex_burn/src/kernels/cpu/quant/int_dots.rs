@@ -3,22 +3,66 @@
 //! offset: Q4_1's `m`, `-8·d` for Q4_0 (its quants are stored with +8), 0 for Q8_0.
 
 use super::{q8::Q8Rows, QFormat, BLOCK};
-use crate::kernels::cpu::vector::Simd;
+use crate::kernels::cpu::vector::{simd, Simd};
 
 /// Activation rows sharing one decoding of a weight row.
 pub(super) const ROWS: usize = 4;
 
-/// Whether this CPU has AVX-512 VNNI (`vpdpbusd`): one instruction for a block's 4-way byte
-/// products and their sum, where AVX2 and AVX-512BW need two.
-pub(super) fn vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return is_x86_feature_detected!("avx512vnni");
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+/// The instruction sets the integer kernels are written for, narrowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum IntIsa {
+    Scalar,
+    /// `maddubs` + `madd` on 256 bits.
+    Avx2,
+    /// `dpbusd` on 256 bits (AVX-512 VNNI with VL): one instruction for a block's byte
+    /// products and their sum, where AVX2 needs two.
+    Avx2Vnni,
+    /// `maddubs` + `madd` on 512 bits, two blocks a vector.
+    Avx512,
+    /// `dpbusd` on 512 bits.
+    Avx512Vnni,
+}
+
+impl IntIsa {
+    /// Every path this CPU runs, narrowest first (the tests run them all).
+    pub(super) fn available() -> Vec<IntIsa> {
+        let mut out = vec![IntIsa::Scalar];
+        let level = simd();
+        if level >= Simd::Avx2 {
+            out.push(IntIsa::Avx2);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if level >= Simd::Avx512 {
+            let vnni = is_x86_feature_detected!("avx512vnni");
+            if vnni {
+                out.push(IntIsa::Avx2Vnni);
+            }
+            out.push(IntIsa::Avx512);
+            if vnni {
+                out.push(IntIsa::Avx512Vnni);
+            }
+        }
+        out
+    }
+
+    /// The path the layers take: 256-bit `dpbusd` where the CPU has it, else AVX2. The 512-bit
+    /// paths build each vector from two blocks, two scales and two offsets, which costs more
+    /// than the wider products gain (bench: `quant_kernel_timing`).
+    pub(super) fn best() -> IntIsa {
+        static BEST: std::sync::OnceLock<IntIsa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let all = IntIsa::available();
+            if all.contains(&IntIsa::Avx2Vnni) {
+                IntIsa::Avx2Vnni
+            } else {
+                *all.iter().filter(|i| **i <= IntIsa::Avx2).max().unwrap()
+            }
+        })
+    }
 }
 
 /// `out[i] = row · a[first + i]` for `out.len()` (1 to `ROWS`) activation rows.
-pub(super) fn row_dots(level: Simd, f: QFormat, w: &[u8], a: &Q8Rows, first: usize, out: &mut [f32]) {
+pub(super) fn row_dots(isa: IntIsa, f: QFormat, w: &[u8], a: &Q8Rows, first: usize, out: &mut [f32]) {
     debug_assert!(f != QFormat::F32 && out.len() <= ROWS && first + out.len() <= a.rows());
     #[cfg(target_arch = "x86_64")]
     {
@@ -40,26 +84,49 @@ pub(super) fn row_dots(level: Simd, f: QFormat, w: &[u8], a: &Q8Rows, first: usi
                 }
             };
         }
-        if level >= Simd::Avx512 {
-            // SAFETY: AVX-512 (F, DQ, VL, BW) with AVX2, FMA and F16C were detected (`simd`), and
-            // VNNI where `vnni()` says so.
-            unsafe {
-                if vnni() {
-                    shapes!(int_avx512, row_dots_vnni)
-                } else {
-                    shapes!(int_avx512, row_dots)
-                }
-            };
-            return;
-        }
-        if level >= Simd::Avx2 {
-            // SAFETY: AVX2, FMA and F16C were detected on this CPU (`simd`).
-            unsafe { shapes!(int_avx2, row_dots) };
-            return;
+        // SAFETY: each path runs only where `available` found its instructions on this CPU:
+        // AVX2, FMA and F16C for all; AVX-512 F, DQ, VL and BW for the 512-bit and VNNI ones;
+        // AVX-512 VNNI for the `dpbusd` ones.
+        unsafe {
+            match isa {
+                IntIsa::Scalar => {}
+                IntIsa::Avx2 => return shapes!(int_avx2, row_dots),
+                IntIsa::Avx2Vnni => return shapes!(int_avx2, row_dots_vnni),
+                IntIsa::Avx512 => return shapes!(int_avx512, row_dots),
+                IntIsa::Avx512Vnni => return shapes!(int_avx512, row_dots_vnni),
+            }
         }
     }
-    let _ = level;
+    let _ = isa;
     row_dots_scalar(f, w, a, first, out)
+}
+
+/// `out[j] = ws[j] · a[row]` for four weight rows of one format (decoding a token).
+pub(super) fn rows4_dots(isa: IntIsa, f: QFormat, ws: [&[u8]; 4], a: &Q8Rows, row: usize, out: &mut [f32]) {
+    debug_assert!(f != QFormat::F32 && out.len() == 4 && row < a.rows());
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! formats {
+            ($fun:ident) => {
+                match f {
+                    QFormat::Q4_0 => super::int_avx2::$fun::<{ QFormat::Q4_0 as u8 }>(ws, a, row, out),
+                    QFormat::Q4_1 => super::int_avx2::$fun::<{ QFormat::Q4_1 as u8 }>(ws, a, row, out),
+                    _ => super::int_avx2::$fun::<{ QFormat::Q8_0 as u8 }>(ws, a, row, out),
+                }
+            };
+        }
+        // SAFETY: as in `row_dots`; both 512-bit paths have the 256-bit instructions too.
+        unsafe {
+            match isa {
+                IntIsa::Scalar => {}
+                IntIsa::Avx2 | IntIsa::Avx512 => return formats!(rows4_dots),
+                IntIsa::Avx2Vnni | IntIsa::Avx512Vnni => return formats!(rows4_dots_vnni),
+            }
+        }
+    }
+    for (w, o) in ws.iter().zip(out.chunks_exact_mut(1)) {
+        row_dots(isa, f, w, a, row, o);
+    }
 }
 
 /// The reference every ISA path is tested against.

@@ -5,7 +5,7 @@
 use burn::tensor::f16;
 use candle_core::quantized::{ggml_file, GgmlDType};
 
-use super::int_dots::{row_dots, row_dots_scalar, ROWS};
+use super::int_dots::{row_dots, row_dots_scalar, rows4_dots, IntIsa, ROWS};
 use super::{q8::Q8Rows, QFormat, BLOCK};
 use crate::kernels::cpu::vector::{simd, Simd};
 
@@ -107,16 +107,42 @@ fn every_isa_path_equals_the_scalar_kernel_and_the_bound_holds() {
                     let bound = q8_bound(&w[j * k..(j + 1) * k], &x[i * k..(i + 1) * k]);
                     assert!((want[i] as f64 - e).abs() <= bound, "{f:?} {rows}x{k} row {j} x{i}: {} vs {e} (bound {bound})", want[i]);
                 }
-                for level in levels() {
+                for isa in IntIsa::available() {
                     for first in 0..m {
                         let n = (m - first).min(ROWS);
                         let mut got = vec![0f32; n];
-                        row_dots(level, f, wr, &a, first, &mut got);
+                        row_dots(isa, f, wr, &a, first, &mut got);
                         for (i, g) in got.iter().enumerate() {
                             let s = want[first + i];
                             let scale: f64 = w[j * k..(j + 1) * k].iter().zip(&x[(first + i) * k..]).map(|(w, x)| (w * x).abs() as f64).sum();
-                            assert!((*g as f64 - s as f64).abs() <= 1e-5 * (1.0 + scale), "{f:?} {level:?} {rows}x{k} row {j} x{}: {g} vs {s}", first + i);
+                            assert!((*g as f64 - s as f64).abs() <= 1e-5 * (1.0 + scale), "{f:?} {isa:?} {rows}x{k} row {j} x{}: {g} vs {s}", first + i);
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn four_weight_rows_at_once_equal_the_scalar_kernel() {
+    for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0] {
+        for k in [32, 64, 96, 576] {
+            let data = random_blocks(f, 4, k, k as u64 + 1);
+            let row_bytes = k / BLOCK * f.block_bytes();
+            let ws: [&[u8]; 4] = std::array::from_fn(|j| &data[j * row_bytes..(j + 1) * row_bytes]);
+            let x = inputs(3, k);
+            let a = Q8Rows::quantise(&x, k);
+            for row in 0..3 {
+                let mut want = [0f32; 4];
+                for j in 0..4 {
+                    row_dots_scalar(f, ws[j], &a, row, &mut want[j..j + 1]);
+                }
+                for isa in IntIsa::available() {
+                    let mut got = [0f32; 4];
+                    rows4_dots(isa, f, ws, &a, row, &mut got);
+                    for j in 0..4 {
+                        assert!((got[j] - want[j]).abs() <= 1e-5 * (1.0 + want[j].abs()), "{f:?} {isa:?} k={k} x{row} w{j}: {} vs {}", got[j], want[j]);
                     }
                 }
             }
@@ -143,10 +169,10 @@ fn extreme_bytes_do_not_saturate() {
         let q = fill as i8 as f64;
         let exact: f64 = x.iter().map(|v| 0.5 * q * (*v as f64) * (127.0 / 127.0)).sum();
         assert!((want[0] as f64 - exact).abs() <= 1e-3 * exact.abs().max(1.0), "fill {fill:#x}: {} vs {exact}", want[0]);
-        for level in levels() {
+        for isa in IntIsa::available() {
             let mut got = [0f32];
-            row_dots(level, QFormat::Q8_0, &data, &a, 0, &mut got);
-            assert_eq!(got[0], want[0], "fill {fill:#x} {level:?}");
+            row_dots(isa, QFormat::Q8_0, &data, &a, 0, &mut got);
+            assert_eq!(got[0], want[0], "fill {fill:#x} {isa:?}");
         }
     }
     // Q4 nibbles of 15 against +127 everywhere
@@ -158,10 +184,10 @@ fn extreme_bytes_do_not_saturate() {
         data.extend(f16::from_f32(0.0).to_bits().to_le_bytes());
         data.extend(std::iter::repeat(0xffu8).take(16));
     }
-    for level in levels() {
+    for isa in IntIsa::available() {
         let mut got = [0f32];
-        row_dots(level, QFormat::Q4_1, &data, &a, 0, &mut got);
-        assert_eq!(got[0], 15.0 * k as f32, "{level:?}");
+        row_dots(isa, QFormat::Q4_1, &data, &a, 0, &mut got);
+        assert_eq!(got[0], 15.0 * k as f32, "{isa:?}");
     }
 }
 
@@ -187,10 +213,10 @@ fn activations_round_to_their_block_grid_and_specials_poison_their_block() {
     for special in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         x[40] = special;
         let a = Q8Rows::quantise(&x, k);
-        for level in levels() {
+        for isa in IntIsa::available() {
             let mut got = [0f32];
-            row_dots(level, QFormat::Q4_1, &data, &a, 0, &mut got);
-            assert!(!got[0].is_finite(), "{special} {level:?}: {}", got[0]);
+            row_dots(isa, QFormat::Q4_1, &data, &a, 0, &mut got);
+            assert!(!got[0].is_finite(), "{special} {isa:?}: {}", got[0]);
         }
     }
 }
@@ -228,26 +254,28 @@ fn thread_cpu_ns() -> u128 {
 }
 
 /// One thread's nanoseconds per weight block (32 weights × `m` activation rows), integer dots
-/// against f32 activations, for a SmolLM2-sized `[1536, 576]` projection.
+/// against f32 activations, for a SmolLM2-sized `[1536, 576]` projection that stays in the
+/// caches, and for 64K rows of 576 that do not (a decoding step reads every weight from memory).
 #[test]
 #[ignore]
 fn quant_kernel_timing() {
-    let (rows, k) = (1536, 576);
-    for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0] {
+    for (f, rows) in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0].into_iter().flat_map(|f| [(f, 1536), (f, 65536)]) {
+        let k = 576;
+        println!("{f:?} [{rows}, {k}]:");
         let data = random_blocks(f, rows, k, 5);
         let row_bytes = k / BLOCK * f.block_bytes();
         for m in [1, 4] {
             let x = inputs(m, k);
             let a = Q8Rows::quantise(&x, k);
             let mut out = vec![0f32; m];
-            let mut time = |int: bool| {
-                let reps = 40;
+            let mut time = |isa: Option<IntIsa>| {
+                let reps = (40 * 1536 / rows).max(2);
                 let t0 = thread_cpu_ns();
                 for _ in 0..reps {
                     for j in 0..rows {
                         let w = &data[j * row_bytes..(j + 1) * row_bytes];
-                        if int {
-                            row_dots(simd(), f, w, &a, 0, &mut out);
+                        if let Some(isa) = isa {
+                            row_dots(isa, f, w, &a, 0, &mut out);
                         } else {
                             super::f32_dots::row_dots(simd(), f, w, &x, k, &mut out);
                         }
@@ -256,8 +284,29 @@ fn quant_kernel_timing() {
                 std::hint::black_box(&out);
                 (thread_cpu_ns() - t0) as f64 / (reps * rows * k / BLOCK) as f64
             };
-            let (fl, int) = (time(false), time(true));
-            println!("{f:?} m={m} {:?}: ns per weight block: f32 activations {fl:.2}, q8 integer {int:.2} ({:.2}x)", simd(), fl / int);
+            let fl = time(None);
+            if m == 1 {
+                let fours: Vec<String> = IntIsa::available()
+                    .into_iter()
+                    .skip(1)
+                    .map(|isa| {
+                        let reps = (40 * 1536 / rows).max(2);
+                        let mut out4 = [0f32; 4];
+                        let t0 = thread_cpu_ns();
+                        for _ in 0..reps {
+                            for j in (0..rows).step_by(4) {
+                                let ws: [&[u8]; 4] = std::array::from_fn(|i| &data[(j + i) * row_bytes..(j + i + 1) * row_bytes]);
+                                rows4_dots(isa, f, ws, &a, 0, &mut out4);
+                            }
+                        }
+                        std::hint::black_box(&out4);
+                        format!("{isa:?} {:.2}", (thread_cpu_ns() - t0) as f64 / (reps * rows * k / BLOCK) as f64)
+                    })
+                    .collect();
+                println!("{f:?} m=1, four weight rows a call: {}", fours.join(", "));
+            }
+            let ints: Vec<String> = IntIsa::available().into_iter().skip(1).map(|isa| format!("{isa:?} {:.2}", time(Some(isa)))).collect();
+            println!("{f:?} m={m}: ns per weight block: f32 activations ({:?}) {fl:.2}; q8 integer {}; layers use {:?}", simd(), ints.join(", "), IntIsa::best());
         }
     }
 }
