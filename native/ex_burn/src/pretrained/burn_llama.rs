@@ -15,6 +15,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
+use super::llama_host::{self, HostBlock, HostKv};
 use super::qmatmul::QStack;
 use super::weights::{f32_tensor, Gguf};
 use crate::kernels::cpu::vector::flex_f32;
@@ -221,6 +222,26 @@ pub struct Weights {
     /// For the dequantised path (GPUs): `[context, rope_dim]` tables with cos repeated over each
     /// pair and sin as (-sin, sin), so RoPE is `x ⊙ C + swap(x) ⊙ S` (`rope`).
     pair_tables: Option<(Tensor<2>, Tensor<2>)>,
+    /// Where every linear layer is quantised (the CPU): what the host path (`llama_host`) reads
+    /// besides them.
+    host: Option<HostWeights>,
+}
+
+/// Norm weights and rotary tables as host values.
+struct HostWeights {
+    /// Each layer's attention and feed-forward norm weights.
+    norms: Vec<(Vec<f32>, Vec<f32>)>,
+    out_norm: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+/// The quantised matrices of a layer, where it has them.
+fn quant_stack(l: &Linear) -> Option<&QStack> {
+    match l {
+        Linear::Quant(q) => Some(q),
+        Linear::Dense(_) => None,
+    }
 }
 
 pub struct BurnLlama {
@@ -283,9 +304,19 @@ impl Weights {
             let pairs = |v: &[f32], first_sign: f32| -> Vec<f32> { v.iter().flat_map(|&a| [first_sign * a, a]).collect() };
             (f32_tensor(pairs(&cos, 1.0), [ctx, 2 * half], &dev), f32_tensor(pairs(&sin, -1.0), [ctx, 2 * half], &dev))
         });
+        let all_quantised = [&embed, &output].into_iter().chain(blocks.iter().flat_map(|b| [&b.qkv, &b.out, &b.gate_up, &b.down])).all(|l| quant_stack(l).is_some());
+        let host = if all_quantised {
+            let mut norms = Vec::with_capacity(cfg.block_count);
+            for l in 0..cfg.block_count {
+                norms.push((g.values(&format!("blk.{l}.attn_norm.weight"), &[h])?, g.values(&format!("blk.{l}.ffn_norm.weight"), &[h])?));
+            }
+            Some(HostWeights { norms, out_norm: g.values("output_norm.weight", &[h])?, cos: cos.clone(), sin: sin.clone() })
+        } else {
+            None
+        };
         let cos = f32_tensor(cos, [ctx, half], &dev);
         let sin = f32_tensor(sin, [ctx, half], &dev);
-        Ok(Weights { cfg, device: dev, native_gqa, embed, blocks, out_norm, output, cos, sin, pair_tables })
+        Ok(Weights { cfg, device: dev, native_gqa, embed, blocks, out_norm, output, cos, sin, pair_tables, host })
     }
 
     fn rms_norm(&self, x: Tensor<2>, w: &Tensor<1>) -> Tensor<2> {
@@ -382,6 +413,25 @@ impl Weights {
         t.unsqueeze_dim::<5>(2).expand([b, kvh, rep, n, dh]).reshape([b, kvh * rep, n, dh])
     }
 
+    /// `forward` on the host path: `kv` holds each layer's cache.
+    fn forward_host(&self, hw: &HostWeights, tokens: &[u32], pos: usize, kv: &mut [HostKv]) -> ExResult<Vec<f32>> {
+        fn q(l: &Linear) -> &QStack {
+            quant_stack(l).expect("every layer quantised on the host path")
+        }
+        let cfg = &self.cfg;
+        let (s, h) = (tokens.len(), cfg.embedding_length);
+        let mut x = vec![0f32; s * h];
+        for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(h)) {
+            q(&self.embed).dequantise_row(t as usize, row);
+        }
+        for ((block, (attn_norm, ffn_norm)), kv) in self.blocks.iter().zip(&hw.norms).zip(kv.iter_mut()) {
+            let b = HostBlock { attn_norm, qkv: q(&block.qkv), out: q(&block.out), ffn_norm, gate_up: q(&block.gate_up), down: q(&block.down) };
+            llama_host::layer(cfg, &b, &hw.cos, &hw.sin, &mut x, pos, kv);
+        }
+        let last = llama_host::rms_norm(&x[(s - 1) * h..], &hw.out_norm, cfg.rms_eps);
+        Ok(q(&self.output).matmul(&last, 1))
+    }
+
     /// Runs `tokens` at positions `pos..`, extending `cache`; returns the last token's logits.
     fn forward(&self, tokens: &[u32], pos: usize, cache: &mut [Option<(Tensor<4>, Tensor<4>)>]) -> ExResult<Vec<f32>> {
         let cfg = &self.cfg;
@@ -446,7 +496,8 @@ impl CausalLm for BurnLlama {
     }
 
     fn session(&self) -> ExResult<Box<dyn LmSession>> {
-        Ok(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), cache: vec![None; self.w.cfg.block_count], len: 0, failed: false }))
+        let n = self.w.cfg.block_count;
+        Ok(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), cache: vec![None; n], host_kv: vec![HostKv::default(); n], len: 0, failed: false }))
     }
 }
 
@@ -455,6 +506,8 @@ impl CausalLm for BurnLlama {
 pub struct BurnLlamaSession {
     w: Arc<Weights>,
     cache: Vec<Option<(Tensor<4>, Tensor<4>)>>,
+    /// The host path's cache (`llama_host`), used instead of `cache` where the weights take it.
+    host_kv: Vec<HostKv>,
     len: usize,
     /// A step failed part-way, leaving the layers' caches inconsistent.
     failed: bool,
@@ -487,8 +540,11 @@ impl LmSession for BurnLlamaSession {
             ));
         }
         let w = Arc::clone(&self.w);
-        let cache = &mut self.cache;
-        let result = catch(|| w.forward(tokens, pos, cache));
+        let (cache, host_kv) = (&mut self.cache, &mut self.host_kv);
+        let result = catch(|| match &w.host {
+            Some(hw) => w.forward_host(hw, tokens, pos, host_kv),
+            None => w.forward(tokens, pos, cache),
+        });
         match result {
             Ok(logits) => {
                 self.len += tokens.len();
@@ -497,6 +553,7 @@ impl LmSession for BurnLlamaSession {
             Err(e) => {
                 // A failed step may have extended some layers' caches: the session is unusable.
                 self.cache.iter_mut().for_each(|c| *c = None);
+                self.host_kv.iter_mut().for_each(|c| *c = HostKv::default());
                 self.failed = true;
                 Err(e)
             }

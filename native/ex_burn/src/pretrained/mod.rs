@@ -15,6 +15,7 @@ pub mod errors;
 pub mod files;
 pub mod generate;
 pub mod gguf;
+mod llama_host;
 #[cfg(test)]
 mod greedy_check;
 pub mod pooling;

@@ -1,0 +1,121 @@
+//! The Llama decoder's layers on host f32 rows, for the CPU with every linear layer quantised:
+//! the products run on the block kernels (`qmatmul`), and the rest of a layer (RMSNorm, RoPE,
+//! attention over a KV cache appended in place, SiLU·up, residuals) is a pass over plain
+//! slices. A decoding step is a few dozen small operations a layer; as tensor operations each
+//! would allocate and dispatch, which costs as much as the layer's products.
+//!
+//! The same arithmetic as the tensor path (`burn_llama`), which the tests hold it to.
+
+use super::burn_llama::LlamaConfig;
+use super::qmatmul::QStack;
+
+/// One layer's weights as the host path reads them.
+pub(super) struct HostBlock<'a> {
+    pub attn_norm: &'a [f32],
+    pub qkv: &'a QStack,
+    pub out: &'a QStack,
+    pub ffn_norm: &'a [f32],
+    pub gate_up: &'a QStack,
+    pub down: &'a QStack,
+}
+
+/// One layer's keys and values, `[kv_heads][position][head_dim]`, appended as tokens arrive.
+#[derive(Clone, Default)]
+pub struct HostKv {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+/// `x ⊙ w / sqrt(mean(x²) + eps)` for each row of `x`, as the tensor path computes it.
+pub(super) fn rms_norm(x: &[f32], w: &[f32], eps: f64) -> Vec<f32> {
+    let h = w.len();
+    let mut out = vec![0f32; x.len()];
+    for (row, o) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        let mean = row.iter().map(|v| v * v).sum::<f32>() / h as f32;
+        let scale = 1.0 / (mean + eps as f32).sqrt();
+        for ((o, v), w) in o.iter_mut().zip(row).zip(w) {
+            *o = v * scale * w;
+        }
+    }
+    out
+}
+
+/// Interleaved-pair rotation of one head's `dh` values at table row `t` (`half` pairs).
+fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    for i in 0..cos.len() {
+        let (x0, x1) = (x[2 * i], x[2 * i + 1]);
+        x[2 * i] = x0 * cos[i] - x1 * sin[i];
+        x[2 * i + 1] = x0 * sin[i] + x1 * cos[i];
+    }
+}
+
+/// One layer on `s` rows `x` (`[s, hidden]`) at positions `pos..pos + s`, in place.
+pub(super) fn layer(cfg: &LlamaConfig, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mut [f32], pos: usize, kv: &mut HostKv) {
+    let (h, dh, nh, nkv) = (cfg.embedding_length, cfg.head_dim(), cfg.head_count, cfg.head_count_kv);
+    let s = x.len() / h;
+    let (half, width) = (cfg.rope_dim / 2, b.qkv.rows());
+    let qkv = b.qkv.matmul(&rms_norm(x, b.attn_norm, cfg.rms_eps), s);
+    if kv.k.is_empty() {
+        kv.k = vec![Vec::new(); nkv];
+        kv.v = vec![Vec::new(); nkv];
+    }
+    // queries rotated into `[s, heads, dh]`; keys rotated and values appended to the cache
+    let mut q = vec![0f32; s * nh * dh];
+    for t in 0..s {
+        let row = &qkv[t * width..(t + 1) * width];
+        let (c, sn) = (&cos[(pos + t) * half..(pos + t + 1) * half], &sin[(pos + t) * half..(pos + t + 1) * half]);
+        for head in 0..nh {
+            let dst = &mut q[(t * nh + head) * dh..(t * nh + head + 1) * dh];
+            dst.copy_from_slice(&row[head * dh..(head + 1) * dh]);
+            rotate(&mut dst[..2 * half], c, sn);
+        }
+        for head in 0..nkv {
+            let k = &row[(nh + head) * dh..(nh + head + 1) * dh];
+            let at = kv.k[head].len();
+            kv.k[head].extend_from_slice(k);
+            rotate(&mut kv.k[head][at..at + 2 * half], c, sn);
+            kv.v[head].extend_from_slice(&row[(nh + nkv + head) * dh..(nh + nkv + head + 1) * dh]);
+        }
+    }
+    // causal attention: query t sees positions 0..=pos + t; query heads share K/V heads in groups
+    let (group, scale) = (nh / nkv, 1.0 / (dh as f32).sqrt());
+    let mut ctx = vec![0f32; s * nh * dh];
+    let mut scores = Vec::with_capacity(pos + s);
+    for t in 0..s {
+        let seen = pos + t + 1;
+        for head in 0..nh {
+            let (keys, values) = (&kv.k[head / group], &kv.v[head / group]);
+            let qh = &q[(t * nh + head) * dh..(t * nh + head + 1) * dh];
+            scores.clear();
+            scores.extend(keys.chunks_exact(dh).take(seen).map(|k| qh.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale));
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+            let mut total = 0f32;
+            for v in scores.iter_mut() {
+                *v = (*v - max).exp();
+                total += *v;
+            }
+            let out = &mut ctx[(t * nh + head) * dh..(t * nh + head + 1) * dh];
+            for (p, vrow) in scores.iter().zip(values.chunks_exact(dh)) {
+                let w = p / total;
+                for (o, v) in out.iter_mut().zip(vrow) {
+                    *o += w * v;
+                }
+            }
+        }
+    }
+    for (x, o) in x.iter_mut().zip(b.out.matmul(&ctx, s)) {
+        *x += o;
+    }
+    let f = cfg.feed_forward_length;
+    let gu = b.gate_up.matmul(&rms_norm(x, b.ffn_norm, cfg.rms_eps), s);
+    let mut act = vec![0f32; s * f];
+    for (row, a) in gu.chunks_exact(2 * f).zip(act.chunks_exact_mut(f)) {
+        let (gate, up) = row.split_at(f);
+        for ((a, g), u) in a.iter_mut().zip(gate).zip(up) {
+            *a = g / (1.0 + (-g).exp()) * u;
+        }
+    }
+    for (x, d) in x.iter_mut().zip(b.down.matmul(&act, s)) {
+        *x += d;
+    }
+}
