@@ -45,19 +45,11 @@ impl IntIsa {
         out
     }
 
-    /// The path the layers take: 256-bit `dpbusd` where the CPU has it, else AVX2. The 512-bit
-    /// paths build each vector from two blocks, two scales and two offsets, which costs more
-    /// than the wider products gain (bench: `quant_kernel_timing`).
+    /// The path the layers take: the widest this CPU has. A decoding step's four-row kernel is
+    /// 256-bit on every path (`rows4_dots`), with `dpbusd` where there is VNNI.
     pub(super) fn best() -> IntIsa {
         static BEST: std::sync::OnceLock<IntIsa> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            let all = IntIsa::available();
-            if all.contains(&IntIsa::Avx2Vnni) {
-                IntIsa::Avx2Vnni
-            } else {
-                *all.iter().filter(|i| **i <= IntIsa::Avx2).max().unwrap()
-            }
-        })
+        *BEST.get_or_init(|| *IntIsa::available().last().expect("the scalar path is always there"))
     }
 }
 
