@@ -109,14 +109,17 @@ pub fn reduce(op: ReduceOp, h: &Handle, axes: Option<Vec<usize>>, keep: bool, ou
 
 /// Softmax over the last axis, as the composition the compiler fuses (`compiler::fuse`):
 /// `e = exp(x - reduce_max(x))`, then `e / sum(e)` or, with `recip`, `e * (1 / sum(e))`, every
-/// step in `ty`. One pass on the CPU for f32 (`kernels::cpu::vector::softmax_last`, the same bits);
+/// step in `ty`. One pass on the CPU for f32 (`kernels::cpu::vector::softmax_last`, the same bits;
+/// in fast math mode `kernels::cpu::fast_math::softmax_last`, within a few ulp);
 /// elsewhere the same core ops one after another.
 pub fn softmax_last(h: &Handle, recip: bool, ty: NxType) -> ExResult<Handle> {
     use super::elementwise::{binary, unary};
     use super::vocab::{BinaryOp, UnaryOp};
+    use crate::kernels::cpu::{fast_math, vector};
     let last = h.rank().checked_sub(1).ok_or_else(|| ExError::invalid("softmax of a scalar"))?;
     if ty == NxType::F(32) && h.ty == ty && h.device.kind == crate::device::DeviceKind::Cpu {
-        if let Some(prim) = crate::kernels::cpu::vector::softmax_last(&h.prim, recip) {
+        let fused = if super::precision::MathMode::fast() { fast_math::softmax_last(&h.prim) } else { vector::softmax_last(&h.prim, recip) };
+        if let Some(prim) = fused {
             return Ok(Handle::new(prim, ty, h.shape.clone(), h.device));
         }
     }
