@@ -100,6 +100,45 @@ defmodule ExBurn.MathModeTest do
     assert Tensor.to_flat_list(Tensor.log(Tensor.tensor([-1.0], type: :f32))) == [:nan]
   end
 
+  if Code.ensure_loaded?(Nx) do
+    @tag :nx
+    test "compiled softmax takes the fast exp in fast mode; compiled layer norm is the same in both" do
+      x =
+        Nx.iota({64, 100}, type: :f32, backend: ExBurn.Backend)
+        |> Nx.multiply(0.37)
+        |> Nx.sin()
+        |> Nx.multiply(9)
+
+      softmax = fn x ->
+        e = Nx.exp(x - Nx.reduce_max(x, axes: [-1], keep_axes: true))
+        e / Nx.sum(e, axes: [-1], keep_axes: true)
+      end
+
+      layer_norm = fn x ->
+        c = x - Nx.mean(x, axes: [-1], keep_axes: true)
+        c * Nx.rsqrt(Nx.mean(c * c, axes: [-1], keep_axes: true) + 1.0e-5)
+      end
+
+      run = fn f -> Nx.Defn.jit(f, compiler: ExBurn).(x) |> Nx.to_binary() end
+      {exact_softmax, exact_norm} = {run.(softmax), run.(layer_norm)}
+      ExBurn.configure!(math: :fast)
+      {fast_softmax, fast_norm} = {run.(softmax), run.(layer_norm)}
+      assert fast_softmax != exact_softmax
+      assert fast_norm == exact_norm
+
+      pairs =
+        Enum.zip(
+          for(<<a::float-32-native <- fast_softmax>>, do: a),
+          for(<<b::float-32-native <- exact_softmax>>, do: b)
+        )
+
+      # the exp's 2 ulp, the reciprocal and the product against the exact form's division
+      assert Enum.all?(pairs, fn {a, b} -> ulps(a, b) <= 4 end)
+      ExBurn.configure!(math: :exact)
+      assert run.(softmax) == exact_softmax
+    end
+  end
+
   test "a bad mode raises ExBurn.Error and changes nothing" do
     device = ExBurn.default_device()
 

@@ -134,6 +134,38 @@ pub fn softmax_last(h: &Handle, recip: bool, ty: NxType) -> ExResult<Handle> {
     }
 }
 
+/// Layer norm over the last axis, as the composition the compiler fuses (`compiler::fuse`):
+/// `c = x - sum(x) / mean_den`, `r = rsqrt(sum(c * c) / var_den + eps)`, then `c * r` or, with
+/// `affine` (gamma, beta), `(gamma * r) * c + beta`, every step in f32. One pass on the CPU
+/// (`kernels::cpu::vector::layer_norm_last`, the same bits, in either math mode: nothing in it is a
+/// transcendental); elsewhere the same core ops one after another.
+pub fn layer_norm_last(h: &Handle, affine: Option<(&Handle, &Handle)>, eps: f32, (mean_den, var_den): (f32, f32), ty: NxType) -> ExResult<Handle> {
+    use super::elementwise::{binary, unary};
+    use super::vocab::{BinaryOp, UnaryOp};
+    let last = h.rank().checked_sub(1).ok_or_else(|| ExError::invalid("layer norm of a scalar"))?;
+    if ty != NxType::F(32) || h.ty != ty {
+        return Err(ExError::invalid(format!("layer norm is fused for f32 only, got {}", h.ty)));
+    }
+    if h.device.kind == crate::device::DeviceKind::Cpu {
+        let columns = match affine {
+            None => Some(None),
+            Some((g, b)) => crate::kernels::cpu::vector::flex_f32(&g.prim).zip(crate::kernels::cpu::vector::flex_f32(&b.prim)).map(Some),
+        };
+        if let Some(prim) = columns.and_then(|gb| crate::kernels::cpu::vector::layer_norm_last(&h.prim, gb, eps, mean_den, var_den)) {
+            return Ok(Handle::new(prim, ty, h.shape.clone(), h.device));
+        }
+    }
+    let constant = |v: f32| -> ExResult<Handle> { Ok(Handle::new(dispatch::full(&[], Scalar::Float(v as f64), ty.dtype(), &h.device.burn()?), ty, vec![], h.device)) };
+    let mean_of = |t: &Handle, den: f32| binary(BinaryOp::Divide, &reduce(ReduceOp::Sum, t, Some(vec![last]), true, ty)?, &constant(den)?, ty);
+    let c = binary(BinaryOp::Subtract, h, &mean_of(h, mean_den)?, ty)?;
+    let var = mean_of(&binary(BinaryOp::Multiply, &c, &c, ty)?, var_den)?;
+    let r = unary(UnaryOp::Rsqrt, &binary(BinaryOp::Add, &var, &constant(eps)?, ty)?, ty)?;
+    match affine {
+        None => binary(BinaryOp::Multiply, &c, &r, ty),
+        Some((g, b)) => binary(BinaryOp::Add, &binary(BinaryOp::Multiply, &binary(BinaryOp::Multiply, g, &r, ty)?, &c, ty)?, b, ty),
+    }
+}
+
 /// An f64 sum or mean over a leading or trailing block of axes as a product with a ones vector,
 /// on the CPU: the gemm kernel accumulates in f64 like `sum_dim` but is much faster there
 /// (a bias gradient is exactly this column sum; guides/backend.md). `None` where the
