@@ -48,12 +48,12 @@ fn with_sign_of(m: f32, x: f32) -> f32 {
 const EXP_OVER: f32 = f32::from_bits(0x42b17217); // 0x1.62e42ep6 ~ 88.72
 const EXP_UNDER: f32 = f32::from_bits(0xc2cff1b4); // -0x1.9fe368p6 ~ -103.97
 
-/// e^x for x in [-104, 89] (no NaN): k = round(x / ln 2), r = x - k ln 2 in two parts (ln 2's
-/// high part has 15 significant bits, so k ln2_hi is exact for |k| < 2^9 with or without FMA),
-/// e^r by a degree-7 polynomial (SLEEF's expf coefficients, 1 ulp), then 2^k applied as two
-/// factors, so results down in the subnormals round once and 2^128 does not overflow a factor.
+/// e^x as `p 2^k` with p in [sqrt(1/2), sqrt(2)]: k = round(x / ln 2), r = x - k ln 2 in two
+/// parts (ln 2's high part has 15 significant bits, so k ln2_hi is exact for |k| < 2^9 with or
+/// without FMA), p = e^r by a degree-7 polynomial (SLEEF's expf coefficients, 1 ulp). Wrapping
+/// integer arithmetic: an input past the thresholds (or NaN) gives some value, never a panic.
 #[inline(always)]
-fn exp_core<S: Isa>(x: f32) -> f32 {
+fn exp_parts<S: Isa>(x: f32) -> (i32, f32) {
     // 1.5 * 2^23: adding it rounds to an integer and leaves it in the low mantissa bits
     const SHIFT: f32 = 12582912.0;
     const LN2_HI: f32 = 0.693145751953125;
@@ -64,18 +64,28 @@ fn exp_core<S: Isa>(x: f32) -> f32 {
     let kf = kd - SHIFT;
     let r = fma::<S>(kf, -LN2_HI, x);
     let r = fma::<S>(kf, -LN2_LO, r);
-    let p = 1.0 + fma::<S>(r * r, horner::<S>(r, &P), r);
+    (k, 1.0 + fma::<S>(r * r, horner::<S>(r, &P), r))
+}
+
+/// 2^k for k in [-126, 127].
+#[inline(always)]
+fn pow2(k: i32) -> f32 {
+    f32::from_bits((k.wrapping_add(127) as u32) << 23)
+}
+
+/// e^x for x in [-104, 89]: 2^k applied as two factors, so results down in the subnormals round
+/// once and 2^128 does not overflow a factor.
+#[inline(always)]
+fn exp_core<S: Isa>(x: f32) -> f32 {
+    let (k, p) = exp_parts::<S>(x);
     let k1 = k >> 1;
-    let pow2 = |k: i32| f32::from_bits((k.wrapping_add(127) as u32) << 23);
     p * pow2(k1) * pow2(k.wrapping_sub(k1))
 }
 
 #[inline(always)]
 fn exp_lane<S: Isa>(x: f32) -> f32 {
-    // NaN clamps to -104 here and is replaced below
-    let xc = if x > -104.0 { x } else { -104.0 };
-    let xc = if xc < 89.0 { xc } else { 89.0 };
-    let y = exp_core::<S>(xc);
+    // past the thresholds (and for NaN) the core's value is garbage, replaced below
+    let y = exp_core::<S>(x);
     let y = if x > EXP_OVER { f32::INFINITY } else { y };
     // also -inf -> +0
     let y = if x < EXP_UNDER { 0.0 } else { y };
@@ -220,12 +230,23 @@ pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
     Some(dispatch::from_data(TensorData::new(out, dispatch::dims(x)), &burn::tensor::Device::flex()))
 }
 
-/// One softmax row: `out = e^(row - m)`, summed in f64 (`sum_lanes`: the row's rounding is the
-/// only one), then scaled by the f32 reciprocal of the sum.
+/// `exp_lane` for x <= 0 (softmax's `x - max`), with the same bits there (NaN stays a NaN):
+/// k is in [-150, 0], so 2^k is applied as `2^(k + 24) 2^-24`, one exponent built instead of two,
+/// still rounding once. -inf (a row's -inf minus a finite maximum) is caught with the underflow.
+#[inline(always)]
+fn exp_nonpositive<S: Isa>(x: f32) -> f32 {
+    let (k, p) = exp_parts::<S>(x);
+    let y = p * pow2(k.wrapping_add(24)) * pow2(-24);
+    if x < EXP_UNDER { 0.0 } else { y }
+}
+
+/// One softmax row: `out = e^(row - m)`, summed in f64 (`sum_lanes`: the sum's rounding is the
+/// row's only one), then scaled by the f32 reciprocal of the sum. Three passes over a row in L1
+/// cache; summing in the exp's loop was slower.
 #[inline(always)]
 fn softmax_row<S: Isa>(row: &[f32], m: f32, out: &mut [MaybeUninit<f32>]) {
     for (o, &x) in out.iter_mut().zip(row) {
-        o.write(exp_lane::<S>(x - m));
+        o.write(exp_nonpositive::<S>(x - m));
     }
     // SAFETY: the loop above wrote every element of `out`.
     let e: &mut [f32] = unsafe { &mut *(out as *mut [MaybeUninit<f32>] as *mut [f32]) };
@@ -396,6 +417,33 @@ mod tests {
         assert!(unary(UnaryOp::Sin, &flex(vec![1.0], &[1])).is_none());
         let f64s = dispatch::from_data(TensorData::new(vec![1.0f64], [1]), &burn::tensor::Device::flex());
         assert!(unary(UnaryOp::Exp, &f64s).is_none());
+    }
+
+    wide!(fn exp_nonpositive_wide(xs: &[f32], out: &mut [f32]) = exp_nonpositive_slice;);
+    #[inline(always)]
+    fn exp_nonpositive_slice<S: Isa>(xs: &[f32], out: &mut [f32]) {
+        for (o, &x) in out.iter_mut().zip(xs) {
+            *o = exp_nonpositive::<S>(x);
+        }
+    }
+
+    /// Softmax's exp gives the fast exp's bits on every x <= 0 (-0 and -inf included).
+    #[test]
+    fn softmax_exp_equals_the_fast_exp_below_zero() {
+        let stride = if cfg!(debug_assertions) { 10_007 } else { 7 };
+        let xs: Vec<f32> = (0x8000_0000u32..=0xff80_0000).step_by(stride).chain([0x8000_0000, 0xff80_0000, 0xc2cf_f1b4, 0xc2cf_f1b5]).map(f32::from_bits).collect();
+        for level in levels() {
+            let mut want = vec![MaybeUninit::uninit(); xs.len()];
+            map_wide::<Exp>(level, &xs, &mut want);
+            let mut got = vec![0f32; xs.len()];
+            exp_nonpositive_wide(level, &xs, &mut got);
+            for ((x, w), g) in xs.iter().zip(want).zip(got) {
+                assert_eq!(g.to_bits(), unsafe { w.assume_init() }.to_bits(), "{level:?} at {x:e}");
+            }
+        }
+        let mut nan = [0f32];
+        exp_nonpositive_wide(simd(), &[f32::NAN], &mut nan);
+        assert!(nan[0].is_nan());
     }
 
     #[test]
