@@ -110,13 +110,13 @@ defmodule ExBurn.MathModeTest do
         |> Nx.multiply(9)
 
       softmax = fn x ->
-        e = Nx.exp(x - Nx.reduce_max(x, axes: [-1], keep_axes: true))
-        e / Nx.sum(e, axes: [-1], keep_axes: true)
+        e = Nx.exp(Nx.subtract(x, Nx.reduce_max(x, axes: [-1], keep_axes: true)))
+        Nx.divide(e, Nx.sum(e, axes: [-1], keep_axes: true))
       end
 
       layer_norm = fn x ->
-        c = x - Nx.mean(x, axes: [-1], keep_axes: true)
-        c * Nx.rsqrt(Nx.mean(c * c, axes: [-1], keep_axes: true) + 1.0e-5)
+        c = Nx.subtract(x, Nx.mean(x, axes: [-1], keep_axes: true))
+        Nx.multiply(c, Nx.rsqrt(Nx.add(Nx.mean(Nx.multiply(c, c), axes: [-1], keep_axes: true), 1.0e-5)))
       end
 
       run = fn f -> Nx.Defn.jit(f, compiler: ExBurn).(x) |> Nx.to_binary() end
