@@ -7,7 +7,7 @@
 //!
 //! Layer norm: likewise composed (`Nx.mean`, `Nx.variance` or a mean of squares, `rsqrt`, and in
 //! Axon a scale and shift), about ten ops of which four pass over the whole tensor;
-//! `Op::LayerNorm` is one pass per row (`kernels::cpu::vector::layer_norm_last`).
+//! `Op::LayerNorm` is one pass per row (`kernels::cpu::layer_norm`).
 
 use burn::backend::Scalar;
 

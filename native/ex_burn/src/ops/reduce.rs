@@ -137,7 +137,7 @@ pub fn softmax_last(h: &Handle, recip: bool, ty: NxType) -> ExResult<Handle> {
 /// Layer norm over the last axis, as the composition the compiler fuses (`compiler::fuse`):
 /// `c = x - sum(x) / mean_den`, `r = rsqrt(sum(c * c) / var_den + eps)`, then `c * r` or, with
 /// `affine` (gamma, beta), `(gamma * r) * c + beta`, every step in f32. One pass on the CPU
-/// (`kernels::cpu::vector::layer_norm_last`, the same bits, in either math mode: nothing in it is a
+/// (`kernels::cpu::layer_norm::layer_norm_last`, the same bits, in either math mode: nothing in it is a
 /// transcendental); elsewhere the same core ops one after another.
 pub fn layer_norm_last(h: &Handle, affine: Option<(&Handle, &Handle)>, eps: f32, (mean_den, var_den): (f32, f32), ty: NxType) -> ExResult<Handle> {
     use super::elementwise::{binary, unary};
@@ -151,7 +151,7 @@ pub fn layer_norm_last(h: &Handle, affine: Option<(&Handle, &Handle)>, eps: f32,
             None => Some(None),
             Some((g, b)) => crate::kernels::cpu::vector::flex_f32(&g.prim).zip(crate::kernels::cpu::vector::flex_f32(&b.prim)).map(Some),
         };
-        if let Some(prim) = columns.and_then(|gb| crate::kernels::cpu::vector::layer_norm_last(&h.prim, gb, eps, mean_den, var_den)) {
+        if let Some(prim) = columns.and_then(|gb| crate::kernels::cpu::layer_norm::layer_norm_last(&h.prim, gb, eps, mean_den, var_den)) {
             return Ok(Handle::new(prim, ty, h.shape.clone(), h.device));
         }
     }

@@ -5,6 +5,7 @@ pub(crate) mod bf16_gemm;
 pub(crate) mod conv;
 pub(crate) mod fast_math;
 pub(crate) mod gather;
+pub(crate) mod layer_norm;
 pub(crate) mod row_split;
 pub(crate) mod sort;
 pub(crate) mod vector;
