@@ -3,6 +3,7 @@
 #
 #   MIX_ENV=test mix run bench/cpu_peer.exs                # every case
 #   MIX_ENV=test mix run bench/cpu_peer.exs add_1M exp_1M  # only these cases
+#   EXBURN_MATH=fast MIX_ENV=test mix run bench/cpu_peer.exs  # ExBurn in fast math mode
 #
 # The ExBurn cases run first, then `python3 bench/cpu_peer.py` (never both at once: they would
 # share the cores). One line per case: ExBurn median, PyTorch median, ratio = ExBurn / PyTorch
@@ -155,7 +156,7 @@ cases =
     cases
   end
 
-IO.puts(:stderr, "ExBurn cases (device #{inspect(ExBurn.default_device())})...")
+IO.puts(:stderr, "ExBurn cases (device #{inspect(ExBurn.default_device())}, math mode #{ExBurn.math()})...")
 
 exburn =
   for {name, fun} <- cases, want?.(name), into: %{} do
@@ -247,7 +248,11 @@ fmt = fn
   us -> :erlang.float_to_binary(us, decimals: 1) <> " µs"
 end
 
-IO.puts("CPU peer benchmark #{start_time}, #{System.schedulers_online()} schedulers, #{torch_note}")
+IO.puts(
+  "CPU peer benchmark #{start_time}, #{System.schedulers_online()} schedulers, ExBurn math mode " <>
+    "#{ExBurn.math()}, #{torch_note}"
+)
+
 IO.puts("ratio = ExBurn / PyTorch (< 1: ExBurn faster); medians, reps in parentheses")
 IO.puts("load average at start: #{start_load}; after ExBurn: #{mid_load}; at end: #{end_load}\n")
 

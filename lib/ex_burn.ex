@@ -31,10 +31,14 @@ defmodule ExBurn do
   @doc """
   Sets the default device: `configure!(device: :auto | :cpu | :vulkan | :metal | :cuda | :rocm |
   {kind, index})`, and/or the f32 matrix-product precision: `configure!(matmul_precision:
-  :highest | :high)` (`ExBurn.Precision`). Raises `ExBurn.Error` when the device is not usable
-  here or the precision is not one of those.
+  :highest | :high)`, and/or the CPU's f32 math mode: `configure!(math: :exact | :fast)`
+  (`ExBurn.Precision`). Raises `ExBurn.Error` when the device is not usable here or a setting is
+  not one of those.
   """
   defdelegate configure!(opts), to: ExBurn.Device
+
+  @doc "The VM-wide f32 math mode of the CPU, `:exact` unless configured. See `ExBurn.Precision`."
+  defdelegate math, to: ExBurn.Precision
 
   @doc """
   Runs `fun` with f32 matrix products of the calling process at `level` (`:highest` = true f32,

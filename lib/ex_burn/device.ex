@@ -68,20 +68,23 @@ defmodule ExBurn.Device do
   Makes `device` the default: `configure!(device: spec)`. The device must exist here; asking for
   one that does not raises `ExBurn.Error` and leaves the default as it was.
 
-  `matmul_precision: :highest | :high` sets the VM-wide f32 matrix-product precision
-  (`ExBurn.Precision`); given alone it leaves the default device as it is.
+  `matmul_precision: :highest | :high` sets the VM-wide f32 matrix-product precision and
+  `math: :exact | :fast` the CPU's f32 math mode (`ExBurn.Precision`); given without `:device`
+  they leave the default device as it is. A bad value of any option raises before anything
+  changes.
   """
   def configure!(opts) do
     opts = options!(opts)
-    # `configure!(matmul_precision: p)` alone leaves the default device as it is.
-    device = if Keyword.keys(opts) == [:matmul_precision], do: default(), else: configure_device!(opts)
+    settings_only? = opts != [] and not Keyword.has_key?(opts, :device)
+    device = if settings_only?, do: default(), else: available!(resolve(Keyword.get(opts, :device, :auto)))
+    # first, as the native side validates it: a bad mode raises with nothing changed yet
+    if Keyword.has_key?(opts, :math), do: ExBurn.Precision.set_math!(opts[:math])
     if Keyword.has_key?(opts, :matmul_precision), do: ExBurn.Precision.set_global!(opts[:matmul_precision])
+    unless settings_only?, do: :persistent_term.put(@default_key, device)
     device
   end
 
-  defp configure_device!(opts) do
-    device = resolve(Keyword.get(opts, :device, :auto))
-
+  defp available!(device) do
     unless available?(device) do
       raise ExBurn.Error,
         op: :configure,
@@ -89,7 +92,6 @@ defmodule ExBurn.Device do
         details: %{device: device, available: Enum.map(ExBurn.devices(), &{&1.kind, &1.index})}
     end
 
-    :persistent_term.put(@default_key, device)
     device
   end
 
@@ -130,7 +132,7 @@ defmodule ExBurn.Device do
   def format(spec), do: spec |> resolve() |> format()
 
   defp options!(opts) do
-    opts = Keyword.validate!(opts, [:device, :matmul_precision])
+    opts = Keyword.validate!(opts, [:device, :matmul_precision, :math])
     if Keyword.has_key?(opts, :matmul_precision), do: ExBurn.Precision.validate!(opts[:matmul_precision])
     opts
   rescue
@@ -138,7 +140,7 @@ defmodule ExBurn.Device do
       reraise ExBurn.Error,
               [
                 op: :configure,
-                reason: "expected a keyword list with :device and/or :matmul_precision",
+                reason: "expected a keyword list of :device, :matmul_precision and :math",
                 details: %{got: opts, message: Exception.message(e)}
               ],
               __STACKTRACE__

@@ -44,6 +44,8 @@ defmodule ExBurn.Native do
     dot: 8,
     set_matmul_precision: 1,
     matmul_precision: 0,
+    set_math_mode: 1,
+    math_mode: 0,
     reverse: 3,
     sort: 4,
     argsort: 4,

@@ -1,6 +1,7 @@
 defmodule ExBurn.Precision do
   @moduledoc """
-  f32 matrix-product precision, as PyTorch's `torch.set_float32_matmul_precision` names it.
+  f32 precision settings: the matrix-product precision, as PyTorch's
+  `torch.set_float32_matmul_precision` names it, and the CPU's math mode (below).
 
     * `:highest` (the default) — true f32: f32 inputs, f32 accumulation. What an f32 tensor
       promises.
@@ -19,6 +20,22 @@ defmodule ExBurn.Precision do
 
   Limits (Burn 0.22.1): convolutions and the dense layers of `ExBurn.Model` training run Burn's
   own CUDA kernels, which round f32 to TF32 whatever this level says.
+
+  ## Math mode
+
+  The CPU's other precision setting: how f32 `exp`, `log`, `tanh`, `erf`, `sigmoid` and the
+  softmax the compiler fuses are computed.
+
+    * `:exact` (the default) — glibc's results bit for bit (libm's for `erf`), the digits
+      Nx.BinaryBackend and PyTorch's CPU build print.
+    * `:fast` — kernels in f32 vector lanes, within 2 ulp of the correctly rounded result on
+      every f32 input, with the same results at ±0, ±Inf, NaN and past the overflow and
+      underflow thresholds; the fused softmax multiplies by the reciprocal of the sum.
+
+  Set it for the VM with `ExBurn.configure!(math: :fast)`; the VM starts in the mode the
+  `EXBURN_MATH` environment variable names (`exact` or `fast`), else `:exact`. Other types
+  (f16, bf16, f64), other devices, `ExBurn.Model` and the pre-trained models are unaffected.
+  `guides/configuration.md` lists what changes.
   """
 
   alias ExBurn.Native
@@ -47,6 +64,15 @@ defmodule ExBurn.Precision do
 
   @doc "The VM-wide level."
   def global, do: ExBurn.Error.unwrap!(Native.matmul_precision())
+
+  @doc "The VM-wide math mode, `:exact` or `:fast`."
+  def math, do: ExBurn.Error.unwrap!(Native.math_mode())
+
+  @doc """
+  Sets the VM-wide math mode (`:exact` or `:fast`); answers the previous one. Any other value
+  raises `ExBurn.Error` and changes nothing.
+  """
+  def set_math!(mode), do: ExBurn.Error.unwrap!(Native.set_math_mode(mode))
 
   @doc "The level the calling process asked for with `with/2`, or nil (then the VM-wide level applies)."
   def current, do: Process.get(@key)

@@ -137,6 +137,9 @@ impl Program {
             Op::AsType => ew::as_type(a[0], ty),
             Op::Reduce { op, axes, keep } => reduce::reduce(*op, a[0], axes.clone(), *keep, ty),
             Op::Softmax { recip } => reduce::softmax_last(a[0], *recip, ty),
+            Op::LayerNorm { eps, mean_den, var_den, .. } => {
+                reduce::layer_norm_last(a[0], a.get(1).zip(a.get(2)).map(|(g, b)| (*g, *b)), *eps, (*mean_den, *var_den), ty)
+            }
             Op::ArgReduce { op, axis, keep, high } => reduce::arg_reduce(*op, a[0], *axis, *keep, *high, ty),
             Op::Dot { a: sa, b: sb } => linalg::dot(a[0], sa, a[1], sb, ty),
             Op::Reshape => sh::reshape(a[0], shape),

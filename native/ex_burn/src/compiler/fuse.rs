@@ -4,6 +4,10 @@
 //! over memory, each allocating a result: `reduce_max`, `subtract`, `exp`, `sum`, then `divide`
 //! (or Axon's `multiply` by `1 / sum`). `Op::Softmax` does it row by row in one pass
 //! (`kernels::cpu::vector::softmax_last`); the parts it replaces are marked dead, so they do not run.
+//!
+//! Layer norm: likewise composed (`Nx.mean`, `Nx.variance` or a mean of squares, `rsqrt`, and in
+//! Axon a scale and shift), about ten ops of which four pass over the whole tensor;
+//! `Op::LayerNorm` is one pass per row (`kernels::cpu::layer_norm`).
 
 use burn::backend::Scalar;
 
@@ -13,14 +17,21 @@ use crate::ops::vocab::{BinaryOp, ReduceOp, UnaryOp};
 
 const F32: NxType = NxType::F(32);
 
+/// Every fusion below, in turn; returns which instructions are dead. Operands that do not precede
+/// their use are left for `Program::new` to reject.
+pub(super) fn fuse(instrs: &mut [Instr], outputs: &[usize], parent: &[Option<usize>]) -> Vec<bool> {
+    let mut dead = vec![false; instrs.len()];
+    softmax(instrs, outputs, parent, &mut dead);
+    layer_norm(instrs, outputs, parent, &mut dead);
+    dead
+}
+
 /// Rewrites each f32 softmax over the last axis into `Op::Softmax` where its parts are used by
 /// nothing else (no other instruction, branch, loop or output) and sit in the same branch as the
-/// result. Returns which instructions are dead. Operands that do not precede their use are left
-/// for `Program::new` to reject.
-pub(super) fn softmax(instrs: &mut [Instr], outputs: &[usize], parent: &[Option<usize>]) -> Vec<bool> {
+/// result.
+fn softmax(instrs: &mut [Instr], outputs: &[usize], parent: &[Option<usize>], dead: &mut [bool]) {
     let n = instrs.len();
-    let mut dead = vec![false; n];
-    let uses = use_counts(instrs, outputs);
+    let uses = use_counts(instrs, outputs, dead);
     for i in 0..n {
         let Some(found) = match_softmax(instrs, i) else { continue };
         let alone = found.parts.iter().all(|&(p, want)| uses[p] == want && parent[p] == parent[i] && !dead[p]);
@@ -33,7 +44,6 @@ pub(super) fn softmax(instrs: &mut [Instr], outputs: &[usize], parent: &[Option<
             dead[p] = true;
         }
     }
-    dead
 }
 
 struct Found {
@@ -43,15 +53,16 @@ struct Found {
     parts: Vec<(usize, usize)>,
 }
 
-/// How often each value is read: operands, branch and loop results, loop slots, outputs.
-fn use_counts(instrs: &[Instr], outputs: &[usize]) -> Vec<usize> {
+/// How often each value is read: operands (of instructions not dead), branch and loop results,
+/// loop slots, outputs.
+fn use_counts(instrs: &[Instr], outputs: &[usize], dead: &[bool]) -> Vec<usize> {
     let mut uses = vec![0usize; instrs.len()];
     let mut count = |v: usize| {
         if let Some(u) = uses.get_mut(v) {
             *u += 1;
         }
     };
-    for ins in instrs {
+    for (ins, _) in instrs.iter().zip(dead).filter(|(_, &d)| !d) {
         ins.args.iter().for_each(|&a| count(a));
         match &ins.op {
             Op::Cond { clauses, last } => {
@@ -146,4 +157,178 @@ fn match_softmax(instrs: &[Instr], i: usize) -> Option<Found> {
     // e feeds both the sum and the result
     parts.extend([(s, 1), (e, 2), (d, 1), (m, 1)]);
     Some(Found { x, recip, parts })
+}
+
+/// Rewrites each f32 layer norm over the last axis into `Op::LayerNorm` under `softmax`'s
+/// conditions: every part used only by the composition, in the result's branch. Constants are
+/// not parts (they may be shared; left alone they cost a scalar).
+fn layer_norm(instrs: &mut [Instr], outputs: &[usize], parent: &[Option<usize>], dead: &mut [bool]) {
+    let uses = use_counts(instrs, outputs, dead);
+    for i in 0..instrs.len() {
+        if dead[i] {
+            continue;
+        }
+        let Some(found) = match_layer_norm(instrs, i) else { continue };
+        let mut inside = std::collections::HashMap::<usize, usize>::new();
+        for &k in found.parts.iter().chain([&i]) {
+            for &a in &instrs[k].args {
+                *inside.entry(a).or_default() += 1;
+            }
+        }
+        let alone = found.parts.iter().all(|&p| uses[p] == inside.get(&p).copied().unwrap_or(0) && parent[p] == parent[i] && !dead[p]);
+        if !alone {
+            continue;
+        }
+        let Norm { x, affine, eps, mean_den, var_den, .. } = found;
+        instrs[i].op = Op::LayerNorm { eps, mean_den, var_den, affine: affine.is_some() };
+        instrs[i].args = match affine {
+            Some((g, b)) => vec![x, g, b],
+            None => vec![x],
+        };
+        for &p in &found.parts {
+            dead[p] = true;
+        }
+    }
+}
+
+struct Norm {
+    x: usize,
+    /// gamma and beta
+    affine: Option<(usize, usize)>,
+    eps: f32,
+    mean_den: f32,
+    var_den: f32,
+    /// The replaced instructions (not the result, nor constants).
+    parts: Vec<usize>,
+}
+
+/// A one-element constant as the f32 an f32 op computes with: its value rounded once (an f16
+/// or bf16 constant would be rounded twice, so those are not taken).
+fn constant(instrs: &[Instr], k: usize) -> Option<f32> {
+    let ins = &instrs[k];
+    let exact_cast = matches!(ins.ty, NxType::F(32) | NxType::F(64) | NxType::S(_) | NxType::U(_));
+    if !exact_cast || crate::tensor::numel(&ins.shape) != 1 {
+        return None;
+    }
+    match ins.op {
+        Op::Full(Scalar::Float(v)) => Some(v as f32),
+        Op::Full(Scalar::Int(v)) => Some(v as f32),
+        Op::Full(Scalar::UInt(v)) => Some(v as f32),
+        _ => None,
+    }
+}
+
+/// Operands `(0, 1)` and `(1, 0)` of binary instruction `k`, for matching either order.
+fn both_orders(instrs: &[Instr], k: usize) -> Option<[(usize, usize); 2]> {
+    let (a, b) = (arg(instrs, k, 0)?, arg(instrs, k, 1)?);
+    Some([(a, b), (b, a)])
+}
+
+/// `sum(x, last axis, keep) / den`: `(x, den, [divide, sum])`.
+fn mean_last(instrs: &[Instr], k: usize, rank: usize) -> Option<(usize, f32, Vec<usize>)> {
+    if !is_binary(&instrs[k], BinaryOp::Divide) {
+        return None;
+    }
+    let (s, d) = (arg(instrs, k, 0)?, arg(instrs, k, 1)?);
+    let x = reduce_last(instrs, s, ReduceOp::Sum, rank)?;
+    Some((x, constant(instrs, d)?, vec![k, s]))
+}
+
+/// `x - mean(x)`: `(x, den, parts)`.
+fn centered(instrs: &[Instr], k: usize, rank: usize) -> Option<(usize, f32, Vec<usize>)> {
+    if !is_binary(&instrs[k], BinaryOp::Subtract) || instrs[k].shape.len() != rank {
+        return None;
+    }
+    let (x, m) = (arg(instrs, k, 0)?, arg(instrs, k, 1)?);
+    let (of, den, mut parts) = mean_last(instrs, m, rank)?;
+    (of == x && instrs[x].shape == instrs[k].shape && instrs[x].ty == F32).then(|| {
+        parts.push(k);
+        (x, den, parts)
+    })
+}
+
+/// `rsqrt(sum(c * c or c ** 2) / var_den + eps)` with `c` centered: `(x, mean_den, var_den,
+/// eps, parts)`.
+fn inv_std(instrs: &[Instr], k: usize, rank: usize) -> Option<(usize, f32, f32, f32, Vec<usize>)> {
+    if !matches!(instrs[k].op, Op::Unary(UnaryOp::Rsqrt)) || instrs[k].ty != F32 {
+        return None;
+    }
+    let ve = arg(instrs, k, 0)?;
+    if !is_binary(&instrs[ve], BinaryOp::Add) {
+        return None;
+    }
+    let (var, eps) = both_orders(instrs, ve)?.into_iter().find_map(|(v, e)| Some((v, constant(instrs, e)?)))?;
+    let (sq, var_den, var_parts) = mean_last(instrs, var, rank)?;
+    let c = if is_binary(&instrs[sq], BinaryOp::Multiply) {
+        let (a, b) = (arg(instrs, sq, 0)?, arg(instrs, sq, 1)?);
+        (a == b).then_some(a)?
+    } else if is_binary(&instrs[sq], BinaryOp::Pow) {
+        (constant(instrs, arg(instrs, sq, 1)?)? == 2.0).then_some(arg(instrs, sq, 0)?)?
+    } else {
+        return None;
+    };
+    let (x, mean_den, mut parts) = centered(instrs, c, rank)?;
+    if instrs[sq].shape != instrs[c].shape {
+        return None;
+    }
+    parts.extend(var_parts);
+    parts.extend([sq, ve, k]);
+    Some((x, mean_den, var_den, eps, parts))
+}
+
+/// Whether `k` is an f32 gamma or beta of a last axis of `n`: n values, every other axis 1.
+fn per_column(instrs: &[Instr], k: usize, n: usize) -> bool {
+    let s = &instrs[k].shape;
+    instrs[k].ty == F32 && s.last() == Some(&n) && s.iter().product::<usize>() == n
+}
+
+/// Whether instruction `i` ends an f32 layer norm over the last axis: `c * r` (either order), or
+/// `(gamma * r) * c + beta` (any order of each product and sum), with `c = x - mean(x)` and `r`
+/// the `inv_std` of the same x over the same mean.
+fn match_layer_norm(instrs: &[Instr], i: usize) -> Option<Norm> {
+    let out = &instrs[i];
+    let rank = out.shape.len();
+    let n = *out.shape.last()?;
+    if n == 0 || out.ty != F32 {
+        return None;
+    }
+    // the plain form, or the affine form's product and beta
+    let (prod, beta) = if is_binary(out, BinaryOp::Add) {
+        let (p, b) = both_orders(instrs, i)?.into_iter().find(|&(p, b)| is_binary(&instrs[p], BinaryOp::Multiply) && instrs[p].shape == out.shape && per_column(instrs, b, n))?;
+        (p, Some(b))
+    } else {
+        (i, None)
+    };
+    if !is_binary(&instrs[prod], BinaryOp::Multiply) {
+        return None;
+    }
+    both_orders(instrs, prod)?.into_iter().find_map(|(c, r)| {
+        let (x, mean_den, mut parts) = centered(instrs, c, rank)?;
+        if instrs[c].shape != out.shape {
+            return None;
+        }
+        let (r, gamma) = match beta {
+            None => (r, None),
+            Some(_) => {
+                if !is_binary(&instrs[r], BinaryOp::Multiply) || instrs[r].shape != out.shape {
+                    return None;
+                }
+                let (inv, g) = both_orders(instrs, r)?.into_iter().find(|&(inv, g)| matches!(instrs[inv].op, Op::Unary(UnaryOp::Rsqrt)) && per_column(instrs, g, n))?;
+                parts.push(r);
+                (inv, Some(g))
+            }
+        };
+        let (x2, mean_den2, var_den, eps, more) = inv_std(instrs, r, rank)?;
+        // one mean serves both: the same tensor over the same count
+        if x2 != x || mean_den2.to_bits() != mean_den.to_bits() || instrs[r].shape.last() != Some(&1) {
+            return None;
+        }
+        parts.extend(more);
+        if prod != i {
+            parts.push(prod);
+        }
+        parts.sort_unstable();
+        parts.dedup();
+        Some(Norm { x, affine: gamma.zip(beta), eps, mean_den, var_den, parts })
+    })
 }

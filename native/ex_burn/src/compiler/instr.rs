@@ -26,6 +26,11 @@ pub enum Op {
     /// (`reduce_max`, `subtract`, `exp`, `sum`, then `divide`, or `multiply` by `1 / sum` with
     /// `recip`), with the same bits.
     Softmax { recip: bool },
+    /// Layer norm over the last axis, fused by `fuse::layer_norm` from Nx's composition (a mean,
+    /// subtract it, square, a mean, add `eps`, rsqrt, multiply; with `affine`, Axon's
+    /// `(gamma * rsqrt(var + eps)) * (x - mean) + beta`), with the same bits. Operands: the
+    /// tensor, then gamma and beta with `affine`. The constants as the composition's f32s.
+    LayerNorm { eps: f32, mean_den: f32, var_den: f32, affine: bool },
     Select,
     Clip,
     AsType,
@@ -99,6 +104,7 @@ pub(super) fn arity(op: &Op) -> Option<usize> {
         Op::Transpose(_) | Op::Broadcast(_) | Op::Slice { .. } | Op::Reverse(_) | Op::Alias | Op::Bitcast => 1,
         Op::Binary { .. } | Op::Dot { .. } => 2,
         Op::Select | Op::Clip => 3,
+        Op::LayerNorm { affine, .. } => 1 + 2 * *affine as usize,
         Op::Conv(_) | Op::Pad(_) | Op::Gather(_) => 2,
         Op::Window { .. } | Op::Sort { .. } | Op::ArgSort { .. } => 1,
         Op::Indexed { .. } | Op::WindowScatter { .. } => 3,

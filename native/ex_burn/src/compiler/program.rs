@@ -88,7 +88,7 @@ impl Program {
                 }
             }
         }
-        let dead = if device.kind == crate::device::DeviceKind::Cpu { super::fuse::softmax(&mut instrs, &outputs, &parent) } else { vec![false; n] };
+        let dead = if device.kind == crate::device::DeviceKind::Cpu { super::fuse::fuse(&mut instrs, &outputs, &parent) } else { vec![false; n] };
         // Liveness counts a use inside a cond's branches at the outermost cond, the top-level
         // point where those branches run.
         let top = |mut i: usize| {

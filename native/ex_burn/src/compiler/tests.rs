@@ -358,3 +358,121 @@ fn fused_softmax_matches_an_f64_reference() {
         }
     }
 }
+
+/// Layer norm over the last axis as Nx composes it. `axon`: Axon's form (two means of x, the
+/// variance through `pow(c, 2)`, then `(gamma * rsqrt(var + eps)) * c + beta` with gamma and beta
+/// reshaped to {1, n}); otherwise a mean, `c * c`, and `c * rsqrt(eps + var)`. `keep` also outputs
+/// the variance, which must keep the parts.
+fn layer_norm_program(shape: &[usize], axon: bool, keep: bool) -> Program {
+    let r = shape.len();
+    let n = shape[r - 1];
+    let mut kept = shape.to_vec();
+    kept[r - 1] = 1;
+    let sum = || Op::Reduce { op: ReduceOp::Sum, axes: Some(vec![r - 1]), keep: true };
+    let s32 = NxType::S(32);
+    let mut v = vec![
+        ins(Op::Input(0), &[], F32, shape),
+        ins(Op::Full(Scalar::Int(n as i64)), &[], s32, &[]),
+        ins(Op::Full(Scalar::Float(1e-5)), &[], F32, &[]),
+    ];
+    let push = |v: &mut Vec<Instr>, op: Op, args: &[usize], s: &[usize]| {
+        v.push(ins(op, args, F32, s));
+        v.len() - 1
+    };
+    let s1 = push(&mut v, sum(), &[0], &kept);
+    let mean = push(&mut v, bin(BinaryOp::Divide), &[s1, 1], &kept);
+    let c = push(&mut v, bin(BinaryOp::Subtract), &[0, mean], shape);
+    let sq = if axon {
+        v.push(ins(Op::Full(Scalar::Int(2)), &[], s32, &[]));
+        let two = v.len() - 1;
+        push(&mut v, bin(BinaryOp::Pow), &[c, two], shape)
+    } else {
+        push(&mut v, bin(BinaryOp::Multiply), &[c, c], shape)
+    };
+    let s2 = push(&mut v, sum(), &[sq], &kept);
+    let var = push(&mut v, bin(BinaryOp::Divide), &[s2, 1], &kept);
+    let ve = push(&mut v, bin(BinaryOp::Add), &[2, var], &kept);
+    let inv = push(&mut v, Op::Unary(UnaryOp::Rsqrt), &[ve], &kept);
+    let out = if axon {
+        let row: Vec<usize> = (0..r).map(|k| if k == r - 1 { n } else { 1 }).collect();
+        v.push(ins(Op::Input(1), &[], F32, &[n]));
+        let g = v.len() - 1;
+        let g = push(&mut v, Op::Reshape, &[g], &row);
+        let scale = push(&mut v, bin(BinaryOp::Multiply), &[g, inv], shape);
+        // the normalisation's own mean of x
+        let s3 = push(&mut v, sum(), &[0], &kept);
+        let mean2 = push(&mut v, bin(BinaryOp::Divide), &[s3, 1], &kept);
+        let c2 = push(&mut v, bin(BinaryOp::Subtract), &[0, mean2], shape);
+        let p = push(&mut v, bin(BinaryOp::Multiply), &[scale, c2], shape);
+        v.push(ins(Op::Input(2), &[], F32, &[n]));
+        let b = v.len() - 1;
+        let b = push(&mut v, Op::Reshape, &[b], &row);
+        push(&mut v, bin(BinaryOp::Add), &[p, b], shape)
+    } else {
+        push(&mut v, bin(BinaryOp::Multiply), &[c, inv], shape)
+    };
+    let outputs = if keep { vec![out, var] } else { vec![out] };
+    Program::new(v, outputs, if axon { 3 } else { 1 }, device()).unwrap()
+}
+
+/// The fused layer norm gives the composition's bits in both forms, for rows short and long (both
+/// summation paths), ranks 1-3, special values (a row of NaN and one with an infinity are NaN
+/// throughout, a constant row is 0 or beta), and its parts stay when something else reads them.
+#[test]
+fn fused_layer_norm_equals_the_composition_bit_for_bit() {
+    let cpu = device().kind == crate::device::DeviceKind::Cpu;
+    for shape in [vec![9], vec![3, 5], vec![1, 1], vec![7, 33], vec![4, 2, 17], vec![1024, 64], vec![2, 40_000], vec![5, 40_000]] {
+        let n = shape[shape.len() - 1];
+        let count: usize = shape.iter().product();
+        let xs: Vec<f32> = (0..count)
+            .map(|i| match (i / n, i % 11) {
+                (1, _) if count > n => 2.5,
+                (2, 3) => f32::NAN,
+                (3, 4) => f32::INFINITY,
+                (_, 5) => 1e30,
+                _ => ((i as f32) * 0.731).sin() * 30.0 + 7.0,
+            })
+            .collect();
+        let gamma: Vec<f32> = (0..n).map(|j| 1.0 + (j as f32 * 0.3).cos()).collect();
+        let beta: Vec<f32> = (0..n).map(|j| (j as f32 * 0.7).sin()).collect();
+        for axon in [false, true] {
+            let fused = layer_norm_program(&shape, axon, false);
+            let plain = layer_norm_program(&shape, axon, true);
+            let last = fused.instrs.len() - 1;
+            if cpu {
+                assert!(matches!(fused.instrs[last].op, Op::LayerNorm { affine, .. } if affine == axon), "{shape:?} axon {axon}");
+                let alive = (0..=last).filter(|&k| !fused.dead[k]).count();
+                // x, the constants (n, eps; Axon's 2), Axon's gamma and beta with their reshapes, the result
+                assert_eq!(alive, if axon { 9 } else { 4 }, "{shape:?} axon {axon}");
+            }
+            assert!(!plain.instrs.iter().any(|i| matches!(i.op, Op::LayerNorm { .. })), "a part read elsewhere keeps the composition");
+            let inputs = if axon { vec![f32s(&xs, &shape), f32s(&gamma, &[n]), f32s(&beta, &[n])] } else { vec![f32s(&xs, &shape)] };
+            let (a, b) = (floats(&fused.run(&inputs).unwrap()[0]), floats(&plain.run(&inputs).unwrap()[0]));
+            assert_eq!(a.len(), b.len());
+            for (k, (p, q)) in a.iter().zip(&b).enumerate() {
+                assert!(p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()), "{shape:?} axon {axon} at {k}: {p} vs {q}");
+            }
+            if count > 3 * n {
+                assert!(a[2 * n..4 * n].iter().all(|v| v.is_nan()), "rows with NaN or inf");
+                let want: Vec<f64> = if axon { beta.iter().map(|&b| b as f64).collect() } else { vec![0.0; n] };
+                assert_eq!(&a[n..2 * n], &want[..], "a constant row");
+            }
+        }
+    }
+}
+
+/// Against an f64 layer norm computed here: within a few f32 ulps of the row's scale.
+#[test]
+fn fused_layer_norm_matches_an_f64_reference() {
+    let (rows, n) = (8, 300);
+    let xs: Vec<f32> = (0..rows * n).map(|i| ((i as f32) * 0.37).sin() * 20.0 + (i / n) as f32).collect();
+    let got = floats(&layer_norm_program(&[rows, n], false, false).run(&[f32s(&xs, &[rows, n])]).unwrap()[0]);
+    for (row, out) in xs.chunks(n).zip(got.chunks(n)) {
+        let mean = row.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+        let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+        for (&x, &o) in row.iter().zip(out) {
+            let want = (x as f64 - mean) / (var + 1e-5f32 as f64).sqrt();
+            assert!((o as f64 - want).abs() <= 1e-5, "{o} vs {want}");
+        }
+    }
+}

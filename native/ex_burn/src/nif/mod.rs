@@ -14,6 +14,7 @@ mod elementwise;
 mod indexing;
 mod json;
 mod linalg;
+mod math;
 mod model;
 mod pretrained;
 mod reduce;

@@ -8,6 +8,7 @@ use burn::backend::{Dispatch, Scalar};
 use crate::dispatch::{self, by_kind, by_kind2, Prim, BOOL};
 use crate::dtype::{NxType, PRED};
 use crate::error::{ExError, ExResult};
+use crate::ops::precision::MathMode;
 use crate::ops::vocab::{BinaryOp, UnaryOp};
 use crate::ops::{broadcast_prim, broadcast_shape, cast_to, check_alloc, empty, colocate};
 use crate::tensor::{numel, Handle};
@@ -54,6 +55,11 @@ fn fscalar(v: f64) -> Scalar {
 }
 
 fn float_unary(op: UnaryOp, t: Prim) -> ExResult<Prim> {
+    if MathMode::fast() {
+        if let Some(p) = crate::kernels::cpu::fast_math::unary(op, &t) {
+            return Ok(p);
+        }
+    }
     if let Some(p) = crate::kernels::cpu::vector::unary(op, &t) {
         return Ok(p);
     }

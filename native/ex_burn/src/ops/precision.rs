@@ -7,6 +7,13 @@
 //!
 //! The level only changes CUDA f32 matrix products routed to cuBLAS (`crate::gpu::cuda::cublas`); flex (CPU)
 //! and Vulkan are true f32 either way, and f16/bf16/f64 products are unaffected.
+//!
+//! f32 math mode: `Exact` (the default) or `Fast`, the CPU's other precision setting.
+//! * `Exact` — f32 transcendentals give glibc's bits (libm's for erf), as Nx's own backend and
+//!   PyTorch's scalar paths do.
+//! * `Fast` — exp, log, tanh, erf, sigmoid and the fused softmax of f32 tensors on the CPU run
+//!   `kernels::cpu::fast_math`: f32 lanes, within 2 ulp of the correctly rounded result, the same
+//!   special values.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -62,6 +69,57 @@ impl MatmulPrecision {
     }
 }
 
+/// How f32 transcendentals are computed on the CPU; `ExBurn.configure!(math: :exact | :fast)`
+/// sets it for the process, `EXBURN_MATH` gives the value it starts with.
+#[cfg_attr(feature = "nif", derive(rustler::NifUnitEnum))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MathMode {
+    Exact = 0,
+    Fast = 1,
+}
+
+/// The process-wide mode; `UNSET` until first read or set, then `EXBURN_MATH`'s value.
+static MATH: AtomicU8 = AtomicU8::new(UNSET);
+const UNSET: u8 = u8::MAX;
+
+impl MathMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Exact => "exact",
+            Self::Fast => "fast",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::Exact, Self::Fast].into_iter().find(|m| m.name() == name)
+    }
+
+    /// The process-wide mode, read on every f32 transcendental: one relaxed load.
+    pub fn global() -> Self {
+        match MATH.load(Ordering::Relaxed) {
+            0 => Self::Exact,
+            1 => Self::Fast,
+            _ => {
+                // the first read: the environment's value, unless a set came first
+                let _ = MATH.compare_exchange(UNSET, crate::process::env::math() as u8, Ordering::Relaxed, Ordering::Relaxed);
+                Self::global()
+            }
+        }
+    }
+
+    /// Makes `self` the process-wide mode; answers the previous one.
+    pub fn set_global(self) -> Self {
+        let old = Self::global();
+        MATH.store(self as u8, Ordering::Relaxed);
+        old
+    }
+
+    /// Whether the CPU's f32 kernels take `kernels::cpu::fast_math`: the one rule the ops follow.
+    pub fn fast() -> bool {
+        Self::global() == Self::Fast
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,5 +141,15 @@ mod tests {
             MatmulPrecision::resolve(Some(MatmulPrecision::High)),
             MatmulPrecision::High
         );
+    }
+
+    #[test]
+    fn math_modes_parse_by_name() {
+        assert_eq!(MathMode::parse("exact"), Some(MathMode::Exact));
+        assert_eq!(MathMode::parse("fast"), Some(MathMode::Fast));
+        assert_eq!(MathMode::parse("Fast"), None);
+        for m in [MathMode::Exact, MathMode::Fast] {
+            assert_eq!(MathMode::parse(m.name()), Some(m));
+        }
     }
 }

@@ -109,14 +109,17 @@ pub fn reduce(op: ReduceOp, h: &Handle, axes: Option<Vec<usize>>, keep: bool, ou
 
 /// Softmax over the last axis, as the composition the compiler fuses (`compiler::fuse`):
 /// `e = exp(x - reduce_max(x))`, then `e / sum(e)` or, with `recip`, `e * (1 / sum(e))`, every
-/// step in `ty`. One pass on the CPU for f32 (`kernels::cpu::vector::softmax_last`, the same bits);
+/// step in `ty`. One pass on the CPU for f32 (`kernels::cpu::vector::softmax_last`, the same bits;
+/// in fast math mode `kernels::cpu::fast_math::softmax_last`, within a few ulp);
 /// elsewhere the same core ops one after another.
 pub fn softmax_last(h: &Handle, recip: bool, ty: NxType) -> ExResult<Handle> {
     use super::elementwise::{binary, unary};
     use super::vocab::{BinaryOp, UnaryOp};
+    use crate::kernels::cpu::{fast_math, vector};
     let last = h.rank().checked_sub(1).ok_or_else(|| ExError::invalid("softmax of a scalar"))?;
     if ty == NxType::F(32) && h.ty == ty && h.device.kind == crate::device::DeviceKind::Cpu {
-        if let Some(prim) = crate::kernels::cpu::vector::softmax_last(&h.prim, recip) {
+        let fused = if super::precision::MathMode::fast() { fast_math::softmax_last(&h.prim) } else { vector::softmax_last(&h.prim, recip) };
+        if let Some(prim) = fused {
             return Ok(Handle::new(prim, ty, h.shape.clone(), h.device));
         }
     }
@@ -128,6 +131,38 @@ pub fn softmax_last(h: &Handle, recip: bool, ty: NxType) -> ExResult<Handle> {
         binary(BinaryOp::Multiply, &binary(BinaryOp::Divide, &one, &s, ty)?, &e, ty)
     } else {
         binary(BinaryOp::Divide, &e, &s, ty)
+    }
+}
+
+/// Layer norm over the last axis, as the composition the compiler fuses (`compiler::fuse`):
+/// `c = x - sum(x) / mean_den`, `r = rsqrt(sum(c * c) / var_den + eps)`, then `c * r` or, with
+/// `affine` (gamma, beta), `(gamma * r) * c + beta`, every step in f32. One pass on the CPU
+/// (`kernels::cpu::layer_norm::layer_norm_last`, the same bits, in either math mode: nothing in it is a
+/// transcendental); elsewhere the same core ops one after another.
+pub fn layer_norm_last(h: &Handle, affine: Option<(&Handle, &Handle)>, eps: f32, (mean_den, var_den): (f32, f32), ty: NxType) -> ExResult<Handle> {
+    use super::elementwise::{binary, unary};
+    use super::vocab::{BinaryOp, UnaryOp};
+    let last = h.rank().checked_sub(1).ok_or_else(|| ExError::invalid("layer norm of a scalar"))?;
+    if ty != NxType::F(32) || h.ty != ty {
+        return Err(ExError::invalid(format!("layer norm is fused for f32 only, got {}", h.ty)));
+    }
+    if h.device.kind == crate::device::DeviceKind::Cpu {
+        let columns = match affine {
+            None => Some(None),
+            Some((g, b)) => crate::kernels::cpu::vector::flex_f32(&g.prim).zip(crate::kernels::cpu::vector::flex_f32(&b.prim)).map(Some),
+        };
+        if let Some(prim) = columns.and_then(|gb| crate::kernels::cpu::layer_norm::layer_norm_last(&h.prim, gb, eps, mean_den, var_den)) {
+            return Ok(Handle::new(prim, ty, h.shape.clone(), h.device));
+        }
+    }
+    let constant = |v: f32| -> ExResult<Handle> { Ok(Handle::new(dispatch::full(&[], Scalar::Float(v as f64), ty.dtype(), &h.device.burn()?), ty, vec![], h.device)) };
+    let mean_of = |t: &Handle, den: f32| binary(BinaryOp::Divide, &reduce(ReduceOp::Sum, t, Some(vec![last]), true, ty)?, &constant(den)?, ty);
+    let c = binary(BinaryOp::Subtract, h, &mean_of(h, mean_den)?, ty)?;
+    let var = mean_of(&binary(BinaryOp::Multiply, &c, &c, ty)?, var_den)?;
+    let r = unary(UnaryOp::Rsqrt, &binary(BinaryOp::Add, &var, &constant(eps)?, ty)?, ty)?;
+    match affine {
+        None => binary(BinaryOp::Multiply, &c, &r, ty),
+        Some((g, b)) => binary(BinaryOp::Add, &binary(BinaryOp::Multiply, &binary(BinaryOp::Multiply, g, &r, ty)?, &c, ty)?, b, ty),
     }
 }
 

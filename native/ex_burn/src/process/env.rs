@@ -8,6 +8,8 @@
 //! * count: unset or empty is the default; otherwise a non-negative integer.
 //! * path: unset or empty is the default.
 //! * device: `kind` or `kind:index` (`cpu`, `vulkan:1`, ...); unset or empty is the CPU.
+//! * choice: one of the variable's names (any case, surrounding spaces ignored); unset or empty
+//!   is the first.
 //!
 //! A value that does not parse falls back to the default with one warning on stderr, rather than
 //! failing: the variables tune or compare, and a NIF library cannot refuse to load over one
@@ -19,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use crate::device::DeviceRef;
+use crate::ops::precision::MathMode;
 
 /// How a variable's value is read, with its default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +31,8 @@ pub enum Kind {
     /// The default is relative to `$HOME` when it starts with `~/`, else to the repository root.
     Path { default: &'static str },
     Device,
+    /// The accepted values, the default first.
+    Choice { values: &'static [&'static str] },
 }
 
 /// Who reads a variable: the library at run time, or only the crate's tests and examples.
@@ -87,6 +92,12 @@ pub const BF16_AMX: Var = Var {
     reader: Reader::Library,
     about: "that kernel on AMX tiles where the CPU has them (kernels/cpu/bf16_gemm/amx.rs)",
 };
+pub const MATH: Var = Var {
+    name: "EXBURN_MATH",
+    kind: Kind::Choice { values: &["exact", "fast"] },
+    reader: Reader::Library,
+    about: "the f32 math mode the process starts in; ExBurn.configure!(math: ...) changes it (ops/precision.rs)",
+};
 pub const MODELS_DIR: Var = Var {
     name: "EXBURN_MODELS_DIR",
     kind: Kind::Path { default: "~/models" },
@@ -107,8 +118,8 @@ pub const TEST_DEVICE: Var = Var {
 };
 
 /// Every variable the crate reads.
-pub const ALL: [&Var; 10] =
-    [&MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE];
+pub const ALL: [&Var; 11] =
+    [&MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE];
 
 /// `$e`, computed the first time this call site runs and remembered for the process.
 macro_rules! once {
@@ -147,6 +158,11 @@ pub fn bf16_amx() -> bool {
     once!(bool, switch(&BF16_AMX))
 }
 
+/// The math mode `EXBURN_MATH` names (`MathMode::global` reads it once, at its first use).
+pub fn math() -> MathMode {
+    MathMode::parse(choice(&MATH)).unwrap_or(MathMode::Exact)
+}
+
 pub fn models_dir() -> PathBuf {
     path(&MODELS_DIR)
 }
@@ -178,6 +194,14 @@ pub fn parse_count(raw: Option<&str>) -> Result<Option<usize>, String> {
     match raw.map(str::trim) {
         None | Some("") => Ok(None),
         Some(v) => v.parse().map(Some).map_err(|_| "expected a non-negative integer".into()),
+    }
+}
+
+/// One of `values`, as named there: `Ok(None)` when unset or empty.
+pub fn parse_choice(raw: Option<&str>, values: &[&'static str]) -> Result<Option<&'static str>, String> {
+    match raw.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("") => Ok(None),
+        Some(v) => values.iter().find(|&&c| c == v).copied().map(Some).ok_or_else(|| format!("expected one of {}", values.join(", "))),
     }
 }
 
@@ -216,6 +240,12 @@ fn count(var: &Var) -> usize {
     let Kind::Count { default } = var.kind else { unreachable!("{} is not a count", var.name) };
     let raw = raw(var);
     or_default(var, raw.as_deref(), parse_count(raw.as_deref()), default)
+}
+
+fn choice(var: &Var) -> &'static str {
+    let Kind::Choice { values } = var.kind else { unreachable!("{} is not a choice", var.name) };
+    let raw = raw(var);
+    or_default(var, raw.as_deref(), parse_choice(raw.as_deref(), values), values[0])
 }
 
 fn path(var: &Var) -> PathBuf {
@@ -281,6 +311,25 @@ mod tests {
     }
 
     #[test]
+    fn choices_parse() {
+        let values = MATH_VALUES;
+        assert_eq!(parse_choice(None, values), Ok(None));
+        assert_eq!(parse_choice(Some(" "), values), Ok(None));
+        assert_eq!(parse_choice(Some("fast"), values), Ok(Some("fast")));
+        assert_eq!(parse_choice(Some(" Exact "), values), Ok(Some("exact")));
+        assert!(parse_choice(Some("quick"), values).is_err());
+        assert_eq!(or_default(&MATH, Some("quick"), parse_choice(Some("quick"), values), values[0]), "exact");
+        // every value names a mode, the default the exact one
+        assert!(values.iter().all(|v| MathMode::parse(v).is_some()));
+        assert_eq!(MathMode::parse(values[0]), Some(MathMode::Exact));
+    }
+
+    const MATH_VALUES: &[&str] = match MATH.kind {
+        Kind::Choice { values } => values,
+        _ => &[],
+    };
+
+    #[test]
     fn devices_parse() {
         assert_eq!(parse_device(None), Ok(None));
         assert_eq!(parse_device(Some("")), Ok(None));
@@ -311,7 +360,7 @@ mod tests {
     #[test]
     fn each_accessor_reads_a_variable_of_its_kind() {
         // a mismatch panics (unreachable!) here rather than in a NIF
-        let _ = (malloc_tune(), flush_elems(), cublas(), cublas_exclusive(), cublas_host_sync(), bf16_gemm(), bf16_amx());
+        let _ = (malloc_tune(), flush_elems(), cublas(), cublas_exclusive(), cublas_host_sync(), bf16_gemm(), bf16_amx(), math());
         let _ = (models_dir(), reference_dir(), test_device());
     }
 }

@@ -3,7 +3,9 @@
 
 pub(crate) mod bf16_gemm;
 pub(crate) mod conv;
+pub(crate) mod fast_math;
 pub(crate) mod gather;
+pub(crate) mod layer_norm;
 pub mod quant;
 pub(crate) mod row_split;
 pub(crate) mod sort;

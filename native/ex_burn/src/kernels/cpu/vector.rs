@@ -14,7 +14,7 @@ use crate::dispatch::{self, Prim};
 use crate::ops::vocab::UnaryOp;
 
 /// Below this many elements one thread does the work: splitting costs more than it saves.
-const PAR_MIN: usize = 1 << 15;
+pub(super) const PAR_MIN: usize = 1 << 15;
 
 /// The contiguous f32 storage of a flex float tensor.
 pub(crate) fn flex_f32(p: &Prim) -> Option<&[f32]> {
@@ -97,15 +97,15 @@ pub(crate) fn simd() -> Simd {
 /// `wide!` passes): most bodies ignore it; `exp` needs FMA (mul_add is a slow libm call
 /// without it) and uses AVX-512 permutes instead of a gather for its table.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-trait Isa {
+pub(super) trait Isa {
     const FMA: bool;
     const AVX512: bool;
 }
-struct IsaBase;
+pub(super) struct IsaBase;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct IsaAvx2;
+pub(super) struct IsaAvx2;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct IsaAvx512;
+pub(super) struct IsaAvx512;
 impl Isa for IsaBase {
     const FMA: bool = false;
     const AVX512: bool = false;
@@ -126,9 +126,9 @@ impl Isa for IsaAvx512 {
 /// closure handed to one generic target-feature function does not do: LLVM had already
 /// vectorised the closure for SSE2 when it inlined it.)
 macro_rules! wide {
-    ($(#[$meta:meta])* fn $name:ident $(<$($gp:ident: $gb:path),*>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:ident;) => {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident $(<$($gp:ident: $gb:path),*>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:ident;) => {
         $(#[$meta])*
-        fn $name$(<$($gp: $gb),*>)?(level: Simd, $($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name$(<$($gp: $gb),*>)?(level: Simd, $($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")]
             unsafe fn avx512$(<$($gp: $gb),*>)?($($arg: $ty),*) $(-> $ret)? {
@@ -150,9 +150,10 @@ macro_rules! wide {
         }
     };
 }
+pub(super) use wide;
 
 /// f32 and f64, the element types of our float kernels.
-trait Float:
+pub(super) trait Float:
     Copy
     + Default
     + PartialOrd
@@ -191,7 +192,7 @@ const LANES: usize = 64;
 /// added one by one (a 1000-long row would otherwise end on 40 serial adds); adding +0.0 changes
 /// nothing, as the accumulators start at +0.0 and so are never -0.0.
 #[inline(always)]
-fn sum_lanes<T: Copy + Default + Into<f64>, S: Isa>(xs: &[T]) -> f64 {
+pub(super) fn sum_lanes<T: Copy + Default + Into<f64>, S: Isa>(xs: &[T]) -> f64 {
     let mut acc = [0.0f64; LANES];
     let chunks = xs.chunks_exact(LANES);
     let rest = chunks.remainder();
@@ -467,7 +468,7 @@ fn max_row<T: Float, S: Isa>(acc: &mut [T], row: &[T]) {
     }
 }
 
-wide!(fn max_wide<T: Float>(xs: &[T]) -> T = max_lanes;);
+wide!(pub(super) fn max_wide<T: Float>(xs: &[T]) -> T = max_lanes;);
 wide!(fn max_row_wide<T: Float>(acc: &mut [T], row: &[T]) = max_row;);
 
 /// Maxima over a leading or trailing block (or all) of the axes of contiguous values, on rayon's
@@ -785,7 +786,7 @@ fn par_map<T: Copy + Send + Sync + burn::tensor::Element>(xs: &[T], shape: Vec<u
 
 /// `kernel(xs, out)` writing every element of `out`, over chunks of `xs` on rayon's pool (one
 /// thread below `PAR_MIN`), into a fresh vector: no zero-filling pass before the kernel's own.
-fn par_map_slices<T: Copy + Send + Sync>(xs: &[T], kernel: impl Fn(&[T], &mut [MaybeUninit<T>]) + Sync) -> Vec<T> {
+pub(super) fn par_map_slices<T: Copy + Send + Sync>(xs: &[T], kernel: impl Fn(&[T], &mut [MaybeUninit<T>]) + Sync) -> Vec<T> {
     let mut out = Vec::with_capacity(xs.len());
     let chunk = PAR_MIN / 4;
     par_chunks_for(&mut out.spare_capacity_mut()[..xs.len()], chunk, xs.len(), |i, o| kernel(&xs[i * chunk..i * chunk + o.len()], o));
@@ -949,7 +950,7 @@ pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
 /// The sum `sum` gives one row of an f32 reduction over the last axis of `total` values, on the
 /// calling thread: `row_sums` takes `par_sum` (`PAR_MIN`-long parts added in order) where it
 /// runs row after row, else `sum_wide` over the whole row; NaN made positive as `sum` does.
-fn row_sum_as_sum(level: Simd, row: &[f32], total: usize) -> f64 {
+pub(super) fn row_sum_as_sum(level: Simd, row: &[f32], total: usize) -> f64 {
     positive_nan(if rows_in_turn(total, row.len()) {
         let parts: Vec<f64> = row.chunks(PAR_MIN).map(|c| sum_wide(level, c)).collect();
         parts.into_iter().sum()
