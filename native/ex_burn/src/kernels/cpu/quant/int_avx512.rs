@@ -96,3 +96,46 @@ pub(super) unsafe fn row_dots<const F: u8, const R: usize>(w: &[u8], a: &Q8Rows,
 pub(super) unsafe fn row_dots_vnni<const F: u8, const R: usize>(w: &[u8], a: &Q8Rows, first: usize, out: &mut [f32]) {
     dots::<F, R, true>(w, a, first, out)
 }
+
+/// Four weight rows against one activation row (decoding a token), each row summed exactly as
+/// `dots` sums it, so a row's result does not depend on the kernel that took it.
+#[inline(always)]
+unsafe fn dots4<const F: u8, const VNNI: bool>(ws: [&[u8]; 4], a: &Q8Rows, row: usize, out: &mut [f32]) {
+    let nb = a.k / BLOCK;
+    debug_assert!(ws.iter().all(|w| w.len() == nb * QFormat::of(F).block_bytes()) && row < a.rows() && out.len() == 4);
+    let (mut even, mut odd) = ([[_mm512_setzero_ps(); 1]; 4], [[_mm512_setzero_ps(); 1]; 4]);
+    let (mut even_offsets, mut odd_offsets) = ([[0f32; 1]; 4], [[0f32; 1]; 4]);
+    let mut b = 0;
+    while b + 3 < nb {
+        for j in 0..4 {
+            step2::<F, 1, VNNI>(ws[j], a, row, b, &mut even[j], &mut even_offsets[j]);
+            step2::<F, 1, VNNI>(ws[j], a, row, b + 2, &mut odd[j], &mut odd_offsets[j]);
+        }
+        b += 4;
+    }
+    if b + 1 < nb {
+        for j in 0..4 {
+            step2::<F, 1, VNNI>(ws[j], a, row, b, &mut even[j], &mut even_offsets[j]);
+        }
+        b += 2;
+    }
+    let mut tail = [[_mm256_setzero_ps(); 1]; 4];
+    if b < nb {
+        for j in 0..4 {
+            int_avx2::step::<F, 1, VNNI>(ws[j], a, row, b, &mut tail[j], &mut odd_offsets[j]);
+        }
+    }
+    for j in 0..4 {
+        out[j] = _mm512_reduce_add_ps(_mm512_add_ps(even[j][0], odd[j][0])) + int_avx2::hsum(tail[j][0]) + (even_offsets[j][0] + odd_offsets[j][0]);
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn rows4_dots<const F: u8>(ws: [&[u8]; 4], a: &Q8Rows, row: usize, out: &mut [f32]) {
+    dots4::<F, false>(ws, a, row, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn rows4_dots_vnni<const F: u8>(ws: [&[u8]; 4], a: &Q8Rows, row: usize, out: &mut [f32]) {
+    dots4::<F, true>(ws, a, row, out)
+}

@@ -45,8 +45,8 @@ impl IntIsa {
         out
     }
 
-    /// The path the layers take: the widest this CPU has. A decoding step's four-row kernel is
-    /// 256-bit on every path (`rows4_dots`), with `dpbusd` where there is VNNI.
+    /// The path the layers take: the widest this CPU has. Each path's four-row kernel
+    /// (`rows4_dots`) sums a row as its one-row kernel does, so the two may be mixed.
     pub(super) fn best() -> IntIsa {
         static BEST: std::sync::OnceLock<IntIsa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| *IntIsa::available().last().expect("the scalar path is always there"))
@@ -99,20 +99,22 @@ pub(super) fn rows4_dots(isa: IntIsa, f: QFormat, ws: [&[u8]; 4], a: &Q8Rows, ro
     #[cfg(target_arch = "x86_64")]
     {
         macro_rules! formats {
-            ($fun:ident) => {
+            ($m:ident, $fun:ident) => {
                 match f {
-                    QFormat::Q4_0 => super::int_avx2::$fun::<{ QFormat::Q4_0 as u8 }>(ws, a, row, out),
-                    QFormat::Q4_1 => super::int_avx2::$fun::<{ QFormat::Q4_1 as u8 }>(ws, a, row, out),
-                    _ => super::int_avx2::$fun::<{ QFormat::Q8_0 as u8 }>(ws, a, row, out),
+                    QFormat::Q4_0 => super::$m::$fun::<{ QFormat::Q4_0 as u8 }>(ws, a, row, out),
+                    QFormat::Q4_1 => super::$m::$fun::<{ QFormat::Q4_1 as u8 }>(ws, a, row, out),
+                    _ => super::$m::$fun::<{ QFormat::Q8_0 as u8 }>(ws, a, row, out),
                 }
             };
         }
-        // SAFETY: as in `row_dots`; both 512-bit paths have the 256-bit instructions too.
+        // SAFETY: as in `row_dots`.
         unsafe {
             match isa {
                 IntIsa::Scalar => {}
-                IntIsa::Avx2 | IntIsa::Avx512 => return formats!(rows4_dots),
-                IntIsa::Avx2Vnni | IntIsa::Avx512Vnni => return formats!(rows4_dots_vnni),
+                IntIsa::Avx2 => return formats!(int_avx2, rows4_dots),
+                IntIsa::Avx2Vnni => return formats!(int_avx2, rows4_dots_vnni),
+                IntIsa::Avx512 => return formats!(int_avx512, rows4_dots),
+                IntIsa::Avx512Vnni => return formats!(int_avx512, rows4_dots_vnni),
             }
         }
     }

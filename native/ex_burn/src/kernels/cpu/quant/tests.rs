@@ -141,6 +141,14 @@ fn four_weight_rows_at_once_equal_the_scalar_kernel() {
                 for isa in IntIsa::available() {
                     let mut got = [0f32; 4];
                     rows4_dots(isa, f, ws, &a, row, &mut got);
+                    // the same bits as the one-row kernel of the same path, alone or with others
+                    for j in 0..4 {
+                        let (mut one, mut among) = ([0f32], [0f32; 3]);
+                        row_dots(isa, f, ws[j], &a, row, &mut one);
+                        row_dots(isa, f, ws[j], &a, 0, &mut among);
+                        assert_eq!(got[j], one[0], "{f:?} {isa:?} k={k} x{row} w{j}: four-row kernel against one row");
+                        assert_eq!(got[j], among[row], "{f:?} {isa:?} k={k} x{row} w{j}: four-row kernel against three rows");
+                    }
                     for j in 0..4 {
                         assert!((got[j] - want[j]).abs() <= 1e-5 * (1.0 + want[j].abs()), "{f:?} {isa:?} k={k} x{row} w{j}: {} vs {}", got[j], want[j]);
                     }
