@@ -262,23 +262,23 @@ defmodule PretrainedBench do
     end
   end
 
-  # llama-bench's CSV (every field quoted) as one map per test, keyed by its header; its log
-  # lines on stderr start with no quote and are left out.
+  # llama-bench's CSV as one map per test: a header of bare names, then a row of quoted fields
+  # per test; its log lines (stderr) are neither and are left out.
   def llama_bench(path, file, threads, pp, tg, reps) do
     args = ["-m", file, "-t", "#{threads}", "-p", "#{pp}", "-n", "#{tg}", "-r", "#{reps}", "-o", "csv"]
     {out, status} = System.cmd(path, args, stderr_to_stdout: true)
+    lines = String.split(out, "\n")
+    header = Enum.find(lines, &String.starts_with?(&1, "build_commit,"))
 
-    rows =
-      for "\"" <> _ = l <- String.split(out, "\n"),
-          do: Regex.scan(~r/"((?:[^"]|"")*)"/, l, capture: :all_but_first)
+    tests =
+      for "\"" <> _ = l <- lines,
+          do: Regex.scan(~r/"((?:[^"]|"")*)"/, l, capture: :all_but_first) |> List.flatten()
 
-    case {status, rows} do
-      {0, [header | tests]} ->
-        keys = List.flatten(header)
-        {:ok, Enum.map(tests, &Map.new(Enum.zip(keys, List.flatten(&1))))}
-
-      _ ->
-        {:error, "llama-bench exited #{status}: " <> String.slice(out, -400, 400)}
+    if status == 0 and header != nil and tests != [] do
+      keys = String.split(header, ",")
+      {:ok, Enum.map(tests, &Map.new(Enum.zip(keys, &1)))}
+    else
+      {:error, "llama-bench exited #{status}: " <> String.slice(out, -400, 400)}
     end
   end
 
