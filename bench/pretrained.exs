@@ -33,7 +33,9 @@
 #          -DLLAMA_OPENSSL=OFF && cmake --build build -j2 --target llama-bench llama-quantize`.
 #          Only the Q4_1 file ships; the Q4_K_M one is made from it: `llama-quantize
 #          --allow-requantize SmolLM2-135M-Instruct.Q4_1.gguf SmolLM2-135M-Instruct.Q4_K_M.gguf
-#          Q4_K_M` (a speed peer, not a quality one: its weights went through Q4_1 first).
+#          Q4_K_M` (a speed peer, not a quality one: its weights went through Q4_1 first; rows of 576
+#          are no multiple of 256, so llama-quantize falls back to Q5_0/Q8_0 for most tensors and
+#          only ffn_down gets Q4_K/Q6_K).
 #
 # Every run's header names the machine (bench/support/machine.exs: the CPU and its ISA flags).
 #
@@ -669,7 +671,12 @@ if lb = llamabench do
 
   say.("  llama-bench: #{lb.path || "not found (EXBURN_LLAMA_BENCH)"}")
   say.("  load average before llama-bench #{elem(lb.load, 0)}, after #{elem(lb.load, 1)}")
-  say.("  Q4_K_M is requantised from the shipped Q4_1 (llama-quantize --allow-requantize)")
+
+  say.(
+    "  Q4_K_M is requantised from the shipped Q4_1 (llama-quantize --allow-requantize); SmolLM2's " <>
+      "576-wide rows are no multiple of the K-quants' 256, so most of its tensors are Q5_0 and Q8_0"
+  )
+
   for {q, f} <- lb.absent, do: say.("  #{q}: #{f} not found, skipped")
 
   for {q, _f} <- lb.present do
@@ -692,7 +699,7 @@ if lb = llamabench do
         r = ppr || tgr
 
         say.(
-          "  #{q} llama.cpp (#{r["model_type"]}, #{f1.(num.(r, "model_size") / 1_048_576)} MiB, build #{r["build_commit"]}): " <>
+          "  #{q} llama.cpp (#{r["model_type"]}, #{f1.(num.(r, "model_size") / 1_048_576)} MiB, build #{r["build_number"]}, commit #{r["build_commit"]}): " <>
             "pp#{lb.pp} #{pt.(ppr) || "-"} tok/s, tg#{lb.tg} #{pt.(tgr) || "-"} tok/s"
         )
 
