@@ -101,7 +101,8 @@ impl MathMode {
             1 => Self::Fast,
             _ => {
                 // the first read: the environment's value, unless a set came first
-                let _ = MATH.compare_exchange(UNSET, crate::process::env::math() as u8, Ordering::Relaxed, Ordering::Relaxed);
+                let start = Self::parse(crate::process::env::math()).unwrap_or(Self::Exact);
+                let _ = MATH.compare_exchange(UNSET, start as u8, Ordering::Relaxed, Ordering::Relaxed);
                 Self::global()
             }
         }
@@ -123,6 +124,13 @@ impl MathMode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_exburn_math_value_names_a_mode_the_default_exact() {
+        let values = crate::process::env::MATH_CHOICES;
+        assert!(values.iter().all(|v| MathMode::parse(v).is_some()));
+        assert_eq!(MathMode::parse(values[0]), Some(MathMode::Exact));
+    }
 
     #[test]
     fn parse_names_and_reject_others() {

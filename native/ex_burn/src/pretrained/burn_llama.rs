@@ -15,7 +15,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
-use super::llama_host::{self, HostBlock, HostKv};
+use super::llama_host::{self, HostBlock, HostKv, Shape};
 use super::qmatmul::QStack;
 use super::weights::{f32_tensor, Gguf};
 use crate::kernels::cpu::vector::flex_f32;
@@ -424,9 +424,18 @@ impl Weights {
         for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(h)) {
             q(&self.embed).dequantise_row(t as usize, row);
         }
+        let shape = Shape {
+            hidden: h,
+            heads: cfg.head_count,
+            kv_heads: cfg.head_count_kv,
+            head_dim: cfg.head_dim(),
+            ffn: cfg.feed_forward_length,
+            rope_dim: cfg.rope_dim,
+            rms_eps: cfg.rms_eps,
+        };
         for ((block, (attn_norm, ffn_norm)), kv) in self.blocks.iter().zip(&hw.norms).zip(kv.iter_mut()) {
             let b = HostBlock { attn_norm, qkv: q(&block.qkv), out: q(&block.out), ffn_norm, gate_up: q(&block.gate_up), down: q(&block.down) };
-            llama_host::layer(cfg, &b, &hw.cos, &hw.sin, &mut x, pos, kv);
+            llama_host::layer(&shape, &b, &hw.cos, &hw.sin, &mut x, pos, kv);
         }
         let last = llama_host::rms_norm(&x[(s - 1) * h..], &hw.out_norm, cfg.rms_eps);
         Ok(q(&self.output).matmul(&last, 1))

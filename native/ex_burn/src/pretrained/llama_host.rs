@@ -6,8 +6,18 @@
 //!
 //! The same arithmetic as the tensor path (`burn_llama`), which the tests hold it to.
 
-use super::burn_llama::LlamaConfig;
 use super::qmatmul::QStack;
+
+/// The sizes a layer needs (from the model's `LlamaConfig`).
+pub(super) struct Shape {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn: usize,
+    pub rope_dim: usize,
+    pub rms_eps: f64,
+}
 
 /// One layer's weights as the host path reads them.
 pub(super) struct HostBlock<'a> {
@@ -50,8 +60,8 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 }
 
 /// One layer on `s` rows `x` (`[s, hidden]`) at positions `pos..pos + s`, in place.
-pub(super) fn layer(cfg: &LlamaConfig, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mut [f32], pos: usize, kv: &mut HostKv) {
-    let (h, dh, nh, nkv) = (cfg.embedding_length, cfg.head_dim(), cfg.head_count, cfg.head_count_kv);
+pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mut [f32], pos: usize, kv: &mut HostKv) {
+    let (h, dh, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads);
     let s = x.len() / h;
     let (half, width) = (cfg.rope_dim / 2, b.qkv.rows());
     let qkv = b.qkv.matmul(&rms_norm(x, b.attn_norm, cfg.rms_eps), s);
@@ -106,7 +116,7 @@ pub(super) fn layer(cfg: &LlamaConfig, b: &HostBlock, cos: &[f32], sin: &[f32], 
     for (x, o) in x.iter_mut().zip(b.out.matmul(&ctx, s)) {
         *x += o;
     }
-    let f = cfg.feed_forward_length;
+    let f = cfg.ffn;
     let gu = b.gate_up.matmul(&rms_norm(x, b.ffn_norm, cfg.rms_eps), s);
     let mut act = vec![0f32; s * f];
     for (row, a) in gu.chunks_exact(2 * f).zip(act.chunks_exact_mut(f)) {
