@@ -7,6 +7,7 @@
 //! The same arithmetic as the tensor path (`burn_llama`), which the tests hold it to.
 
 use super::qmatmul::QStack;
+use crate::kernels::cpu::vector::par_chunks_for;
 
 /// The sizes a layer needs (from the model's `LlamaConfig`).
 pub(super) struct Shape {
@@ -50,6 +51,20 @@ pub(super) fn rms_norm(x: &[f32], w: &[f32], eps: f64) -> Vec<f32> {
     out
 }
 
+/// `Σ a·b` in 16 lanes, so the compiler can keep it in vector registers (a sum in order is a
+/// chain of dependent additions, one element at a time).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
 /// Interleaved-pair rotation of one head's `dh` values at table row `t` (`half` pairs).
 fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     for i in 0..cos.len() {
@@ -87,24 +102,26 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mu
             kv.v[head].extend_from_slice(&row[(nh + nkv + head) * dh..(nh + nkv + head + 1) * dh]);
         }
     }
-    // causal attention: query t sees positions 0..=pos + t; query heads share K/V heads in groups
+    // causal attention: query t sees positions 0..=pos + t; query heads share K/V heads in groups.
+    // Queries are independent: a prompt's run in parallel, each the same sums as alone.
     let (group, scale) = (nh / nkv, 1.0 / (dh as f32).sqrt());
     let mut ctx = vec![0f32; s * nh * dh];
-    let mut scores = Vec::with_capacity(pos + s);
-    for t in 0..s {
+    let kv = &*kv;
+    par_chunks_for(&mut ctx, nh * dh, s * (pos + s) * nh * dh, |t, ctx_t| {
         let seen = pos + t + 1;
+        let mut scores = Vec::with_capacity(seen);
         for head in 0..nh {
             let (keys, values) = (&kv.k[head / group], &kv.v[head / group]);
             let qh = &q[(t * nh + head) * dh..(t * nh + head + 1) * dh];
             scores.clear();
-            scores.extend(keys.chunks_exact(dh).take(seen).map(|k| qh.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale));
+            scores.extend(keys.chunks_exact(dh).take(seen).map(|k| dot(qh, k) * scale));
             let max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
             let mut total = 0f32;
             for v in scores.iter_mut() {
                 *v = (*v - max).exp();
                 total += *v;
             }
-            let out = &mut ctx[(t * nh + head) * dh..(t * nh + head + 1) * dh];
+            let out = &mut ctx_t[head * dh..(head + 1) * dh];
             for (p, vrow) in scores.iter().zip(values.chunks_exact(dh)) {
                 let w = p / total;
                 for (o, v) in out.iter_mut().zip(vrow) {
@@ -112,7 +129,7 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mu
                 }
             }
         }
-    }
+    });
     for (x, o) in x.iter_mut().zip(b.out.matmul(&ctx, s)) {
         *x += o;
     }
