@@ -965,35 +965,48 @@ pub(super) fn row_sum_as_sum(level: Simd, row: &[f32], total: usize) -> f64 {
 /// `e * (1 / s)` (Axon's form). Five passes over memory become one. `None` off f32/flex, for an
 /// empty tensor, or where the exp kernel is not this libm's.
 pub fn softmax_last(x: &Prim, recip: bool) -> Option<Prim> {
+    if !exp_replica_ok() {
+        return None;
+    }
+    let (level, total) = (simd(), flex_f32(x)?.len());
+    map_last_rows(x, |row, o, shifted| {
+        let m = max_wide(level, row);
+        for (d, &v) in shifted.iter_mut().zip(row) {
+            *d = v - m;
+        }
+        exp_f32_into(level, shifted, o);
+        // SAFETY: exp_f32_into wrote every element of `o`.
+        let e: &mut [f32] = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
+        let s = row_sum_as_sum(level, e, total) as f32;
+        if recip {
+            let r = 1.0 / s;
+            e.iter_mut().for_each(|v| *v *= r);
+        } else {
+            e.iter_mut().for_each(|v| *v /= s);
+        }
+    })
+}
+
+/// A contiguous f32 flex tensor of `x`'s shape whose every last-axis row `row_kernel(row, out,
+/// scratch)` writes, in parallel tasks of about `PAR_MIN` values, `scratch` a row-long buffer of
+/// the task's. `row_kernel` must write every element of `out`. `None` off f32/flex and for an
+/// empty tensor: the fused row kernels (softmax, layer norm) share this driver.
+pub(crate) fn map_last_rows(x: &Prim, row_kernel: impl Fn(&[f32], &mut [MaybeUninit<f32>], &mut [f32]) + Sync) -> Option<Prim> {
     let xs = flex_f32(x)?;
     let shape = dispatch::dims(x);
     let cols = *shape.last()?;
-    if xs.is_empty() || cols == 0 || !exp_replica_ok() {
+    if xs.is_empty() || cols == 0 {
         return None;
     }
-    let level = simd();
     let per_task = (PAR_MIN / cols).max(1);
     let mut out: Vec<f32> = Vec::with_capacity(xs.len());
     par_chunks_for(&mut out.spare_capacity_mut()[..xs.len()], per_task * cols, xs.len(), |t, o| {
-        let mut shifted = vec![0f32; cols];
+        let mut scratch = vec![0f32; cols];
         for (row, o) in xs[t * per_task * cols..].chunks(cols).zip(o.chunks_mut(cols)) {
-            let m = max_wide(level, row);
-            for (d, &v) in shifted.iter_mut().zip(row) {
-                *d = v - m;
-            }
-            exp_f32_into(level, &shifted, o);
-            // SAFETY: exp_f32_into wrote every element of `o`.
-            let e: &mut [f32] = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
-            let s = row_sum_as_sum(level, e, xs.len()) as f32;
-            if recip {
-                let r = 1.0 / s;
-                e.iter_mut().for_each(|v| *v *= r);
-            } else {
-                e.iter_mut().for_each(|v| *v /= s);
-            }
+            row_kernel(row, o, &mut scratch);
         }
     });
-    // SAFETY: the tasks wrote all xs.len() elements (each row of each chunk).
+    // SAFETY: the tasks wrote all xs.len() elements (each row of each chunk, `row_kernel`'s duty).
     unsafe { out.set_len(xs.len()) };
     Some(dispatch::from_data(TensorData::new(out, shape), &burn::tensor::Device::flex()))
 }
