@@ -386,12 +386,7 @@ impl Weights {
                     let dst = &mut out[(h * s + t) * dh..][..dh];
                     dst.copy_from_slice(src);
                     if let (true, Some((cos, sin))) = (rotate, tables) {
-                        let (cos, sin) = (&cos[(pos + t) * half..][..half], &sin[(pos + t) * half..][..half]);
-                        for i in 0..half {
-                            let (x0, x1) = (src[2 * i], src[2 * i + 1]);
-                            dst[2 * i] = x0 * cos[i] - x1 * sin[i];
-                            dst[2 * i + 1] = x0 * sin[i] + x1 * cos[i];
-                        }
+                        llama_host::rotate(&mut dst[..2 * half], &cos[(pos + t) * half..][..half], &sin[(pos + t) * half..][..half]);
                     }
                 }
             }
@@ -420,10 +415,7 @@ impl Weights {
         }
         let cfg = &self.cfg;
         let (s, h) = (tokens.len(), cfg.embedding_length);
-        let mut x = vec![0f32; s * h];
-        for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(h)) {
-            q(&self.embed).dequantise_row(t as usize, row);
-        }
+        let mut x = q(&self.embed).dequantise_rows(tokens);
         let shape = Shape {
             hidden: h,
             heads: cfg.head_count,
@@ -453,13 +445,7 @@ impl Weights {
                 let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [s]), (&self.device, DType::I32));
                 e.clone().transpose().select(0, ids)
             }
-            Linear::Quant(e) => {
-                let mut rows = vec![0f32; s * h];
-                for (&t, row) in tokens.iter().zip(rows.chunks_exact_mut(h)) {
-                    e.dequantise_row(t as usize, row);
-                }
-                f32_tensor(rows, [s, h], &self.device)
-            }
+            Linear::Quant(e) => f32_tensor(e.dequantise_rows(tokens), [s, h], &self.device),
         };
         let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: s > 1 };
         for (block, slot) in self.blocks.iter().zip(cache.iter_mut()) {

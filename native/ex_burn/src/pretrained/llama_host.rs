@@ -65,8 +65,9 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// Interleaved-pair rotation of one head's `dh` values at table row `t` (`half` pairs).
-fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+/// Interleaved-pair rotation of one head's first `2 · cos.len()` values by a table row
+/// (`rope_tables`): the rotation both Llama paths apply on the host.
+pub(super) fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     for i in 0..cos.len() {
         let (x0, x1) = (x[2 * i], x[2 * i + 1]);
         x[2 * i] = x0 * cos[i] - x1 * sin[i];

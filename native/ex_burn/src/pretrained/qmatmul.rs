@@ -77,6 +77,16 @@ impl QStack {
         part.dequantise_row(row, out)
     }
 
+    /// The rows `ids` names, dequantised one after another (`[ids.len(), cols]`): a sequence's
+    /// embedding lookup.
+    pub fn dequantise_rows(&self, ids: &[u32]) -> Vec<f32> {
+        let mut out = vec![0f32; ids.len() * self.cols];
+        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(self.cols)) {
+            self.dequantise_row(id as usize, row);
+        }
+        out
+    }
+
     /// The part holding stacked row `r`, and the row within it.
     fn locate(&self, mut r: usize) -> (&QMatrix, usize) {
         for p in &self.parts {
