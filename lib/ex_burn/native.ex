@@ -85,6 +85,7 @@ defmodule ExBurn.Native do
     llm_start: 3,
     llm_prompt_ids: 1,
     llm_next: 2,
+    llm_step: 2,
     json_decode: 1,
     json_encode: 2
   ]

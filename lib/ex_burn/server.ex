@@ -22,7 +22,7 @@ defmodule ExBurn.Server do
   Model ids are the directory names of the models directory (`ExBurn.Models.list/1`). Models
   load on their first request (or at start with `:preload`); each embedding model is served by
   an `ExBurn.Serving.Batcher` (concurrent requests share batches) and each LLM by an
-  `ExBurn.LLM.Scheduler` (generations queued first come, first served). A client that hangs up
+  `ExBurn.LLM.Scheduler` (generations run together in batched steps: continuous batching). A client that hangs up
   mid-stream stops its generation.
 
   ## Options
@@ -45,7 +45,9 @@ defmodule ExBurn.Server do
     * `:max_inputs` - the most texts in one embedding request (default 2048)
     * `:default_max_tokens` - generation length when a request gives none (default 256)
     * `:batch_size`, `:batch_timeout` - for the embedding servers (defaults 32 and 5 ms)
-    * `:max_concurrent` - generations running at once per LLM (default 1)
+    * `:max_concurrent`, `:step_tokens`, `:kv_memory` - per LLM: generations in a batched step,
+      tokens a step runs and bytes of KV cache the running generations may reserve (defaults
+      those of `ExBurn.LLM.Scheduler`)
     * `:max_queue` - generations waiting per LLM before requests get 503 (default 256)
     * `:shutdown_timeout` - ms a stopping server waits for in-flight requests (default 30 000)
 
@@ -84,6 +86,8 @@ defmodule ExBurn.Server do
     :batch_size,
     :batch_timeout,
     :max_concurrent,
+    :step_tokens,
+    :kv_memory,
     :max_queue,
     :shutdown_timeout
   ]
@@ -193,7 +197,7 @@ defmodule ExBurn.Server do
       default_max_tokens: ExBurn.Tensor.Util.int_option!(:server, opts, :default_max_tokens, 256),
       batch_size: ExBurn.Tensor.Util.int_option!(:server, opts, :batch_size, 32),
       batch_timeout: ExBurn.Tensor.Util.int_option!(:server, opts, :batch_timeout, 5, 0),
-      max_concurrent: ExBurn.Tensor.Util.int_option!(:server, opts, :max_concurrent, 1),
+      scheduler: Keyword.take(opts, [:max_concurrent, :step_tokens, :kv_memory]),
       max_queue: ExBurn.Tensor.Util.int_option!(:server, opts, :max_queue, 256),
       shutdown_timeout: ExBurn.Tensor.Util.int_option!(:server, opts, :shutdown_timeout, 30_000, 0),
       registry: Module.concat(name, Registry),

@@ -44,6 +44,7 @@ defmodule ExBurn.LLM do
     :device,
     :vocab_size,
     :context_length,
+    :kv_bytes_per_token,
     :arch,
     :chat_template,
     :eos_token_ids,

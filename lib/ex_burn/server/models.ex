@@ -170,6 +170,6 @@ defmodule ExBurn.Server.Model do
   end
 
   defp serve(%ExBurn.LLM{} = model, config) do
-    ExBurn.LLM.Scheduler.start_link(model, max_concurrent: config.max_concurrent, max_queue: config.max_queue)
+    ExBurn.LLM.Scheduler.start_link(model, [max_queue: config.max_queue] ++ config.scheduler)
   end
 end

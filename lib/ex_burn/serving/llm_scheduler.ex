@@ -19,26 +19,37 @@ defmodule ExBurn.LLM.Scheduler do
 
   In a supervision tree: `{ExBurn.LLM.Scheduler, model: model, name: Chat}`.
 
-  ## Scheduling and fairness
+  ## Scheduling: continuous batching
 
-  Requests wait in one first-in, first-out queue, whoever sends them. At most `:max_concurrent`
-  generations run at once (default 1); each runs in its own process (linked to the server), one
-  token per NIF call on a dirty CPU scheduler, and sends its text to the caller as it comes. With
-  the default, generations run one at a time, in arrival order: each gets the whole CPU and
-  finishes as early as it can, and a request's wait is the sum of the generations queued
-  before it. With `max_concurrent: n` up to `n` generations run side by side, interleaved by
-  the dirty schedulers (truly parallel where there are cores to spare); that lowers the wait of
-  short requests behind long ones at the price of slower tokens for everyone. The server itself
-  never runs model code, so it keeps accepting, queuing and cancelling while generations run.
+  The server runs its generations together, a step at a time: each step is one call into the
+  model that advances every running generation by a token (one pass over the weights for all
+  of them), so several users cost little more than one. Requests join at a step boundary and
+  leave as soon as they finish; the server itself never runs model code, so it keeps accepting,
+  queuing and cancelling while a step runs.
 
-  A request whose caller dies leaves the queue, or, running, is stopped within one token (the
-  generation process is killed and the running NIF notices its process died). `cancel/2` does
-  the same for a live caller, and a `stream/3` consumer that stops early cancels its request.
+  A new prompt is run in chunks within the step's token budget (`:step_tokens`): every running
+  generation gets its token first, then prompts get what is left, in the order they joined. So
+  a long prompt never stalls the streams already running by more than a step's budget, and it
+  is never starved. A request's output is the same whatever else is in the batch.
+
+  Requests wait in one first-in, first-out queue and join while fewer than `:max_concurrent`
+  run and the KV cache they may need fits the budget (`:kv_memory`): each reserves its prompt
+  plus `max_tokens` (within the model's context) times the model's `kv_bytes_per_token`, from
+  joining to finishing. The head of the queue waits for room; later requests don't pass it. A
+  request that could not fit even alone fails at once with `details.cause == :overloaded`.
+
+  A request whose caller dies leaves the queue, or, running, leaves at the end of the current
+  step (one token). `cancel/2` does the same for a live caller, and a `stream/3` consumer that
+  stops early cancels its request.
 
   ## Options of `start_link/2`
 
     * `:name` - registers the server (any `GenServer` name)
-    * `:max_concurrent` - generations running at once (default 1)
+    * `:max_concurrent` - generations in a step at most (default 16)
+    * `:step_tokens` - tokens a step runs at most, prompts' chunks and decoded tokens together
+      (default 256)
+    * `:kv_memory` - bytes of KV cache the running generations may reserve together (default
+      1 GiB)
     * `:max_queue` - the most requests waiting (not running); more are refused at once with an
       `ExBurn.Error` whose `details.cause` is `:overloaded` (default 256, or `:infinity`)
 
@@ -66,18 +77,22 @@ defmodule ExBurn.LLM.Scheduler do
 
   use GenServer
 
-  alias ExBurn.Error
+  alias ExBurn.{Error, Pretrained}
 
-  @options [:name, :max_concurrent, :max_queue]
+  @options [:name, :max_concurrent, :step_tokens, :kv_memory, :max_queue]
   @call_options [:timeout, :alive?, :check_interval]
 
   defstruct [
     :model,
     :max_concurrent,
+    :step_tokens,
+    :kv_memory,
     :max_queue,
     queue: :queue.new(),
     requests: %{},
-    workers: %{},
+    running: [],
+    stepping: nil,
+    kv_reserved: 0,
     cancels: %{}
   ]
 
@@ -252,7 +267,10 @@ defmodule ExBurn.LLM.Scheduler do
     with {:ok, ref} <- request(server, prompt, opts), do: collect(server, ref, waiting(opts), [])
   end
 
-  @doc "Queue and model facts: `%{model: name, queued: n, running: n, max_concurrent: n, max_queue: n}`."
+  @doc """
+  Queue and model facts: `%{model: name, queued: n, running: n, max_concurrent: n,
+  step_tokens: n, kv_memory: bytes, kv_reserved: bytes, max_queue: n}`.
+  """
   def info(server) do
     case whereis(server) do
       {:ok, pid} -> GenServer.call(pid, :info)
@@ -373,6 +391,11 @@ defmodule ExBurn.LLM.Scheduler do
 
   ## Server
 
+  # Each request is an entry in `requests`: queued (`gen: nil`, its ref in `queue`), then
+  # started (tokenised, `gen` its generation) and, once its KV reservation fits, running (its
+  # ref in `running`, in the order it joined). A step process runs one batched step of the
+  # running generations at a time (`stepping`); the server never runs model code itself.
+
   @impl true
   def init(config) do
     Process.flag(:trap_exit, true)
@@ -382,32 +405,21 @@ defmodule ExBurn.LLM.Scheduler do
   @impl true
   def handle_call({:request, ref, caller, prompt, opts}, _from, s) do
     if s.max_queue != :infinity and :queue.len(s.queue) >= s.max_queue do
-      error = %Error{
-        op: :llm_scheduler,
-        reason: "overloaded: #{:queue.len(s.queue)} requests are already queued",
-        details: %{cause: :overloaded, max_queue: s.max_queue}
-      }
-
-      {:reply, {:error, error}, s}
+      {:reply,
+       {:error, overloaded("#{:queue.len(s.queue)} requests are already queued", max_queue: s.max_queue)}, s}
     else
-      entry = %{caller: caller, mref: Process.monitor(caller), prompt: prompt, opts: opts, worker: nil}
+      entry = %{caller: caller, mref: Process.monitor(caller), prompt: prompt, opts: opts, gen: nil}
       s = %{s | queue: :queue.in(ref, s.queue), requests: Map.put(s.requests, ref, entry)}
-      {:reply, :ok, dispatch(s)}
+      {:reply, :ok, schedule(s)}
     end
   end
 
   def handle_call({:cancel, ref}, from, s) do
-    case Map.get(s.requests, ref) do
-      nil ->
-        {:reply, :ok, s}
-
-      %{worker: nil} ->
-        {:reply, :ok, drop(s, ref)}
-
-      %{worker: pid} ->
-        # Answered when the generation process is gone, so no event can follow the reply.
-        Process.exit(pid, :kill)
-        {:noreply, %{s | cancels: Map.update(s.cancels, pid, [from], &[from | &1])}}
+    if in_step?(s, ref) do
+      # answered when the step ends, so no event of it can follow the reply
+      {:noreply, %{s | cancels: Map.update(s.cancels, ref, [from], &[from | &1])}}
+    else
+      {:reply, :ok, drop(s, ref)}
     end
   end
 
@@ -416,47 +428,48 @@ defmodule ExBurn.LLM.Scheduler do
      %{
        model: s.model.name,
        queued: :queue.len(s.queue),
-       running: map_size(s.workers),
+       running: length(s.running),
        max_concurrent: s.max_concurrent,
-       max_queue: s.max_queue
+       max_queue: s.max_queue,
+       step_tokens: s.step_tokens,
+       kv_memory: s.kv_memory,
+       kv_reserved: s.kv_reserved
      }, s}
   end
 
   @impl true
+  def handle_info({:stepped, pid, results}, %{stepping: {pid, _}} = s) do
+    s = %{s | stepping: nil}
+    s = Enum.reduce(results, s, &deliver/2)
+    {:noreply, s |> answer_cancels() |> schedule()}
+  end
+
   def handle_info({:EXIT, pid, reason}, s) do
-    case Map.pop(s.workers, pid) do
-      {nil, _} ->
-        # Not a worker (the parent's exit is handled by GenServer itself).
+    case s.stepping do
+      {^pid, refs} when reason != :normal ->
+        # the step died before answering: its generations fail (their caches are unknown)
+        s = Enum.reduce(refs, %{s | stepping: nil}, &fail(&2, &1, worker_error(reason)))
+        {:noreply, s |> answer_cancels() |> schedule()}
+
+      {^pid, _} ->
+        {:noreply, s}
+
+      _ ->
+        # not the step process (the parent's exit is handled by GenServer itself)
         if reason == :normal, do: {:noreply, s}, else: {:stop, reason, s}
-
-      {ref, workers} ->
-        {entry, requests} = Map.pop(s.requests, ref)
-
-        # A generation that did not end by itself: its events end with an :error (a cancelling
-        # caller flushes it; a dead one never reads it).
-        if reason != :normal and entry do
-          send(entry.caller, {__MODULE__, ref, {:error, worker_error(reason)}})
-        end
-
-        if entry, do: Process.demonitor(entry.mref, [:flush])
-        {froms, cancels} = Map.pop(s.cancels, pid, [])
-        Enum.each(froms, &GenServer.reply(&1, :ok))
-        {:noreply, dispatch(%{s | workers: workers, requests: requests, cancels: cancels})}
     end
   end
 
-  # A caller died: its request leaves the queue or its generation stops.
+  # A caller died: its request leaves at once, or when the step it is in ends.
   def handle_info({:DOWN, mref, :process, _, _}, s) do
     case Enum.find(s.requests, fn {_, entry} -> entry.mref == mref end) do
       nil ->
         {:noreply, s}
 
-      {ref, %{worker: nil}} ->
-        {:noreply, drop(s, ref)}
-
-      {_ref, %{worker: pid}} ->
-        Process.exit(pid, :kill)
-        {:noreply, s}
+      {ref, _} ->
+        if in_step?(s, ref),
+          do: {:noreply, %{s | cancels: Map.put_new(s.cancels, ref, [])}},
+          else: {:noreply, schedule(drop(s, ref))}
     end
   end
 
@@ -464,51 +477,193 @@ defmodule ExBurn.LLM.Scheduler do
 
   @impl true
   def terminate(_reason, s) do
-    Enum.each(s.workers, fn {pid, _} -> Process.exit(pid, :kill) end)
+    with {pid, _} <- s.stepping, do: Process.exit(pid, :kill)
   end
 
-  defp drop(s, ref) do
-    {entry, requests} = Map.pop(s.requests, ref)
-    if entry, do: Process.demonitor(entry.mref, [:flush])
-    %{s | requests: requests, queue: :queue.delete(ref, s.queue)}
-  end
+  defp in_step?(%{stepping: {_, refs}}, ref), do: ref in refs
+  defp in_step?(_, _), do: false
 
-  defp dispatch(s) do
-    if map_size(s.workers) < s.max_concurrent do
-      case :queue.out(s.queue) do
-        {:empty, _} ->
-          s
+  # The results of one request's step: its events go to its caller, and it leaves when done.
+  defp deliver({ref, result}, s) do
+    case {Map.fetch(s.requests, ref), result} do
+      {:error, _} ->
+        s
 
-        {{:value, ref}, queue} ->
-          entry = Map.fetch!(s.requests, ref)
-          pid = start_worker(s.model, ref, entry)
+      {{:ok, _}, _} when is_map_key(s.cancels, ref) ->
+        drop(s, ref)
 
-          dispatch(%{
-            s
-            | queue: queue,
-              workers: Map.put(s.workers, pid, ref),
-              requests: Map.put(s.requests, ref, %{entry | worker: pid})
-          })
-      end
-    else
-      s
+      {{:ok, entry}, {:ok, {status, text, ids, finish}}} ->
+        if text != "", do: send(entry.caller, {__MODULE__, ref, {:text, text}})
+        entry = %{entry | fed: entry.fed + entry.chunk, completion: entry.completion + length(ids)}
+
+        if status == :done do
+          usage = %{prompt_tokens: entry.prompt_len, completion_tokens: entry.completion}
+          send(entry.caller, {__MODULE__, ref, {:done, %{finish_reason: finish, usage: usage}}})
+          drop(s, ref)
+        else
+          %{s | requests: Map.put(s.requests, ref, entry)}
+        end
+
+      {{:ok, _}, {:error, {op, reason, details}}} ->
+        fail(s, ref, %Error{op: op, reason: reason, details: details})
     end
   end
 
-  defp start_worker(model, ref, %{caller: caller, prompt: prompt, opts: opts}) do
-    spawn_link(fn ->
-      try do
-        model
-        |> ExBurn.LLM.stream_events(prompt, opts)
-        |> Enum.each(&send(caller, {__MODULE__, ref, &1}))
-      rescue
-        e in Error ->
-          send(caller, {__MODULE__, ref, {:error, e}})
+  defp fail(s, ref, error) do
+    case Map.fetch(s.requests, ref) do
+      {:ok, entry} ->
+        unless Map.has_key?(s.cancels, ref), do: send(entry.caller, {__MODULE__, ref, {:error, error}})
+        drop(s, ref)
 
-        e ->
-          send(caller, {__MODULE__, ref, {:error, worker_error({e, __STACKTRACE__})}})
+      :error ->
+        s
+    end
+  end
+
+  defp answer_cancels(s) do
+    Enum.each(s.cancels, fn {_, froms} -> Enum.each(froms, &GenServer.reply(&1, :ok)) end)
+    Enum.reduce(Map.keys(s.cancels), %{s | cancels: %{}}, &drop(&2, &1))
+  end
+
+  # Removes a request wherever it is, releasing its KV reservation.
+  defp drop(s, ref) do
+    case Map.pop(s.requests, ref) do
+      {nil, _} ->
+        s
+
+      {entry, requests} ->
+        Process.demonitor(entry.mref, [:flush])
+
+        %{
+          s
+          | requests: requests,
+            queue: :queue.delete(ref, s.queue),
+            running: List.delete(s.running, ref),
+            kv_reserved: s.kv_reserved - Map.get(entry, :reserved, 0)
+        }
+    end
+  end
+
+  # At a step boundary: requests join while the batch and the KV budget have room, then the
+  # next step starts.
+  defp schedule(%{stepping: nil} = s) do
+    s = admit(s)
+    if s.running == [], do: s, else: step(s)
+  end
+
+  defp schedule(s), do: s
+
+  # Joins queued requests in arrival order. The first one that doesn't fit waits at the head
+  # (later ones don't pass it), so a long prompt is not starved by short ones.
+  defp admit(s) do
+    with true <- length(s.running) < s.max_concurrent,
+         {{:value, ref}, queue} <- :queue.out(s.queue) do
+      entry = Map.fetch!(s.requests, ref)
+
+      case start(s, entry) do
+        {:ok, entry} ->
+          cond do
+            s.kv_reserved + entry.reserved <= s.kv_memory ->
+              entry = Map.merge(entry, %{fed: 0, chunk: 0, completion: 0})
+
+              admit(%{
+                s
+                | queue: queue,
+                  running: s.running ++ [ref],
+                  kv_reserved: s.kv_reserved + entry.reserved,
+                  requests: Map.put(s.requests, ref, entry)
+              })
+
+            s.running == [] ->
+              # alone it still doesn't fit: it never will
+              error =
+                overloaded("the request needs #{entry.reserved} bytes of KV cache",
+                  kv_memory: s.kv_memory,
+                  kv_needed: entry.reserved
+                )
+
+              admit(fail(%{s | queue: queue}, ref, error))
+
+            true ->
+              %{s | requests: Map.put(s.requests, ref, entry)}
+          end
+
+        {:error, error} ->
+          admit(fail(%{s | queue: queue}, ref, error))
       end
-    end)
+    else
+      _ -> s
+    end
+  end
+
+  # Tokenises the prompt and opens the generation (once), and reserves the KV cache its
+  # longest run can take: prompt plus max_tokens, within the context.
+  defp start(_s, %{gen: gen} = entry) when gen != nil, do: {:ok, entry}
+
+  defp start(s, entry) do
+    model = s.model
+
+    with {:ok, start} <- ExBurn.LLM.start_args(entry.prompt, entry.opts),
+         {:ok, gen} <- Pretrained.wrap(ExBurn.Native.llm_start(model.ref, start.prompt, start.opts)),
+         {:ok, ids} <- Pretrained.wrap(ExBurn.Native.llm_prompt_ids(gen)) do
+      tokens = min(length(ids) + start.opts.max_tokens, model.context_length)
+
+      {:ok,
+       Map.merge(entry, %{gen: gen, prompt_len: length(ids), reserved: tokens * model.kv_bytes_per_token})}
+    end
+  end
+
+  # One batched step of the running generations in a process of its own. The step's token
+  # budget goes to every running decode first (a token each), then to prompts in the order they
+  # joined; a prompt left without budget sits this step out.
+  defp step(s) do
+    {plan, _left} =
+      Enum.flat_map_reduce(s.running, s.step_tokens, fn ref, left ->
+        entry = Map.fetch!(s.requests, ref)
+        prompt_left = entry.prompt_len - entry.fed
+        if prompt_left <= 0, do: {[{ref, entry.gen, 1}], left}, else: {[], left}
+      end)
+
+    {prefill, _} =
+      Enum.flat_map_reduce(s.running, s.step_tokens - length(plan), fn ref, left ->
+        entry = Map.fetch!(s.requests, ref)
+        prompt_left = entry.prompt_len - entry.fed
+        take = min(prompt_left, left)
+        if prompt_left > 0 and take > 0, do: {[{ref, entry.gen, take}], left - take}, else: {[], left}
+      end)
+
+    plan = plan ++ prefill
+
+    requests =
+      Enum.reduce(plan, s.requests, fn {ref, _, chunk}, acc ->
+        Map.update!(acc, ref, &%{&1 | chunk: if(&1.prompt_len > &1.fed, do: chunk, else: 0)})
+      end)
+
+    server = self()
+    gens = Enum.map(plan, &elem(&1, 1))
+    chunks = Enum.map(plan, &elem(&1, 2))
+    refs = Enum.map(plan, &elem(&1, 0))
+
+    pid =
+      spawn_link(fn ->
+        results =
+          case ExBurn.Native.llm_step(gens, chunks) do
+            {:ok, each} -> Enum.zip(refs, each)
+            {:error, err} -> Enum.map(refs, &{&1, {:error, err}})
+          end
+
+        send(server, {:stepped, self(), results})
+      end)
+
+    %{s | stepping: {pid, refs}, requests: requests}
+  end
+
+  defp overloaded(why, details) do
+    %Error{
+      op: :llm_scheduler,
+      reason: "overloaded: #{why}",
+      details: Map.new([{:cause, :overloaded} | details])
+    }
   end
 
   defp worker_error(reason) do
@@ -525,7 +680,9 @@ defmodule ExBurn.LLM.Scheduler do
         do: fail!("unknown option #{inspect(key)}", %{option: key, allowed: @options})
 
     %{
-      max_concurrent: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :max_concurrent, 1),
+      max_concurrent: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :max_concurrent, 16),
+      step_tokens: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :step_tokens, 256),
+      kv_memory: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :kv_memory, 1024 * 1024 * 1024),
       max_queue:
         if(opts[:max_queue] == :infinity,
           do: :infinity,

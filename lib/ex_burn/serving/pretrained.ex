@@ -43,9 +43,11 @@ defmodule ExBurn.Serving.Pretrained do
   A list of strings is not a batch of prompts here (a list is a chat); send prompts
   concurrently with `Nx.Serving.batched_run/2` instead.
 
-  Each request runs its own generation (batch size 1): `ExBurn.LLM.generate/3` on the serving's
-  task, with the same text for the same options. `:partitions` (default 1) sets how many
-  generations run at once.
+  A started serving (`batched_run/2`) owns an `ExBurn.LLM.Scheduler`: each request is a
+  generation of its own, and up to `:partitions` of them (default 16) run together in the
+  scheduler's batched steps (continuous batching: a request joins at the next step and leaves
+  when done), each with the text it would get alone. `Nx.Serving.run/2` (inline) runs
+  `ExBurn.LLM.generate/3` in the caller.
 
   With `stream: true`, `Nx.Serving.run/2` and `Nx.Serving.batched_run/2` return a lazy stream of
   text pieces (valid UTF-8; joined, the text the non-streaming serving returns), delivered as
@@ -129,7 +131,7 @@ if Code.ensure_loaded?(Nx) do
       opts = options!(opts, @options)
       batch_size = ExBurn.Tensor.Util.int_option!(:serving, opts, :batch_size, 32)
       batch_timeout = ExBurn.Tensor.Util.int_option!(:serving, opts, :batch_timeout, 10, 0)
-      partitions = ExBurn.Tensor.Util.int_option!(:serving, opts, :partitions, 1)
+      partitions = ExBurn.Tensor.Util.int_option!(:serving, opts, :partitions, 16)
       seq_len = sequence_length!(opts, model)
 
       Nx.Serving.new(__MODULE__, model, partition_options(partitions))
@@ -331,13 +333,21 @@ if Code.ensure_loaded?(Nx) do
 
     ## Serving callbacks
 
-    # With streaming, each partition's options carry the `:token` hook Nx.Serving installed.
+    # With streaming, each partition's options carry the `:token` hook Nx.Serving installed. A
+    # serving process gets a scheduler that batches its partitions' generations (linked: it
+    # lives as long as the serving); an inline run generates in the caller.
     @impl true
-    def init(_type, arg, partitions) do
+    def init(type, arg, partitions) do
       hooks =
         partitions |> Enum.with_index() |> Map.new(fn {opts, i} -> {i, get_in(opts, [:hooks, :token])} end)
 
-      {:ok, Map.put(arg, :hooks, hooks)}
+      scheduler =
+        if type == :process do
+          {:ok, pid} = ExBurn.LLM.Scheduler.start_link(arg.model, max_concurrent: length(partitions))
+          pid
+        end
+
+      {:ok, Map.merge(arg, %{hooks: hooks, scheduler: scheduler})}
     end
 
     @impl true
@@ -345,13 +355,21 @@ if Code.ensure_loaded?(Nx) do
       {:execute, fn -> execute(state, Map.get(state.hooks, partition), batch) end, state}
     end
 
-    defp execute(%{model: model, stream: stream?}, hook, batch) do
+    defp execute(%{model: model, stream: stream?, scheduler: scheduler}, hook, batch) do
       {prompt, opts} = batch |> materialize() |> Nx.to_binary() |> :erlang.binary_to_term([:safe])
-      if stream?, do: stream(model, prompt, opts, hook), else: generate(model, prompt, opts)
+
+      if stream?,
+        do: stream(model, scheduler, prompt, opts, hook),
+        else: generate(model, scheduler, prompt, opts)
     end
 
-    defp generate(model, prompt, opts) do
-      case LLM.generate(model, prompt, opts) do
+    defp generate(model, scheduler, prompt, opts) do
+      result =
+        if scheduler,
+          do: ExBurn.LLM.Scheduler.generate(scheduler, prompt, opts),
+          else: LLM.generate(model, prompt, opts)
+
+      case result do
         {:ok, r} ->
           {count(r.usage.completion_tokens),
            %{text: r.text, finish_reason: r.finish_reason, token_summary: summary(r.usage)}}
@@ -361,10 +379,14 @@ if Code.ensure_loaded?(Nx) do
       end
     end
 
-    defp stream(model, prompt, opts, hook) do
+    defp stream(model, scheduler, prompt, opts, hook) do
+      events =
+        if scheduler,
+          do: ExBurn.LLM.Scheduler.stream_events(scheduler, prompt, opts),
+          else: LLM.stream_events(model, prompt, opts)
+
       done =
-        model
-        |> LLM.stream_events(prompt, opts)
+        events
         |> Enum.reduce(nil, fn
           {:text, piece}, acc ->
             hook.(host_binary(piece, :u8, {1, byte_size(piece)}))

@@ -5,7 +5,7 @@ defmodule Mix.Tasks.ExBurn.Server do
 
       mix ex_burn.server --port 8080 [--host 0.0.0.0] [--models DIR] [--device cpu] [--engine auto]
                          [--token SECRET] [--rate-limit 10] [--burst 20] [--preload all|id,id]
-                         [--max-concurrent 1] [--body-limit BYTES]
+                         [--max-concurrent 16] [--body-limit BYTES]
 
   * `--port` - TCP port (default 8080; 0 picks a free one)
   * `--host` - address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)
@@ -14,7 +14,9 @@ defmodule Mix.Tasks.ExBurn.Server do
   * `--token` - the bearer token clients must send (default `EXBURN_API_TOKEN`, then config; see `ExBurn.Server`)
   * `--rate-limit`, `--burst` - requests per second per client, and the bucket size
   * `--preload` - load these models (or `all`) at start instead of on first use
-  * `--max-concurrent` - generations running at once per LLM (default 1)
+  * `--max-concurrent`, `--step-tokens`, `--kv-memory BYTES` - per LLM: generations in a
+    batched step, tokens a step runs, KV cache bytes the running generations may reserve
+    (`ExBurn.LLM.Scheduler`'s options and defaults)
   * `--body-limit` - the largest request body in bytes (default 4 MiB)
 
   SIGTERM stops it gracefully: new requests get 503 and those in flight finish first.
@@ -32,6 +34,8 @@ defmodule Mix.Tasks.ExBurn.Server do
     burst: :float,
     preload: :string,
     max_concurrent: :integer,
+    step_tokens: :integer,
+    kv_memory: :integer,
     body_limit: :integer
   ]
 
@@ -83,6 +87,8 @@ defmodule Mix.Tasks.ExBurn.Server do
       rate_limit: opts[:rate_limit] && [per_second: opts[:rate_limit], burst: opts[:burst]],
       preload: preload(opts[:preload]),
       max_concurrent: opts[:max_concurrent],
+      step_tokens: opts[:step_tokens],
+      kv_memory: opts[:kv_memory],
       body_limit: opts[:body_limit]
     ]
     |> Enum.reject(fn {_, v} -> v == nil end)

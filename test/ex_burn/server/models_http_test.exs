@@ -16,7 +16,8 @@ defmodule ExBurn.Server.ModelsHttpTest do
 
   setup_all do
     name = :models_http_test
-    start_supervised!({ExBurn.Server, name: name, port: 0, token: nil, preload: :all})
+    # one generation at a time, so the tests can hold a request in the queue behind another
+    start_supervised!({ExBurn.Server, name: name, port: 0, token: nil, preload: :all, max_concurrent: 1})
     {:ok, embedding} = ExBurn.Embedding.load(@emb)
     {:ok, llm} = ExBurn.LLM.load(@llm)
     %{name: name, url: ExBurn.Server.url(name), embedding: embedding, llm: llm}

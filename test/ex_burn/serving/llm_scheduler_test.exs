@@ -1,8 +1,9 @@
 Code.require_file("../server/support.exs", __DIR__)
 
 defmodule ExBurn.LLM.SchedulerTest do
-  # ExBurn.LLM.Scheduler with the real SmolLM2 model: same text as ExBurn.LLM, first come first
-  # served, streaming to the caller, and cancellation when the caller dies or cancels.
+  # ExBurn.LLM.Scheduler with the real SmolLM2 model: same text as ExBurn.LLM alone and in a
+  # batch, first come first served, streaming to the caller, the KV budget, and cancellation
+  # when the caller dies or cancels.
   use ExUnit.Case, async: false
 
   alias ExBurn.LLM.Scheduler
@@ -70,8 +71,8 @@ defmodule ExBurn.LLM.SchedulerTest do
     assert Scheduler.info(server).queued == 0
   end
 
-  test "requests run one at a time, first come first served", %{model: model} do
-    server = start(model)
+  test "a full batch queues the rest, first come first served", %{model: model} do
+    server = start(model, max_concurrent: 1)
     test = self()
 
     # The first request holds the model until cancelled, so the others queue behind it in order.
@@ -96,6 +97,56 @@ defmodule ExBurn.LLM.SchedulerTest do
     assert order == [1, 2, 3]
   end
 
+  @prompts [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "1, 2, 3, 4,",
+    "Write a haiku about autumn leaves falling on a quiet river at dusk, and explain it.",
+    "def fib(n):",
+    "The three primary colors are",
+    "Translate to French: good morning, my friend.",
+    "Water boils at"
+  ]
+
+  test "in a batch each request gets the text it gets alone, joining and leaving mid-stream",
+       %{model: model} do
+    opts = fn i -> [max_tokens: 4 + 3 * i, greedy: true] end
+    alone = for {p, i} <- Enum.with_index(@prompts), do: ExBurn.LLM.generate!(model, p, opts.(i)).text
+
+    # a small step budget splits the longer prompts into chunks across steps
+    server = start(model, max_concurrent: 5, step_tokens: 12)
+    test = self()
+
+    for {p, i} <- Enum.with_index(@prompts) do
+      spawn_link(fn ->
+        Process.sleep(40 * i)
+        send(test, {:result, i, Scheduler.generate(server, p, opts.(i))})
+      end)
+    end
+
+    got = for _ <- @prompts, into: %{}, do: assert_receive({:result, i, {:ok, r}}, 120_000) && {i, r.text}
+    for {want, i} <- Enum.with_index(alone), do: assert(got[i] == want, "prompt #{i}")
+  end
+
+  test "the KV budget bounds what runs; a request that can never fit is refused", %{model: model} do
+    per_token = model.kv_bytes_per_token
+    assert per_token > 0
+    # room for two requests of about 60 tokens
+    server = start(model, kv_memory: 130 * per_token)
+    refs = for p <- Enum.take(@prompts, 4), do: elem(Scheduler.request(server, p, max_tokens: 40), 1)
+
+    ExBurn.TestHelpers.wait_until(fn -> Scheduler.info(server).running == 2 end)
+    info = Scheduler.info(server)
+    assert info.queued == 2 and info.kv_reserved <= info.kv_memory
+    for ref <- refs, do: assert(:ok == collect(ref))
+    assert %{running: 0, queued: 0, kv_reserved: 0} = Scheduler.info(server)
+
+    assert {:error, %ExBurn.Error{details: %{cause: :overloaded, kv_needed: needed}}} =
+             Scheduler.generate(server, "Hi", max_tokens: 500)
+
+    assert needed > 130 * per_token
+  end
+
   test "max_concurrent runs several generations at once", %{model: model} do
     server = start(model, max_concurrent: 2)
     {:ok, a} = Scheduler.request(server, "Count to a thousand:", long())
@@ -109,7 +160,7 @@ defmodule ExBurn.LLM.SchedulerTest do
   end
 
   test "a caller that dies stops its generation; one that dies while queued leaves the queue", %{model: model} do
-    server = start(model)
+    server = start(model, max_concurrent: 1)
     test = self()
 
     running =
@@ -156,7 +207,7 @@ defmodule ExBurn.LLM.SchedulerTest do
   end
 
   test ":alive? false cancels a waiting request", %{model: model} do
-    server = start(model)
+    server = start(model, max_concurrent: 1)
     {:ok, blocker} = Scheduler.request(server, "Count to a thousand:", long())
     assert {:text, _} = Scheduler.await(blocker, 60_000)
 
@@ -177,7 +228,7 @@ defmodule ExBurn.LLM.SchedulerTest do
   end
 
   test "a full queue refuses with :overloaded; a stopped server with :down", %{model: model} do
-    server = start(model, max_queue: 1)
+    server = start(model, max_queue: 1, max_concurrent: 1)
     {:ok, blocker} = Scheduler.request(server, "Count to a thousand:", long())
     assert {:text, _} = Scheduler.await(blocker, 60_000)
     {:ok, _queued} = Scheduler.request(server, "Hi", max_tokens: 2)

@@ -34,7 +34,7 @@ pub mod atoms {
 }
 
 /// Encodes an error as `{:error, {op, reason, details}}`.
-fn error_term<'a>(env: Env<'a>, op: &str, err: &ExError) -> Term<'a> {
+pub(crate) fn error_term<'a>(env: Env<'a>, op: &str, err: &ExError) -> Term<'a> {
     let op = rustler::Atom::from_str(env, op).unwrap_or_else(|_| atoms::error());
     let details = err.details();
     let keys: Vec<Term> = details.iter().map(|(k, _)| rustler::Atom::from_str(env, k).unwrap().encode(env)).collect();

@@ -5,7 +5,7 @@
 
 use std::panic::{RefUnwindSafe, UnwindSafe};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 
 use rustler::{Atom, Encoder, Env, NifMap, ResourceArc, Term};
 
@@ -13,7 +13,7 @@ use super::resource::BinaryOut;
 use super::{guard, strict, term};
 use crate::device::DeviceRef;
 use crate::error::{ExError, ExResult};
-use crate::pretrained::generate::{GenOptions, Generation, Prompt};
+use crate::pretrained::generate::{GenOptions, Generation, Prompt, Step};
 use crate::pretrained::{files, EmbeddingModel, Engine, TextModel};
 
 pub struct EmbedderRes(EmbeddingModel);
@@ -22,7 +22,7 @@ pub struct GenerationRes {
     gen: Mutex<Generation>,
     prompt: Vec<u32>,
     /// Keeps the model's tokenizer and weights alive as long as the generation.
-    _model: Arc<TextModel>,
+    model: Arc<TextModel>,
 }
 
 // Models are read-only after loading; a generation is only touched under its lock and every
@@ -213,6 +213,7 @@ fn llm_info<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
                 ("name", m.name.encode(env)),
                 ("vocab_size", m.vocab_size().encode(env)),
                 ("context_length", m.context_length().encode(env)),
+                ("kv_bytes_per_token", m.kv_bytes_per_token().encode(env)),
                 ("engine", atom(env, m.engine.name())),
                 ("device", term::device(env, m.device)),
                 ("arch", m.arch.encode(env)),
@@ -244,7 +245,7 @@ fn llm_start<'a>(env: Env<'a>, m: Term<'a>, p: Term<'a>, opts: Term<'a>) -> Term
         let (prompt, opts): (Prompt, GenOptions) = (strict::decode(p, "prompt")?, strict::decode(opts, "opts")?);
         let m = llm(m)?;
         let gen = m.0.start(&prompt, opts)?;
-        Ok(ResourceArc::new(GenerationRes { prompt: gen.prompt_ids().to_vec(), gen: Mutex::new(gen), _model: m.0.clone() }))
+        Ok(ResourceArc::new(GenerationRes { prompt: gen.prompt_ids().to_vec(), gen: Mutex::new(gen), model: m.0.clone() }))
     })
 }
 
@@ -261,7 +262,52 @@ fn llm_next<'a>(env: Env<'a>, g: Term<'a>, max_steps: Term<'a>) -> Term<'a> {
         // a dirty NIF keeps running after its caller is killed: stop generating then
         let alive = || unsafe { rustler::sys::enif_is_current_process_alive(env.as_c_arg()) != 0 };
         let step = g.gen.lock().unwrap_or_else(|e| e.into_inner()).next(steps, &alive)?;
-        let finish = step.finish.map_or_else(|| nil(env), |f| atom(env, f.name()));
-        Ok((atom(env, if step.done { "done" } else { "cont" }), step.text, step.ids, finish).encode(env))
+        Ok(step_term(env, &step))
     })
+}
+
+/// One step of several generations of one model, run together (`TextModel::step`): a list of
+/// each one's `{:ok, {status, text, ids, finish}}` or `{:error, {op, reason, details}}`.
+/// `chunks` says how many prompt tokens each may run in this step.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn llm_step<'a>(env: Env<'a>, gs: Term<'a>, chunks: Term<'a>) -> Term<'a> {
+    guard(env, "llm_step", || {
+        let gens: Vec<ResourceArc<GenerationRes>> =
+            gs.decode().map_err(|_| ExError::Arg { name: "generations", expected: "a list of ExBurn generation references" })?;
+        let chunks: Vec<usize> = chunks
+            .decode::<Vec<usize>>()
+            .ok()
+            .filter(|c| c.len() == gens.len() && c.iter().all(|n| *n > 0))
+            .ok_or(ExError::Arg { name: "chunks", expected: "a positive integer for each generation" })?;
+        let Some(first) = gens.first() else { return Ok(Vec::<Term>::new()) };
+        if gens.iter().any(|g| !Arc::ptr_eq(&g.model, &first.model)) {
+            return Err(ExError::invalid("the generations of one step must come from the same model"));
+        }
+        let mut locked = Vec::with_capacity(gens.len());
+        for g in &gens {
+            match g.gen.try_lock() {
+                Ok(l) => locked.push(l),
+                Err(TryLockError::Poisoned(e)) => locked.push(e.into_inner()),
+                // waiting could deadlock on a generation listed twice
+                Err(TryLockError::WouldBlock) => return Err(ExError::invalid("a generation is listed twice, or is running in another call")),
+            }
+        }
+        if unsafe { rustler::sys::enif_is_current_process_alive(env.as_c_arg()) } == 0 {
+            return Err(ExError::Cancelled);
+        }
+        let mut refs: Vec<&mut Generation> = locked.iter_mut().map(|g| &mut **g).collect();
+        let steps = first.model.step(&mut refs, &chunks);
+        Ok(steps
+            .iter()
+            .map(|r| match r {
+                Ok(step) => (rustler::types::atom::ok(), step_term(env, step)).encode(env),
+                Err(e) => super::error_term(env, "llm_step", e),
+            })
+            .collect::<Vec<Term>>())
+    })
+}
+
+fn step_term<'a>(env: Env<'a>, step: &Step) -> Term<'a> {
+    let finish = step.finish.map_or_else(|| nil(env), |f| atom(env, f.name()));
+    (atom(env, if step.done { "done" } else { "cont" }), step.text.as_str(), &step.ids, finish).encode(env)
 }

@@ -7,6 +7,7 @@
 //! `quantized_llama` (`rope_i`) and llama.cpp itself do; Hugging Face's half-split rotation
 //! would be wrong here.
 
+use std::any::Any;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -15,11 +16,11 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
-use super::llama_host::{self, HostBlock, HostKv, Shape};
+use super::llama_host::{self, HostBlock, HostKv, HostSeq, Shape};
 use super::qmatmul::QStack;
 use super::weights::{f32_tensor, Gguf};
 use crate::kernels::cpu::vector::flex_f32;
-use super::{CausalLm, LmSession};
+use super::{one_by_one, CausalLm, Chunk, LmSession};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::error::{catch, ExError, ExResult};
 
@@ -41,6 +42,11 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// Keys and values of every layer, f32, as both engines cache them.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.block_count * 2 * self.head_count_kv * self.head_dim() * std::mem::size_of::<f32>()
+    }
+
     pub fn head_dim(&self) -> usize {
         self.embedding_length / self.head_count
     }
@@ -408,14 +414,16 @@ impl Weights {
         t.unsqueeze_dim::<5>(2).expand([b, kvh, rep, n, dh]).reshape([b, kvh * rep, n, dh])
     }
 
-    /// `forward` on the host path: `kv` holds each layer's cache.
-    fn forward_host(&self, hw: &HostWeights, tokens: &[u32], pos: usize, kv: &mut [HostKv]) -> ExResult<Vec<f32>> {
+    /// `forward` on the host path for several sequences at once, `(tokens, pos, each layer's
+    /// cache)`: their rows go through every layer together. The logits of each one's last token.
+    fn forward_host(&self, hw: &HostWeights, seqs: &mut [(&[u32], usize, &mut [HostKv])]) -> Vec<Vec<f32>> {
         fn q(l: &Linear) -> &QStack {
             quant_stack(l).expect("every layer quantised on the host path")
         }
         let cfg = &self.cfg;
-        let (s, h) = (tokens.len(), cfg.embedding_length);
-        let mut x = q(&self.embed).dequantise_rows(tokens);
+        let h = cfg.embedding_length;
+        let tokens: Vec<u32> = seqs.iter().flat_map(|(t, _, _)| t.iter().copied()).collect();
+        let mut x = q(&self.embed).dequantise_rows(&tokens);
         let shape = Shape {
             hidden: h,
             heads: cfg.head_count,
@@ -425,12 +433,19 @@ impl Weights {
             rope_dim: cfg.rope_dim,
             rms_eps: cfg.rms_eps,
         };
-        for ((block, (attn_norm, ffn_norm)), kv) in self.blocks.iter().zip(&hw.norms).zip(kv.iter_mut()) {
+        for (l, (block, (attn_norm, ffn_norm))) in self.blocks.iter().zip(&hw.norms).enumerate() {
             let b = HostBlock { attn_norm, qkv: q(&block.qkv), out: q(&block.out), ffn_norm, gate_up: q(&block.gate_up), down: q(&block.down) };
-            llama_host::layer(&shape, &b, &hw.cos, &hw.sin, &mut x, pos, kv);
+            let mut rows: Vec<HostSeq> = seqs.iter_mut().map(|(t, pos, kv)| HostSeq { pos: *pos, len: t.len(), kv: &mut kv[l] }).collect();
+            llama_host::layer(&shape, &b, &hw.cos, &hw.sin, &mut x, &mut rows);
         }
-        let last = llama_host::rms_norm(&x[(s - 1) * h..], &hw.out_norm, cfg.rms_eps);
-        Ok(q(&self.output).matmul(&last, 1))
+        let mut last = Vec::with_capacity(seqs.len() * h);
+        let mut end = 0;
+        for (t, _, _) in seqs.iter() {
+            end += t.len();
+            last.extend_from_slice(&x[(end - 1) * h..end * h]);
+        }
+        let logits = q(&self.output).matmul(&llama_host::rms_norm(&last, &hw.out_norm, cfg.rms_eps), seqs.len());
+        logits.chunks_exact(cfg.vocab_size).map(<[f32]>::to_vec).collect()
     }
 
     /// Runs `tokens` at positions `pos..`, extending `cache`; returns the last token's logits.
@@ -490,9 +505,58 @@ impl CausalLm for BurnLlama {
         self.w.cfg.context_length
     }
 
+    fn kv_bytes_per_token(&self) -> usize {
+        self.w.cfg.kv_bytes_per_token()
+    }
+
     fn session(&self) -> ExResult<Box<dyn LmSession>> {
         let n = self.w.cfg.block_count;
         Ok(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), cache: vec![None; n], host_kv: vec![HostKv::default(); n], len: 0, failed: false }))
+    }
+
+    /// On the host path, the chunks of this model's sessions run through the layers together;
+    /// anything else (the tensor path, a chunk a session refuses) runs alone.
+    fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
+        let Some(hw) = &self.w.host else { return one_by_one(batch) };
+        let mut out: Vec<Option<ExResult<Vec<f32>>>> = Vec::with_capacity(batch.len());
+        let mut ours: Vec<(usize, &mut BurnLlamaSession, &[u32], usize)> = Vec::new();
+        for (i, c) in batch.iter_mut().enumerate() {
+            let any: &mut dyn Any = &mut *c.session;
+            match any.downcast_mut::<BurnLlamaSession>() {
+                Some(s) if Arc::ptr_eq(&s.w, &self.w) => match s.check(c.tokens, c.pos) {
+                    Ok(()) => {
+                        ours.push((i, s, c.tokens, c.pos));
+                        out.push(None);
+                    }
+                    Err(e) => out.push(Some(Err(e))),
+                },
+                _ => out.push(Some(Err(ExError::invalid("forward_batch: a session of another model")))),
+            }
+        }
+        let mut seqs: Vec<(&[u32], usize, &mut [HostKv])> = Vec::with_capacity(ours.len());
+        let mut rest: Vec<(usize, usize, &mut bool, &mut usize)> = Vec::with_capacity(ours.len());
+        for (i, s, tokens, pos) in ours {
+            let BurnLlamaSession { host_kv, failed, len, .. } = s;
+            seqs.push((tokens, pos, &mut host_kv[..]));
+            rest.push((i, tokens.len(), failed, len));
+        }
+        let result = catch(|| Ok(self.w.forward_host(hw, &mut seqs)));
+        match result {
+            Ok(logits) => {
+                for ((i, n, _, len), l) in rest.into_iter().zip(logits) {
+                    *len += n;
+                    out[i] = Some(Ok(l));
+                }
+            }
+            Err(e) => {
+                for (k, (i, _, failed, _)) in rest.into_iter().enumerate() {
+                    seqs[k].2.iter_mut().for_each(|c| *c = HostKv::default());
+                    *failed = true;
+                    out[i] = Some(Err(ExError::Execution(format!("batched step: {e}"))));
+                }
+            }
+        }
+        out.into_iter().map(|r| r.expect("every chunk answered")).collect()
     }
 }
 
@@ -508,8 +572,9 @@ pub struct BurnLlamaSession {
     failed: bool,
 }
 
-impl LmSession for BurnLlamaSession {
-    fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>> {
+impl BurnLlamaSession {
+    /// Whether `tokens` at `pos` may run on this session.
+    fn check(&self, tokens: &[u32], pos: usize) -> ExResult<()> {
         let cfg = &self.w.cfg;
         if self.failed {
             return Err(ExError::invalid("this session failed in an earlier step; start a new session"));
@@ -534,25 +599,37 @@ impl LmSession for BurnLlamaSession {
                 vec![],
             ));
         }
-        let w = Arc::clone(&self.w);
-        let (cache, host_kv) = (&mut self.cache, &mut self.host_kv);
-        let result = catch(|| match &w.host {
-            Some(hw) => w.forward_host(hw, tokens, pos, host_kv),
-            None => w.forward(tokens, pos, cache),
-        });
+        Ok(())
+    }
+
+    /// After a step: `n` more tokens in the cache, or, when it failed part-way (some layers'
+    /// caches extended, others not), a session that refuses further steps.
+    fn settle<T>(&mut self, n: usize, result: ExResult<T>) -> ExResult<T> {
         match result {
-            Ok(logits) => {
-                self.len += tokens.len();
-                Ok(logits)
+            Ok(v) => {
+                self.len += n;
+                Ok(v)
             }
             Err(e) => {
-                // A failed step may have extended some layers' caches: the session is unusable.
                 self.cache.iter_mut().for_each(|c| *c = None);
                 self.host_kv.iter_mut().for_each(|c| *c = HostKv::default());
                 self.failed = true;
                 Err(e)
             }
         }
+    }
+}
+
+impl LmSession for BurnLlamaSession {
+    fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>> {
+        self.check(tokens, pos)?;
+        let w = Arc::clone(&self.w);
+        let (cache, host_kv) = (&mut self.cache, &mut self.host_kv);
+        let result = catch(|| match &w.host {
+            Some(hw) => Ok(w.forward_host(hw, &mut [(tokens, pos, &mut host_kv[..])]).remove(0)),
+            None => w.forward(tokens, pos, cache),
+        });
+        self.settle(tokens.len(), result)
     }
 }
 

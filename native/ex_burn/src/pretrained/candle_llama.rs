@@ -82,6 +82,10 @@ impl CausalLm for CandleLlama {
         self.w.cfg.context_length
     }
 
+    fn kv_bytes_per_token(&self) -> usize {
+        self.w.cfg.kv_bytes_per_token()
+    }
+
     fn session(&self) -> ExResult<Box<dyn LmSession>> {
         Ok(Box::new(CandleSession { w: Arc::clone(&self.w), cache: vec![None; self.w.blocks.len()] }))
     }

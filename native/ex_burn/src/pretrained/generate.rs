@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::errors::{self, kind};
 use super::tokenizer::LmTokenizer;
-use super::LmSession;
+use super::{CausalLm, Chunk, LmSession};
 use crate::error::{Detail, ExError, ExResult};
 
 /// Crosses the NIF as `{role, content}`, two binaries.
@@ -248,8 +248,8 @@ pub struct Generation {
     logits: Option<Vec<f32>>,
     /// The last sampled token, not yet fed to the model.
     pending: Option<u32>,
+    /// Tokens in the session's cache.
     pos: usize,
-    started: bool,
     finish: Option<Finish>,
 }
 
@@ -299,7 +299,6 @@ impl Generation {
             logits: None,
             pending: None,
             pos: 0,
-            started: false,
             finish: None,
         })
     }
@@ -326,67 +325,78 @@ impl Generation {
     /// asked before every model call; when it says no, the generation stops with `Cancelled`.
     pub fn next(&mut self, max_steps: usize, alive: &dyn Fn() -> bool) -> ExResult<Step> {
         let mut ids = Vec::new();
+        while self.running() && ids.len() < max_steps.max(1) {
+            if let Some((tokens, pos)) = self.feed(usize::MAX) {
+                if !alive() {
+                    return Err(ExError::Cancelled);
+                }
+                let logits = self.session.forward(&tokens, pos)?;
+                self.fed(tokens.len(), logits);
+            }
+            self.emit(&mut ids)?;
+        }
+        Ok(self.step(ids))
+    }
+
+    /// False once the generation has finished (an empty `max_tokens` finishes it at once).
+    fn running(&mut self) -> bool {
         if self.finish.is_none() && self.opts.max_tokens == 0 {
             self.finish = Some(Finish::Length);
         }
-        if let Some(finish) = self.finish {
-            return Ok(Step { text: self.text.finish(), ids, done: true, finish: Some(finish) });
+        self.finish.is_none()
+    }
+
+    /// What the model must run next, as `(tokens, position)`: up to `chunk` tokens of the prompt
+    /// not yet run, or the last sampled token; `None` when logits wait to be sampled.
+    fn feed(&self, chunk: usize) -> Option<(Vec<u32>, usize)> {
+        if self.pos < self.prompt.len() {
+            let end = self.prompt.len().min(self.pos + chunk.max(1));
+            return Some((self.prompt[self.pos..end].to_vec(), self.pos));
         }
-        if !self.started {
-            if !alive() {
-                return Err(ExError::Cancelled);
-            }
-            self.logits = Some(self.session.forward(&self.prompt, 0)?);
-            self.pos = self.prompt.len();
-            self.started = true;
+        self.pending.map(|t| (vec![t], self.pos))
+    }
+
+    /// Takes the model's logits for the `n` tokens `feed` gave. A prompt's logits are kept only
+    /// for its last token, the one sampling starts from.
+    fn fed(&mut self, n: usize, logits: Vec<f32>) {
+        if self.pos >= self.prompt.len() {
+            self.pending = None;
         }
-        for _ in 0..max_steps.max(1) {
-            let logits = match self.pending.take() {
-                Some(t) => {
-                    if !alive() {
-                        self.pending = Some(t);
-                        return Err(ExError::Cancelled);
-                    }
-                    match self.session.forward(&[t], self.pos) {
-                        Ok(l) => {
-                            self.pos += 1;
-                            l
-                        }
-                        Err(e) => {
-                            // Left as it was: a later call retries this token.
-                            self.pending = Some(t);
-                            return Err(e);
-                        }
-                    }
-                }
-                None => match self.logits.take() {
-                    Some(l) => l,
-                    None => return Err(ExError::invalid("generation has no logits to sample from")),
-                },
-            };
-            let token = self.sample(logits)?;
-            if self.stop_ids.contains(&token) {
-                self.finish = Some(Finish::Stop);
-                break;
-            }
-            self.generated.push(token);
-            ids.push(token);
-            let bytes = self.tokenizer.token_bytes(token)?.to_vec();
-            if self.text.push(&bytes) {
-                self.finish = Some(Finish::Stop);
-                break;
-            }
-            if self.generated.len() >= self.opts.max_tokens || self.prompt.len() + self.generated.len() >= self.context_length {
-                self.finish = Some(Finish::Length);
-                break;
-            }
+        self.pos += n;
+        if self.pos >= self.prompt.len() {
+            self.logits = Some(logits);
+        }
+    }
+
+    /// Samples one token from waiting logits (none waiting, as mid-prompt: nothing to do),
+    /// applying the stop rules and limits.
+    fn emit(&mut self, ids: &mut Vec<u32>) -> ExResult<()> {
+        let Some(logits) = self.logits.take() else { return Ok(()) };
+        let token = self.sample(logits)?;
+        if self.stop_ids.contains(&token) {
+            self.finish = Some(Finish::Stop);
+            return Ok(());
+        }
+        self.generated.push(token);
+        ids.push(token);
+        let bytes = self.tokenizer.token_bytes(token)?.to_vec();
+        if self.text.push(&bytes) {
+            self.finish = Some(Finish::Stop);
+        } else if self.generated.len() >= self.opts.max_tokens || self.prompt.len() + self.generated.len() >= self.context_length {
+            self.finish = Some(Finish::Length);
+        } else {
             self.pending = Some(token);
         }
+        Ok(())
+    }
+
+    /// The step that reports `ids` and the text they completed.
+    fn step(&mut self, ids: Vec<u32>) -> Step {
         let mut text = self.text.take_ready();
         if self.finish.is_some() {
             text.push_str(&self.text.finish());
         }
-        Ok(Step { text, ids, done: self.finish.is_some(), finish: self.finish })
+        Step { text, ids, done: self.finish.is_some(), finish: self.finish }
     }
 
     /// Runs to the end: all text, all ids, how it finished.
@@ -401,6 +411,37 @@ impl Generation {
             }
         }
     }
+}
+
+/// One step for each of several generations of `lm`, their model calls run together
+/// (`CausalLm::forward_batch`): generation `i` in its prompt runs up to `chunks[i]` more prompt
+/// tokens, one past it runs its last token; then each samples where its prompt is complete. A
+/// step is what `next(1, ..)` gives alone, except that a prompt longer than its chunk takes
+/// several steps, the ones before its last reporting nothing.
+pub fn step_batch(lm: &dyn CausalLm, gens: &mut [&mut Generation], chunks: &[usize]) -> Vec<ExResult<Step>> {
+    assert_eq!(gens.len(), chunks.len(), "step_batch: one chunk size per generation");
+    let feeds: Vec<Option<(Vec<u32>, usize)>> =
+        gens.iter_mut().zip(chunks).map(|(g, &chunk)| if g.running() { g.feed(chunk) } else { None }).collect();
+    let mut chunks = Vec::new();
+    for (g, feed) in gens.iter_mut().zip(&feeds) {
+        if let Some((tokens, pos)) = feed {
+            chunks.push(Chunk { session: &mut *g.session, tokens, pos: *pos });
+        }
+    }
+    let mut results = lm.forward_batch(&mut chunks).into_iter();
+    drop(chunks);
+    gens.iter_mut()
+        .zip(feeds)
+        .map(|(g, feed)| {
+            let mut ids = Vec::new();
+            if let Some((tokens, _)) = feed {
+                let logits = results.next().expect("one result per chunk")?;
+                g.fed(tokens.len(), logits);
+                g.emit(&mut ids)?;
+            }
+            Ok(g.step(ids))
+        })
+        .collect()
 }
 
 #[cfg(test)]

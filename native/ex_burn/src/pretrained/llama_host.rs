@@ -75,21 +75,34 @@ pub(super) fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
-/// One layer on `s` rows `x` (`[s, hidden]`) at positions `pos..pos + s`, in place.
-pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mut [f32], pos: usize, kv: &mut HostKv) {
+/// One sequence's rows in a layer call: `len` rows at positions `pos..pos + len`, and its cache.
+pub(super) struct HostSeq<'a> {
+    pub pos: usize,
+    pub len: usize,
+    pub kv: &'a mut HostKv,
+}
+
+/// One layer on rows `x` (`[rows, hidden]`, in place): the rows of `seqs` one after another. The
+/// products take all rows at once (each weight read once for all of them); attention keeps to
+/// each row's own sequence, so a row's values are the same whatever else is in the call.
+pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mut [f32], seqs: &mut [HostSeq]) {
     let (h, dh, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads);
     let s = x.len() / h;
     let (half, width) = (cfg.rope_dim / 2, b.qkv.rows());
     let qkv = b.qkv.matmul(&rms_norm(x, b.attn_norm, cfg.rms_eps), s);
-    if kv.k.is_empty() {
-        kv.k = vec![Vec::new(); nkv];
-        kv.v = vec![Vec::new(); nkv];
-    }
-    // queries rotated into `[s, heads, dh]`; keys rotated and values appended to the cache
+    // each row's sequence and position
+    let at: Vec<(usize, usize)> = seqs.iter().enumerate().flat_map(|(i, q)| (q.pos..q.pos + q.len).map(move |p| (i, p))).collect();
+    assert_eq!(at.len(), s, "llama_host: the sequences hold {} rows, x {s}", at.len());
+    // queries rotated into `[s, heads, dh]`; keys rotated and values appended to the caches
     let mut q = vec![0f32; s * nh * dh];
-    for t in 0..s {
+    for (t, &(i, p)) in at.iter().enumerate() {
+        let kv = &mut *seqs[i].kv;
+        if kv.k.is_empty() {
+            kv.k = vec![Vec::new(); nkv];
+            kv.v = vec![Vec::new(); nkv];
+        }
         let row = &qkv[t * width..(t + 1) * width];
-        let (c, sn) = (&cos[(pos + t) * half..(pos + t + 1) * half], &sin[(pos + t) * half..(pos + t + 1) * half]);
+        let (c, sn) = (&cos[p * half..(p + 1) * half], &sin[p * half..(p + 1) * half]);
         for head in 0..nh {
             let dst = &mut q[(t * nh + head) * dh..(t * nh + head + 1) * dh];
             dst.copy_from_slice(&row[head * dh..(head + 1) * dh]);
@@ -103,13 +116,16 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mu
             kv.v[head].extend_from_slice(&row[(nh + nkv + head) * dh..(nh + nkv + head + 1) * dh]);
         }
     }
-    // causal attention: query t sees positions 0..=pos + t; query heads share K/V heads in groups.
-    // Queries are independent: a prompt's run in parallel, each the same sums as alone.
+    // causal attention: a row at position p sees its sequence's positions 0..=p; query heads
+    // share K/V heads in groups. Rows are independent: they run in parallel, each the same sums
+    // as alone.
     let (group, scale) = (nh / nkv, 1.0 / (dh as f32).sqrt());
     let mut ctx = vec![0f32; s * nh * dh];
-    let kv = &*kv;
-    par_chunks_for(&mut ctx, nh * dh, s * (pos + s) * nh * dh, |t, ctx_t| {
-        let seen = pos + t + 1;
+    let kvs: Vec<&HostKv> = seqs.iter().map(|q| &*q.kv).collect();
+    let work = at.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * dh;
+    par_chunks_for(&mut ctx, nh * dh, work, |t, ctx_t| {
+        let (i, p) = at[t];
+        let (kv, seen) = (kvs[i], p + 1);
         let mut scores = Vec::with_capacity(seen);
         for head in 0..nh {
             let (keys, values) = (&kv.k[head / group], &kv.v[head / group]);

@@ -24,6 +24,8 @@ pub mod qmatmul;
 mod reference_tests;
 #[cfg(test)]
 mod load_tests;
+#[cfg(test)]
+mod batch_tests;
 pub mod tokenizer;
 pub mod weights;
 
@@ -35,7 +37,7 @@ use serde::Deserialize;
 use crate::device::DeviceRef;
 use crate::error::{Detail, ExResult};
 use errors::kind;
-use generate::{ChatMessage, GenOptions, Generation, Prompt};
+use generate::{ChatMessage, GenOptions, Generation, Prompt, Step};
 use pooling::PoolingConfig;
 use tokenizer::{EncoderTokenizer, LmTokenizer};
 
@@ -91,9 +93,30 @@ pub trait CausalLm: Send + Sync {
     /// The longest sequence (prompt + generated tokens) the model accepts.
     fn context_length(&self) -> usize;
     fn session(&self) -> ExResult<Box<dyn LmSession>>;
+    /// Bytes a session's KV cache takes per token.
+    fn kv_bytes_per_token(&self) -> usize;
+    /// Runs each chunk on its session (sessions of this model), as `LmSession::forward` would
+    /// alone, with the same logits bit for bit. An engine that runs them in one pass, reading
+    /// each weight once for all their rows, overrides it; the default runs them in turn.
+    fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
+        one_by_one(batch)
+    }
 }
 
-pub trait LmSession: Send {
+/// Tokens for one session in a `forward_batch`, at positions `pos..pos + tokens.len()`.
+pub struct Chunk<'a> {
+    pub session: &'a mut dyn LmSession,
+    pub tokens: &'a [u32],
+    pub pos: usize,
+}
+
+/// `forward_batch` one chunk at a time.
+pub fn one_by_one(batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
+    batch.iter_mut().map(|c| c.session.forward(c.tokens, c.pos)).collect()
+}
+
+/// `Any` lets an engine's `forward_batch` reach its own sessions' caches.
+pub trait LmSession: Send + std::any::Any {
     /// Runs `tokens` at positions `pos..pos + tokens.len()`, appending them to the KV cache, and
     /// returns the logits (`vocab_size` values) of the last one. `pos` is the number of tokens
     /// already in the cache; a session is fed strictly in order.
@@ -349,6 +372,10 @@ impl TextModel {
         self.lm.context_length()
     }
 
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.lm.kv_bytes_per_token()
+    }
+
     /// The chat template applied to `messages`, with the generation prompt.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> ExResult<String> {
         let template = self.chat_template.as_deref().ok_or_else(|| {
@@ -372,5 +399,11 @@ impl TextModel {
         let ids = self.prompt_ids(prompt)?;
         generate::check_prompt(&ids, self.context_length(), self.tokenizer.vocab_size())?;
         Generation::new(self.lm.session()?, self.tokenizer.clone(), ids, self.context_length(), opts)
+    }
+
+    /// One step of each generation (all started from this model), run together; see
+    /// `generate::step_batch`.
+    pub fn step(&self, gens: &mut [&mut Generation], chunks: &[usize]) -> Vec<ExResult<Step>> {
+        generate::step_batch(&*self.lm, gens, chunks)
     }
 }

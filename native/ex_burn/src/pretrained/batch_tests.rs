@@ -1,0 +1,123 @@
+//! Batched steps (`TextModel::step`, `CausalLm::forward_batch`) against each generation run
+//! alone, on the real SmolLM2 file: sequences of different lengths that join and leave the
+//! batch at different steps, prompts split into chunks.
+
+use super::generate::{GenOptions, Generation, Step};
+use super::weights::test_support::smollm_path;
+use super::{Chunk, Engine, TextModel};
+use crate::error::ExResult;
+
+const PROMPTS: [&str; 5] = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "1, 2, 3, 4,",
+    "Write a haiku about autumn leaves falling on a quiet river at dusk.",
+    "def fib(n):",
+];
+
+/// The greedy ids of each prompt generated alone, `max_tokens` from `lengths`.
+fn alone(model: &TextModel, lengths: &[usize]) -> Vec<Vec<u32>> {
+    PROMPTS
+        .iter()
+        .zip(lengths)
+        .map(|(p, &n)| {
+            let mut g = start(model, p, n);
+            g.run(&|| true).unwrap().1
+        })
+        .collect()
+}
+
+fn start(model: &TextModel, prompt: &str, max_tokens: usize) -> Generation {
+    model.start(&super::generate::Prompt::Text(prompt.into()), GenOptions::greedy(max_tokens)).unwrap()
+}
+
+/// Runs the prompts through batched steps: prompt `i` joins at step `2 i`, prompts run `chunk`
+/// tokens a step, and each leaves when done. Returns each one's ids and the largest batch seen.
+fn batched(model: &TextModel, lengths: &[usize], chunk: usize) -> (Vec<Vec<u32>>, usize) {
+    let mut gens: Vec<Option<Generation>> = (0..PROMPTS.len()).map(|_| None).collect();
+    let mut ids: Vec<Vec<u32>> = vec![vec![]; PROMPTS.len()];
+    let (mut done, mut widest, mut step) = (vec![false; PROMPTS.len()], 0, 0);
+    while done.iter().any(|d| !d) {
+        for i in 0..PROMPTS.len() {
+            if step == 2 * i {
+                gens[i] = Some(start(model, PROMPTS[i], lengths[i]));
+            }
+        }
+        let live: Vec<usize> = (0..PROMPTS.len()).filter(|&i| gens[i].is_some() && !done[i]).collect();
+        let mut refs: Vec<&mut Generation> = gens.iter_mut().zip(&done).filter(|(_, d)| !**d).filter_map(|(g, _)| g.as_mut()).collect();
+        widest = widest.max(refs.len());
+        let chunks = vec![chunk; refs.len()];
+        let steps: Vec<ExResult<Step>> = model.step(&mut refs, &chunks);
+        for (&i, s) in live.iter().zip(steps) {
+            let s = s.unwrap();
+            ids[i].extend(&s.ids);
+            done[i] = s.done;
+        }
+        step += 1;
+        assert!(step < 10_000, "the batch never finished");
+    }
+    (ids, widest)
+}
+
+#[test]
+fn pretrained_batched_steps_equal_alone() {
+    let Some(path) = smollm_path() else { return };
+    let lengths = [12, 20, 7, 16, 3];
+    for engine in [Engine::Burn, Engine::Candle] {
+        let model = TextModel::load(&path, engine, if engine == Engine::Burn { crate::testing::device() } else { crate::device::DeviceRef::CPU }).unwrap();
+        let want = alone(&model, &lengths);
+        // Burn's host path runs the batch in one pass, and each row's sums are the same as alone,
+        // so even chunked prompts give the same tokens; Candle runs the chunks one by one.
+        let chunk = if engine == Engine::Burn { 5 } else { 64 };
+        let (got, widest) = batched(&model, &lengths, chunk);
+        assert!(widest >= 3, "{engine:?}: at most {widest} generations ran together");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "{engine:?}: prompt {i} in a batch differs from alone");
+            assert!(!w.is_empty());
+        }
+    }
+}
+
+/// The logits of a batched forward, bit for bit those of each session alone.
+#[test]
+fn pretrained_forward_batch_logits_equal_alone() {
+    let Some(path) = smollm_path() else { return };
+    let model = TextModel::load(&path, Engine::Burn, crate::testing::device()).unwrap();
+    let lm = &*model.lm;
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| model.tokenizer.encode(p, true).unwrap()).collect();
+    let alone: Vec<Vec<f32>> = prompts.iter().map(|p| lm.session().unwrap().forward(p, 0).unwrap()).collect();
+    let mut sessions: Vec<_> = prompts.iter().map(|_| lm.session().unwrap()).collect();
+    let mut chunks: Vec<Chunk> = sessions.iter_mut().zip(&prompts).map(|(s, p)| Chunk { session: s.as_mut(), tokens: p, pos: 0 }).collect();
+    let together = lm.forward_batch(&mut chunks);
+    for (i, (t, a)) in together.into_iter().zip(&alone).enumerate() {
+        assert_eq!(&t.unwrap(), a, "prompt {i}: batched logits differ from alone");
+    }
+    // a refused chunk (out of order) fails alone; the others run
+    let mut s = lm.session().unwrap();
+    let mut t = lm.session().unwrap();
+    let mut chunks = vec![Chunk { session: s.as_mut(), tokens: &prompts[0], pos: 3 }, Chunk { session: t.as_mut(), tokens: &prompts[0], pos: 0 }];
+    let r = lm.forward_batch(&mut chunks);
+    assert!(r[0].is_err());
+    assert_eq!(r[1].as_ref().unwrap(), &alone[0]);
+}
+
+/// Aggregate decode speed by batch size (run with `--ignored --nocapture`); the serving
+/// benchmark (`bench/llm_serving.exs`) is where figures come from.
+#[test]
+#[ignore]
+fn pretrained_batched_decode_timing() {
+    let Some(path) = smollm_path() else { return };
+    let model = TextModel::load(&path, Engine::Burn, crate::testing::device()).unwrap();
+    for n in [1usize, 2, 4, 8, 16, 32] {
+        let mut gens: Vec<Generation> = (0..n).map(|i| start(&model, PROMPTS[i % PROMPTS.len()], 1000)).collect();
+        let mut refs: Vec<&mut Generation> = gens.iter_mut().collect();
+        model.step(&mut refs, &[512; 32][..n]).into_iter().for_each(|s| drop(s.unwrap()));
+        let t = std::time::Instant::now();
+        let steps = 32;
+        for _ in 0..steps {
+            model.step(&mut refs, &[512; 32][..n]).into_iter().for_each(|s| drop(s.unwrap()));
+        }
+        let dt = t.elapsed().as_secs_f64();
+        println!("batch {n:2}: {:7.1} tok/s aggregate, {:6.2} ms a step", (n * steps) as f64 / dt, dt * 1e3 / steps as f64);
+    }
+}
