@@ -108,7 +108,8 @@ fn pretrained_forward_batch_logits_equal_alone() {
 fn pretrained_batched_decode_timing() {
     let Some(path) = smollm_path() else { return };
     let model = TextModel::load(&path, Engine::Burn, crate::testing::device()).unwrap();
-    for n in [1usize, 2, 4, 8, 16, 32] {
+    let sizes: Vec<usize> = std::env::var("BATCH_SIZES").map(|s| s.split(',').map(|n| n.parse().unwrap()).collect()).unwrap_or(vec![1, 2, 4, 8, 16, 32]);
+    for n in sizes {
         let mut gens: Vec<Generation> = (0..n).map(|i| start(&model, PROMPTS[i % PROMPTS.len()], 1000)).collect();
         let mut refs: Vec<&mut Generation> = gens.iter_mut().collect();
         model.step(&mut refs, &[512; 32][..n]).into_iter().for_each(|s| drop(s.unwrap()));
@@ -120,4 +121,35 @@ fn pretrained_batched_decode_timing() {
         let dt = t.elapsed().as_secs_f64();
         println!("batch {n:2}: {:7.1} tok/s aggregate, {:6.2} ms a step", (n * steps) as f64 / dt, dt * 1e3 / steps as f64);
     }
+}
+
+/// A prompt that starts like a saved one reuses its cache rows, with the tokens it gets without.
+#[test]
+fn pretrained_prefix_reuse_gives_the_same_tokens() {
+    let Some(path) = smollm_path() else { return };
+    let model = TextModel::load(&path, Engine::Burn, crate::testing::device()).unwrap();
+    let shared = "You are a careful assistant. Answer in one short sentence, and never use lists. Question: ";
+    let (a, b) = (format!("{shared}What is the capital of France?"), format!("{shared}Why is the sky blue?"));
+    let run_steps = |g: &mut Generation| {
+        while !g.finish().is_some() {
+            model.step(&mut [&mut *g], &[7]).pop().unwrap().unwrap();
+        }
+        g.generated_ids().to_vec()
+    };
+    let mut first = start(&model, &a, 8);
+    assert_eq!(first.cached_tokens(), 0);
+    run_steps(&mut first);
+    assert_eq!(model.prefixes.usage().0, 1);
+
+    let mut second = start(&model, &b, 8);
+    let ids = model.tokenizer.encode(&b, true).unwrap();
+    let shared_ids = model.tokenizer.encode(shared, true).unwrap();
+    assert!(second.cached_tokens() + 2 >= shared_ids.len() && second.cached_tokens() < ids.len(), "reused {}", second.cached_tokens());
+    let reused = run_steps(&mut second);
+    let mut fresh = Generation::new(model.lm.session().unwrap(), model.tokenizer.clone(), ids, model.context_length(), GenOptions::greedy(8)).unwrap();
+    assert_eq!(reused, fresh.run(&|| true).unwrap().1);
+
+    // the same prompt again: all but its last token reused
+    let again = start(&model, &a, 8);
+    assert_eq!(again.cached_tokens(), again.prompt_ids().len() - 1);
 }

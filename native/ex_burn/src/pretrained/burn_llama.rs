@@ -20,6 +20,7 @@ use super::llama_host::{self, HostBlock, HostKv, HostSeq, Shape};
 use super::qmatmul::QStack;
 use super::weights::{f32_tensor, Gguf};
 use crate::kernels::cpu::vector::flex_f32;
+use super::prefix_cache::SavedKv;
 use super::{one_by_one, CausalLm, Chunk, LmSession};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::error::{catch, ExError, ExResult};
@@ -514,6 +515,23 @@ impl CausalLm for BurnLlama {
         Ok(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), cache: vec![None; n], host_kv: vec![HostKv::default(); n], len: 0, failed: false }))
     }
 
+    fn save_prefix(&self, session: &mut dyn LmSession, len: usize) -> Option<SavedKv> {
+        self.w.host.as_ref()?;
+        let any: &mut dyn Any = session;
+        let s = any.downcast_mut::<BurnLlamaSession>().filter(|s| Arc::ptr_eq(&s.w, &self.w) && !s.failed && s.len >= len)?;
+        let dh = self.w.cfg.head_dim();
+        let kv = s.host_kv.iter().map(|kv| kv.prefix(len, dh)).collect::<Option<Vec<_>>>()?;
+        Some(Arc::new(SavedHostKv(kv)))
+    }
+
+    fn session_from(&self, saved: &(dyn Any + Send + Sync), len: usize) -> Option<Box<dyn LmSession>> {
+        let saved = saved.downcast_ref::<SavedHostKv>()?;
+        let dh = self.w.cfg.head_dim();
+        let host_kv = saved.0.iter().map(|kv| kv.prefix(len, dh)).collect::<Option<Vec<_>>>()?;
+        let n = self.w.cfg.block_count;
+        Some(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), cache: vec![None; n], host_kv, len, failed: false }))
+    }
+
     /// On the host path, the chunks of this model's sessions run through the layers together;
     /// anything else (the tensor path, a chunk a session refuses) runs alone.
     fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
@@ -559,6 +577,9 @@ impl CausalLm for BurnLlama {
         out.into_iter().map(|r| r.expect("every chunk answered")).collect()
     }
 }
+
+/// The host path's caches of a prompt prefix, for `prefix_cache`.
+struct SavedHostKv(Vec<HostKv>);
 
 /// One generation: the shared weights and this sequence's KV cache (`[1, kv_heads, len, head_dim]`
 /// per layer).

@@ -250,6 +250,8 @@ pub struct Generation {
     pending: Option<u32>,
     /// Tokens in the session's cache.
     pos: usize,
+    /// Prompt tokens the session started with (a reused prefix).
+    cached: usize,
     finish: Option<Finish>,
 }
 
@@ -282,6 +284,14 @@ pub fn check_prompt(prompt: &[u32], context_length: usize, vocab_size: usize) ->
 impl Generation {
     /// Prepares a generation; nothing runs until the first `next`.
     pub fn new(session: Box<dyn LmSession>, tokenizer: Arc<LmTokenizer>, prompt: Vec<u32>, context_length: usize, opts: GenOptions) -> ExResult<Self> {
+        Self::resume(session, 0, tokenizer, prompt, context_length, opts)
+    }
+
+    /// Like `new`, for a session whose cache already holds the prompt's first `cached` tokens.
+    pub fn resume(session: Box<dyn LmSession>, cached: usize, tokenizer: Arc<LmTokenizer>, prompt: Vec<u32>, context_length: usize, opts: GenOptions) -> ExResult<Self> {
+        if cached >= prompt.len().max(1) {
+            return Err(ExError::invalid("a resumed generation must have prompt tokens left to run"));
+        }
         check_prompt(&prompt, context_length, tokenizer.vocab_size())?;
         let mut stop_ids = tokenizer.eog.clone();
         stop_ids.extend(opts.stop_token_ids.iter().copied());
@@ -298,7 +308,8 @@ impl Generation {
             generated: vec![],
             logits: None,
             pending: None,
-            pos: 0,
+            pos: cached,
+            cached,
             finish: None,
         })
     }
@@ -313,6 +324,20 @@ impl Generation {
 
     pub fn finish(&self) -> Option<Finish> {
         self.finish
+    }
+
+    /// Prompt tokens taken from a saved prefix rather than run.
+    pub fn cached_tokens(&self) -> usize {
+        self.cached
+    }
+
+    /// Whether the whole prompt is in the session's cache.
+    pub fn prompt_done(&self) -> bool {
+        self.pos >= self.prompt.len()
+    }
+
+    pub(super) fn session_and_prompt(&mut self) -> (&mut dyn LmSession, &[u32]) {
+        (&mut *self.session, &self.prompt)
     }
 
     fn sample(&mut self, logits: Vec<f32>) -> ExResult<u32> {

@@ -37,6 +37,14 @@ pub struct HostKv {
     v: Vec<Vec<f32>>,
 }
 
+impl HostKv {
+    /// A copy of the first `len` positions (`dh` values a head each); `None` if it holds fewer.
+    pub(super) fn prefix(&self, len: usize, dh: usize) -> Option<HostKv> {
+        let cut = |heads: &[Vec<f32>]| heads.iter().map(|h| h.get(..len * dh).map(<[f32]>::to_vec)).collect::<Option<Vec<_>>>();
+        Some(HostKv { k: cut(&self.k)?, v: cut(&self.v)? })
+    }
+}
+
 /// `x ⊙ w / sqrt(mean(x²) + eps)` for each row of `x`, as the tensor path computes it.
 pub(super) fn rms_norm(x: &[f32], w: &[f32], eps: f64) -> Vec<f32> {
     let h = w.len();

@@ -19,6 +19,7 @@ mod llama_host;
 #[cfg(test)]
 mod greedy_check;
 pub mod pooling;
+pub mod prefix_cache;
 pub mod qmatmul;
 #[cfg(test)]
 mod reference_tests;
@@ -39,6 +40,7 @@ use crate::error::{Detail, ExResult};
 use errors::kind;
 use generate::{ChatMessage, GenOptions, Generation, Prompt, Step};
 use pooling::PoolingConfig;
+use prefix_cache::{PrefixCache, SavedKv};
 use tokenizer::{EncoderTokenizer, LmTokenizer};
 
 /// Which implementation runs a model. `:auto` is an Elixir-side policy (Burn, then Candle on
@@ -100,6 +102,15 @@ pub trait CausalLm: Send + Sync {
     /// each weight once for all their rows, overrides it; the default runs them in turn.
     fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
         one_by_one(batch)
+    }
+    /// A copy of the first `len` rows of `session`'s cache, to start other sessions from
+    /// (`prefix_cache`); `None` where the engine keeps no such copy.
+    fn save_prefix(&self, _session: &mut dyn LmSession, _len: usize) -> Option<SavedKv> {
+        None
+    }
+    /// A new session whose cache holds the first `len` rows of `saved` (from `save_prefix`).
+    fn session_from(&self, _saved: &(dyn std::any::Any + Send + Sync), _len: usize) -> Option<Box<dyn LmSession>> {
+        None
     }
 }
 
@@ -293,7 +304,12 @@ pub struct TextModel {
     pub name: String,
     pub arch: String,
     pub path: PathBuf,
+    /// Saved prompts, reused by later prompts that start the same way.
+    pub prefixes: PrefixCache,
 }
+
+/// Bytes of saved prompt caches a model keeps for reuse, beside its generations' own caches.
+const PREFIX_CACHE_BYTES: usize = 64 << 20;
 
 /// The GGUF file `path` names: the file itself, or the only `.gguf` in a directory.
 pub fn gguf_path(path: &Path) -> ExResult<PathBuf> {
@@ -361,6 +377,7 @@ impl TextModel {
             name,
             arch,
             path: file,
+            prefixes: PrefixCache::new(PREFIX_CACHE_BYTES),
         })
     }
 
@@ -395,15 +412,30 @@ impl TextModel {
     }
 
     /// Tokenises and checks the prompt, and opens a session; the model runs on the first `next`.
+    /// A saved prompt that starts the same way gives the session its cache rows
+    /// (`prefix_cache`).
     pub fn start(&self, prompt: &Prompt, opts: GenOptions) -> ExResult<Generation> {
         let ids = self.prompt_ids(prompt)?;
         generate::check_prompt(&ids, self.context_length(), self.tokenizer.vocab_size())?;
-        Generation::new(self.lm.session()?, self.tokenizer.clone(), ids, self.context_length(), opts)
+        let (session, cached) = match self.prefixes.session_for(&*self.lm, &ids)? {
+            Some(found) => found,
+            None => (self.lm.session()?, 0),
+        };
+        Generation::resume(session, cached, self.tokenizer.clone(), ids, self.context_length(), opts)
     }
 
     /// One step of each generation (all started from this model), run together; see
     /// `generate::step_batch`.
+    /// A prompt completed in the step is saved for reuse.
     pub fn step(&self, gens: &mut [&mut Generation], chunks: &[usize]) -> Vec<ExResult<Step>> {
-        generate::step_batch(&*self.lm, gens, chunks)
+        let before: Vec<bool> = gens.iter().map(|g| g.prompt_done()).collect();
+        let steps = generate::step_batch(&*self.lm, gens, chunks);
+        for (g, was) in gens.iter_mut().zip(before) {
+            if !was && g.prompt_done() {
+                let (session, prompt) = g.session_and_prompt();
+                self.prefixes.save(&*self.lm, session, prompt);
+            }
+        }
+        steps
     }
 }
