@@ -60,7 +60,7 @@ defmodule ExBurn.Pretrained do
   def fallback_count, do: :counters.get(counter(), 1)
 
   @doc false
-  # Loads `name_or_path` (of `kind`, :embedding or :llm) with `load_nif`, a NIF taking the path
+  # Loads `name_or_path` (of `kind`, :embedding, :llm or :reranker) with `load_nif`, a NIF taking the path
   # and `%{engine: :burn | :candle, device: device}`; returns a map with the resource and what
   # the struct records about the engine.
   def load(kind, name_or_path, opts, load_nif) do

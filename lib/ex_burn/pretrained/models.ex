@@ -7,6 +7,7 @@ defmodule ExBurn.Models do
       <models dir>/
         embeddings/<name>/   model.safetensors, config.json, tokenizer.json, 1_Pooling/, ...
         llm/<name>/          one .gguf file
+        rerankers/<name>/    a cross-encoder: model.safetensors, config.json, tokenizer.json
         registry.json        optional catalog
 
   The directory is, in order: the `:dir` option, the `EXBURN_MODELS_DIR` environment variable,
@@ -27,7 +28,7 @@ defmodule ExBurn.Models do
 
   @doc """
   The models found in the models directory: one map per model with `:name`, `:kind`
-  (`:embedding` or `:llm`), `:path`, `:format` (`:safetensors` or `:gguf`), `:arch` (the
+  (`:embedding`, `:llm` or `:reranker`), `:path`, `:format` (`:safetensors` or `:gguf`), `:arch` (the
   architecture the files declare, or nil) and `:bytes`. A missing directory has no models.
   `registry.json` entries override scanned ones of the same name.
   """

@@ -37,7 +37,7 @@ defmodule ExBurn.Server.Handler do
   require Logger
 
   alias ExBurn.JSON
-  alias ExBurn.Server.{Api, Instance, Metrics, OpenAI, RateLimiter, Request, Response}
+  alias ExBurn.Server.{Api, Instance, Metrics, OpenAI, RateLimiter, Request, Rerank, Response}
 
   # {method, path pattern, function, authenticated?}
   @routes [
@@ -52,6 +52,7 @@ defmodule ExBurn.Server.Handler do
     {"POST", "/v1/embeddings", {OpenAI, :embeddings}, true},
     {"POST", "/v1/completions", {OpenAI, :completions}, true},
     {"POST", "/v1/chat/completions", {OpenAI, :chat_completions}, true},
+    {"POST", "/v1/rerank", {Rerank, :rerank}, true},
     {"GET", "/metrics", {Api, :metrics}, true}
   ]
 

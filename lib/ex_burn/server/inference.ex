@@ -78,6 +78,7 @@ defmodule ExBurn.Server.Inference do
 
   defp kind_name(:llm), do: "LLM"
   defp kind_name(:embedding), do: "embedding"
+  defp kind_name(:reranker), do: "reranker"
 
   # Runs `fun` on the served model; if its process died in between (a crash being restarted
   # by the supervisor), once more on the restarted one.
@@ -139,6 +140,18 @@ defmodule ExBurn.Server.Inference do
          {:ok, vectors} <- retrying(served, &ExBurn.Serving.Batcher.run_many(&1.server, rows, @embed_timeout)) do
       {:ok, vectors, ids |> Enum.map(&length/1) |> Enum.sum()}
     else
+      {:error, e} -> {:error, serving_error(e)}
+    end
+  end
+
+  @doc """
+  Scores `documents` for `query` with a served reranker: `{:ok, scores, tokens}` (the token count
+  of all pairs) or `{:error, response}`. Scoring runs in the request's process: reranker models
+  are shared read-only, so concurrent requests score at once.
+  """
+  def rerank(served, query, documents) do
+    case ExBurn.Rerank.run(served.model, query, documents, []) do
+      {:ok, %{scores: scores, tokens: tokens}} -> {:ok, scores, tokens}
       {:error, e} -> {:error, serving_error(e)}
     end
   end

@@ -160,6 +160,7 @@ defmodule ExBurn.Server.Model do
 
   defp load(:embedding, id, opts), do: ExBurn.Embedding.load(id, opts)
   defp load(:llm, id, opts), do: ExBurn.LLM.load(id, opts)
+  defp load(:reranker, id, opts), do: ExBurn.Rerank.load(id, opts)
 
   defp serve(%ExBurn.Embedding{} = model, config) do
     ExBurn.Serving.Batcher.start_link(model,
@@ -168,6 +169,10 @@ defmodule ExBurn.Server.Model do
       max_queue: max(4 * config.max_inputs, 1024)
     )
   end
+
+  # A reranker scores in each request's process (ExBurn.Server.Inference.rerank/3); its process
+  # only holds the model's place among the loaded ones.
+  defp serve(%ExBurn.Rerank{}, _config), do: Agent.start_link(fn -> nil end)
 
   defp serve(%ExBurn.LLM{} = model, config) do
     ExBurn.LLM.Scheduler.start_link(model, [max_queue: config.max_queue] ++ config.scheduler)

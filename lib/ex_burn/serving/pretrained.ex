@@ -1,7 +1,7 @@
 defmodule ExBurn.Serving.Pretrained do
   @moduledoc """
-  `Nx.Serving` builders for the pre-trained models: `ExBurn.Embedding.serving/2` and
-  `ExBurn.LLM.serving/2`. They need Nx; without it they raise `ExBurn.Error` (use
+  `Nx.Serving` builders for the pre-trained models: `ExBurn.Embedding.serving/2`,
+  `ExBurn.LLM.serving/2` and `ExBurn.Rerank.serving/2`. They need Nx; without it they raise `ExBurn.Error` (use
   `ExBurn.Serving.Batcher` for embeddings, `ExBurn.LLM.stream/3` for generation).
 
   Both servings work as Bumblebee's do: run one inline with `Nx.Serving.run/2`, or start it
@@ -61,6 +61,13 @@ defmodule ExBurn.Serving.Pretrained do
   `:temperature`, `:top_k`, `:top_p`, `:seed`, `:stop`, `:stop_token_ids`), `:stream`,
   `:stream_done` and `:partitions`. Without `:seed`, each request samples with a seed of its own.
 
+  ## Reranking (`ExBurn.Rerank.serving/2`)
+
+  Input: `{query, documents}` (a string and a list of strings). Output: `%{scores: tensor}`, an
+  f32 tensor of shape `{length(documents)}`, equal to `ExBurn.Rerank.score/4`'s scores. Each
+  request is scored on its own (batch size 1); `:partitions` (default 1) sets how many run at
+  once. Options: `:raw` (the logits, as `score/4` takes it) and `:partitions`.
+
   ## Errors
 
   Bad input (not a string, an empty list, unknown options) raises `ExBurn.Error` in the calling
@@ -76,6 +83,9 @@ defmodule ExBurn.Serving.Pretrained do
 
   @doc false
   def llm(model, opts), do: call(ExBurn.Serving.Pretrained.LLM, ExBurn.LLM, model, opts)
+
+  @doc false
+  def rerank(model, opts), do: call(ExBurn.Serving.Pretrained.Rerank, ExBurn.Rerank, model, opts)
 
   # The Nx path is compiled only when Nx is loaded; `apply/3` keeps this module warning-free
   # without it.
@@ -439,5 +449,60 @@ if Code.ensure_loaded?(Nx) do
         {:batch, _count, result}, acc -> {if(done?, do: [{:done, result}], else: []), acc}
       end)
     end
+  end
+
+  defmodule ExBurn.Serving.Pretrained.Rerank do
+    @moduledoc false
+    # ExBurn.Rerank.serving/2 (see ExBurn.Serving.Pretrained): one request per batch, passed to
+    # the serving's task as a term, as the LLM serving does.
+    @behaviour Nx.Serving
+
+    alias ExBurn.Rerank
+    import ExBurn.Serving.Pretrained.Util
+
+    def build(%Rerank{} = model, opts) do
+      opts = options!(opts, [:raw, :partitions])
+      partitions = ExBurn.Tensor.Util.int_option!(:serving, opts, :partitions, 1)
+      raw = Keyword.get(opts, :raw, false)
+      unless is_boolean(raw), do: fail!(":raw must be a boolean", %{option: :raw, got: raw})
+
+      Nx.Serving.new(__MODULE__, %{model: model, raw: raw}, partition_options(partitions))
+      |> Nx.Serving.batch_size(1)
+      |> Nx.Serving.process_options(partitions: partitions > 1)
+      |> Nx.Serving.client_preprocessing(&preprocess/1)
+      |> Nx.Serving.client_postprocessing(&postprocess/2)
+    end
+
+    def build(other, _opts), do: fail!("expected an ExBurn.Rerank model", %{got: other})
+
+    @impl true
+    def init(_type, arg, _partitions), do: {:ok, arg}
+
+    @impl true
+    def handle_batch(batch, _partition, state), do: {:execute, fn -> execute(state, batch) end, state}
+
+    defp execute(%{model: model, raw: raw}, batch) do
+      {query, documents} = batch |> materialize() |> Nx.to_binary() |> :erlang.binary_to_term([:safe])
+
+      case Rerank.score(model, query, documents, raw: raw) do
+        # the first axis is the batch's (one request), as Nx.Serving slices outputs
+        {:ok, scores} -> {Nx.tensor([scores], type: :f32, backend: Nx.BinaryBackend), :ok}
+        {:error, e} -> {Nx.tensor([[0.0]], type: :f32, backend: Nx.BinaryBackend), {:error, e}}
+      end
+    end
+
+    defp preprocess({query, documents} = input) when is_binary(query) and is_list(documents) do
+      unless documents != [] and Enum.all?(documents, &is_binary/1),
+        do: fail!("documents must be a non-empty list of strings", %{got: documents, kind: :argument})
+
+      payload = :erlang.term_to_binary(input)
+      {Nx.Batch.stack([host_binary(payload, :u8, {byte_size(payload)})]), :single}
+    end
+
+    defp preprocess(other),
+      do: fail!("the input must be {query, documents}", %{got: other, kind: :argument})
+
+    defp postprocess({_scores, {:error, e}}, _info), do: raise(e)
+    defp postprocess({scores, :ok}, _info), do: %{scores: Nx.squeeze(scores, axes: [0])}
   end
 end

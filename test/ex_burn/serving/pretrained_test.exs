@@ -342,6 +342,55 @@ if Code.ensure_loaded?(Nx) do
       assert_raise ExBurn.Error, ~r/ExBurn.LLM model/, fn -> LLM.serving(%{}) end
     end
   end
+
+  defmodule ExBurn.Serving.Pretrained.RerankTest do
+    # The rerank serving against ExBurn.Rerank.score/4, on the tiny cross-encoder of
+    # test/data/encoders/ (committed: never skips).
+    use ExUnit.Case, async: false
+    @moduletag :nx
+
+    alias ExBurn.Rerank
+
+    @dir Path.expand("../../data/encoders/tiny-xlm-roberta-reranker", __DIR__)
+
+    test "scores equal score/4's, inline and batched across callers" do
+      model = Rerank.load!(@dir, engine: :burn)
+      docs = ["The quick fox sleeps.", "Der Fuchs schläft.", "fox"]
+      {:ok, want} = Rerank.score(model, "where does the fox sleep", docs)
+
+      serving = Rerank.serving(model)
+      assert %{scores: t} = Nx.Serving.run(serving, {"where does the fox sleep", docs})
+      assert {Nx.shape(t), Nx.type(t)} == {{3}, {:f, 32}}
+      assert Nx.to_flat_list(t) == want
+
+      name = :"rerank_serving_#{System.unique_integer([:positive])}"
+      start_supervised!({Nx.Serving, serving: serving, name: name, batch_timeout: 5})
+
+      results =
+        1..4
+        |> Task.async_stream(fn n ->
+          Nx.Serving.batched_run(name, {"where does the fox sleep", Enum.take(docs, rem(n, 3) + 1)})
+        end)
+        |> Enum.map(fn {:ok, %{scores: t}} -> Nx.to_flat_list(t) end)
+
+      # a document scored alone may differ in the last bits from its score beside others
+      for {got, n} <- Enum.zip(results, 1..4), {g, w} <- Enum.zip(got, Enum.take(want, rem(n, 3) + 1)) do
+        assert_in_delta g, w, 1.0e-6
+      end
+
+      assert Enum.map(results, &length/1) == [2, 3, 1, 2]
+      {:ok, raw} = Rerank.score(model, "q", ["a"], raw: true)
+      assert Nx.to_flat_list(Nx.Serving.run(Rerank.serving(model, raw: true), {"q", ["a"]}).scores) == raw
+    end
+
+    test "bad input raises ExBurn.Error in the caller" do
+      serving = Rerank.serving(Rerank.load!(@dir, engine: :burn))
+      assert_raise ExBurn.Error, ~r/query, documents/, fn -> Nx.Serving.run(serving, "just a string") end
+      assert_raise ExBurn.Error, ~r/non-empty list/, fn -> Nx.Serving.run(serving, {"q", []}) end
+      assert_raise ExBurn.Error, ~r/ExBurn.Rerank model/, fn -> Rerank.serving(%{}) end
+      assert_raise ExBurn.Error, ~r/:raw/, fn -> Rerank.serving(Rerank.load!(@dir, engine: :burn), raw: 1) end
+    end
+  end
 else
   defmodule ExBurn.Serving.Pretrained.WithoutNxTest do
     # Without Nx the builders exist and say what is missing.

@@ -14,9 +14,12 @@ use super::{guard, strict, term};
 use crate::device::DeviceRef;
 use crate::error::{ExError, ExResult};
 use crate::pretrained::generate::{GenOptions, Generation, Prompt, Step};
+use crate::pretrained::pooling::After;
+use crate::pretrained::rerank::Reranker;
 use crate::pretrained::{files, EmbeddingModel, Engine, TextModel};
 
 pub struct EmbedderRes(EmbeddingModel);
+pub struct RerankerRes(Reranker);
 pub struct LlmRes(Arc<TextModel>);
 pub struct GenerationRes {
     gen: Mutex<Generation>,
@@ -28,6 +31,8 @@ pub struct GenerationRes {
 // Models are read-only after loading; a generation is only touched under its lock and every
 // step leaves it consistent (an unwind mid-step at worst loses that step's text).
 impl UnwindSafe for EmbedderRes {}
+impl UnwindSafe for RerankerRes {}
+impl RefUnwindSafe for RerankerRes {}
 impl RefUnwindSafe for EmbedderRes {}
 impl UnwindSafe for LlmRes {}
 impl RefUnwindSafe for LlmRes {}
@@ -36,6 +41,8 @@ impl RefUnwindSafe for GenerationRes {}
 
 #[rustler::resource_impl]
 impl rustler::Resource for EmbedderRes {}
+#[rustler::resource_impl]
+impl rustler::Resource for RerankerRes {}
 #[rustler::resource_impl]
 impl rustler::Resource for LlmRes {}
 #[rustler::resource_impl]
@@ -132,17 +139,15 @@ fn embedder_info<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
     guard(env, "embedder_info", || {
         let m = embedder(m)?;
         let m = &m.0;
-        let p = &m.pooling;
-        let pooling: Vec<Term> = [
-            (p.pooling_mode_cls_token, "cls"),
-            (p.pooling_mode_max_tokens, "max"),
-            (p.pooling_mode_mean_tokens, "mean"),
-            (p.pooling_mode_mean_sqrt_len_tokens, "mean_sqrt_len"),
-        ]
-        .iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, n)| atom(env, n))
-        .collect();
+        let pooling: Vec<Term> = m.pooling.modes.iter().map(|p| atom(env, p.name())).collect();
+        let modules: Vec<Term> = m
+            .after
+            .iter()
+            .map(|a| match a {
+                After::Dense(d) => map(env, &[("type", atom(env, "dense")), ("in", d.in_features.encode(env)), ("out", d.out_features.encode(env))]),
+                After::Normalize => map(env, &[("type", atom(env, "normalize"))]),
+            })
+            .collect();
         Ok(map(
             env,
             &[
@@ -151,6 +156,7 @@ fn embedder_info<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
                 ("max_seq_len", m.max_seq_len.encode(env)),
                 ("normalize", m.normalize.encode(env)),
                 ("pooling", pooling.encode(env)),
+                ("modules", modules.encode(env)),
                 ("engine", atom(env, m.engine.name())),
                 ("device", term::device(env, m.device)),
                 ("arch", m.arch.encode(env)),
@@ -189,6 +195,53 @@ fn embedder_embed_ids<'a>(env: Env<'a>, m: Term<'a>, rows: Term<'a>) -> Term<'a>
         let items: Vec<Term> = rows.decode().map_err(|_| ExError::Arg { name: "ids", expected: "a list of lists of token ids" })?;
         let ids = items.into_iter().map(|r| ids(r, "ids")).collect::<ExResult<Vec<_>>>()?;
         Ok((rows_binary(&m.0.embed_ids(&ids)?), m.0.dim()).encode(env))
+    })
+}
+
+fn reranker(t: Term) -> ExResult<ResourceArc<RerankerRes>> {
+    t.decode().map_err(|_| ExError::Arg { name: "reranker", expected: "an ExBurn reranker reference" })
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn reranker_load<'a>(env: Env<'a>, path: Term<'a>, opts: Term<'a>) -> Term<'a> {
+    guard(env, "reranker_load", || {
+        let path = string(path, "path")?;
+        let LoadOptions { engine, device } = strict::decode(opts, "opts")?;
+        Ok(ResourceArc::new(RerankerRes(Reranker::load(Path::new(&path), engine, device)?)))
+    })
+}
+
+#[rustler::nif]
+fn reranker_info<'a>(env: Env<'a>, m: Term<'a>) -> Term<'a> {
+    guard(env, "reranker_info", || {
+        let m = reranker(m)?;
+        let m = &m.0;
+        Ok(map(
+            env,
+            &[
+                ("name", m.name.encode(env)),
+                ("max_seq_len", m.max_seq_len.encode(env)),
+                ("activation", atom(env, m.activation.name())),
+                ("engine", atom(env, m.engine.name())),
+                ("device", term::device(env, m.device)),
+                ("arch", m.arch.encode(env)),
+                ("path", m.path.display().to_string().encode(env)),
+            ],
+        ))
+    })
+}
+
+/// Scores each document against the query: `{scores, tokens}`, the scores in the documents'
+/// order (the logits when `raw`) and the token count of all pairs.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn reranker_score<'a>(env: Env<'a>, m: Term<'a>, query: Term<'a>, documents: Term<'a>, raw: Term<'a>) -> Term<'a> {
+    guard(env, "reranker_score", || {
+        let m = reranker(m)?;
+        let (query, documents) = (string(query, "query")?, strings(documents, "documents")?);
+        let raw: bool = raw.decode().map_err(|_| ExError::Arg { name: "raw", expected: "a boolean" })?;
+        let scores = m.0.score(&query, &documents, raw)?;
+        let tokens: usize = m.0.tokenize(&query, &documents)?.iter().map(Vec::len).sum();
+        Ok((scores, tokens).encode(env))
     })
 }
 

@@ -1,5 +1,6 @@
-//! BERT-family encoder on the Burn engine: Hugging Face `config.json` plus `model.safetensors`,
-//! run as one batched forward pass on the device.
+//! BERT-family encoder on the Burn engine (BERT, XLM-RoBERTa, MPNet: `encoder_family` says how
+//! they differ): Hugging Face `config.json` plus `model.safetensors`, run as one batched forward
+//! pass on the device.
 
 use std::path::Path;
 
@@ -8,6 +9,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use serde::Deserialize;
 
+use super::encoder_family::{mpnet_position_bias, Family, MODEL_TYPES};
 use super::qmatmul::matmul_f32;
 use super::weights::{f32_tensor, Safetensors};
 use super::{Encoder, TokenBatch};
@@ -39,6 +41,19 @@ pub struct BertConfig {
     pub hidden_act: String,
     #[serde(default)]
     pub position_embedding_type: Option<String>,
+    #[serde(default)]
+    pub pad_token_id: Option<u32>,
+    #[serde(default = "default_buckets")]
+    pub relative_attention_num_buckets: usize,
+    #[serde(skip, default = "default_family")]
+    pub family: Family,
+}
+
+fn default_buckets() -> usize {
+    32
+}
+fn default_family() -> Family {
+    Family::Bert
 }
 
 fn default_eps() -> f64 {
@@ -55,17 +70,22 @@ impl BertConfig {
     pub fn read(dir: &Path) -> ExResult<Self> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| super::errors::io(&path, e))?;
-        let cfg: BertConfig = serde_json::from_str(&text).map_err(|e| super::errors::bad_config(&path, format!("not a BERT config: {e}")))?;
+        let mut cfg: BertConfig = serde_json::from_str(&text).map_err(|e| super::errors::bad_config(&path, format!("not a BERT config: {e}")))?;
         cfg.check()?;
         Ok(cfg)
     }
 
-    fn check(&self) -> ExResult<()> {
-        if let Some(t) = &self.model_type {
-            if t != "bert" {
-                return Err(super::errors::unsupported("burn", format!("unsupported model_type `{t}` for the BERT engine (expected `bert`)")));
+    fn check(&mut self) -> ExResult<()> {
+        self.family = match self.model_type.as_deref().map(Family::from_model_type) {
+            None => Family::Bert,
+            Some(Some(f)) => f,
+            Some(None) => {
+                return Err(super::errors::unsupported(
+                    "burn",
+                    format!("unsupported model_type `{}` for the BERT-family engine (expected one of {})", self.model_type.as_deref().unwrap_or(""), MODEL_TYPES.join(", ")),
+                ))
             }
-        }
+        };
         if self.hidden_act != "gelu" {
             return Err(super::errors::unsupported(
                 "burn",
@@ -84,6 +104,15 @@ impl BertConfig {
             ));
         }
         Ok(())
+    }
+
+    pub fn pad(&self) -> u32 {
+        self.pad_token_id.unwrap_or(0)
+    }
+
+    /// The longest input the position table takes.
+    pub fn max_tokens(&self) -> usize {
+        self.family.max_tokens(self.max_position_embeddings, self.pad())
     }
 }
 
@@ -157,9 +186,13 @@ pub struct BurnBert {
     device: Device,
     word: Tensor<2>,
     position: Tensor<2>,
-    token_type: Tensor<2>,
+    /// None for MPNet, which has no token types.
+    token_type: Option<Tensor<2>>,
     emb_norm: Norm,
     layers: Vec<Layer>,
+    /// MPNet's `[buckets, heads]` relative position table, kept on the host: the bias it gives
+    /// depends only on the sequence length.
+    relative_bias: Option<Vec<f32>>,
 }
 
 /// Loads `config.json` and `model.safetensors` from the model directory `dir`.
@@ -176,18 +209,38 @@ impl BurnBert {
     }
 
     fn from_weights(cfg: BertConfig, st: &Safetensors, dev: Device) -> ExResult<BurnBert> {
-        // Checkpoints saved from `BertForMaskedLM` and friends prefix every name with `bert.`.
-        let p = if st.contains("bert.embeddings.word_embeddings.weight") { "bert." } else { "" };
+        // Checkpoints saved from `BertForSequenceClassification` and friends prefix every name
+        // with `bert.` (`roberta.`, `mpnet.`).
+        let family = cfg.family;
+        let p = if st.contains(&format!("{}embeddings.word_embeddings.weight", family.head_prefix())) { family.head_prefix() } else { "" };
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let word = st.tensor(&format!("{p}embeddings.word_embeddings.weight"), [cfg.vocab_size, h], &dev)?;
         let position = st.tensor(&format!("{p}embeddings.position_embeddings.weight"), [cfg.max_position_embeddings, h], &dev)?;
-        let token_type = st.tensor(&format!("{p}embeddings.token_type_embeddings.weight"), [cfg.type_vocab_size, h], &dev)?;
+        let token_type = match family.has_token_types() {
+            true => Some(st.tensor(&format!("{p}embeddings.token_type_embeddings.weight"), [cfg.type_vocab_size, h], &dev)?),
+            false => None,
+        };
         let emb_norm = Norm::load(st, &format!("{p}embeddings.LayerNorm"), h, &dev)?;
+        let relative_bias = match family {
+            Family::MpNet => {
+                let shape = [cfg.relative_attention_num_buckets, cfg.num_attention_heads];
+                if shape[0] < 32 {
+                    return Err(super::errors::bad_config(Path::new("config.json"), "MPNet needs relative_attention_num_buckets >= 32"));
+                }
+                Some(st.values(&format!("{p}encoder.relative_attention_bias.weight"), &shape)?)
+            }
+            _ => None,
+        };
+        // MPNet names its attention `attn.{q,k,v,o}` with the layer norm beside it.
+        let (qkv_names, out_name, norm_name) = match family {
+            Family::MpNet => (["attn.q", "attn.k", "attn.v"], "attention.attn.o", "attention.LayerNorm"),
+            _ => (["self.query", "self.key", "self.value"], "attention.output.dense", "attention.output.LayerNorm"),
+        };
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| {
                 let n = format!("{p}encoder.layer.{l}");
-                let parts = ["query", "key", "value"]
-                    .map(|m| Dense::load(st, &format!("{n}.attention.self.{m}"), h, h, &dev))
+                let parts = qkv_names
+                    .map(|m| Dense::load(st, &format!("{n}.attention.{m}"), h, h, &dev))
                     .into_iter()
                     .collect::<ExResult<Vec<_>>>()?;
                 // stacked as `[3 hidden, hidden]` rows, then viewed transposed, as `Dense::load` does
@@ -197,15 +250,15 @@ impl BurnBert {
                 };
                 Ok(Layer {
                     qkv,
-                    attn_out: Dense::load(st, &format!("{n}.attention.output.dense"), h, h, &dev)?,
-                    attn_norm: Norm::load(st, &format!("{n}.attention.output.LayerNorm"), h, &dev)?,
+                    attn_out: Dense::load(st, &format!("{n}.{out_name}"), h, h, &dev)?,
+                    attn_norm: Norm::load(st, &format!("{n}.{norm_name}"), h, &dev)?,
                     intermediate: Dense::load(st, &format!("{n}.intermediate.dense"), i, h, &dev)?,
                     output: Dense::load(st, &format!("{n}.output.dense"), h, i, &dev)?,
                     out_norm: Norm::load(st, &format!("{n}.output.LayerNorm"), h, &dev)?,
                 })
             })
             .collect::<ExResult<Vec<_>>>()?;
-        Ok(BurnBert { cfg, device: dev, word, position, token_type, emb_norm, layers })
+        Ok(BurnBert { cfg, device: dev, word, position, token_type, emb_norm, layers, relative_bias })
     }
 
     fn check(&self, batch: &TokenBatch) -> ExResult<()> {
@@ -220,11 +273,8 @@ impl BurnBert {
                 batch.mask.len()
             )));
         }
-        if batch.seq > self.cfg.max_position_embeddings {
-            return Err(ExError::invalid(format!(
-                "sequence of {} tokens is longer than the model's {} positions",
-                batch.seq, self.cfg.max_position_embeddings
-            )));
+        if batch.seq > self.cfg.max_tokens() {
+            return Err(ExError::invalid(format!("sequence of {} tokens is longer than the model's {} positions", batch.seq, self.cfg.max_tokens())));
         }
         if let Some(id) = batch.ids.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
             return Err(super::errors::err(
@@ -233,7 +283,7 @@ impl BurnBert {
                 vec![],
             ));
         }
-        if let Some(t) = batch.type_ids.iter().find(|&&t| t as usize >= self.cfg.type_vocab_size) {
+        if let Some(t) = batch.type_ids.iter().find(|&&t| self.token_type.is_some() && t as usize >= self.cfg.type_vocab_size) {
             return Err(ExError::invalid(format!("token type id {t} is outside the {} token types", self.cfg.type_vocab_size)));
         }
         Ok(())
@@ -256,17 +306,15 @@ impl BurnBert {
         // padded, 528 real).
         let real: Vec<usize> = (0..padded).filter(|&p| batch.mask[p] != 0).collect();
         let packing = !real.is_empty() && real.len() < padded;
-        let rows = if packing { real.len() } else { padded };
         let pick = |v: &[u32]| -> Vec<u32> { if packing { real.iter().map(|&p| v[p]).collect() } else { v.to_vec() } };
         let index = |v: Vec<usize>| -> Tensor<1, Int> { self.ids(&v.into_iter().map(|p| p as u32).collect::<Vec<_>>()) };
         let word = self.word.clone().select(0, self.ids(&pick(&batch.ids)));
-        let types = self.token_type.clone().select(0, self.ids(&pick(&batch.type_ids)));
-        let pos = if packing {
-            self.position.clone().select(0, index(real.iter().map(|&p| p % s).collect()))
-        } else {
-            self.position.clone().slice([0..s, 0..h]).unsqueeze::<3>().expand([b, s, h]).reshape([rows, h])
-        };
-        let mut x = self.emb_norm.forward(word + types + pos, eps);
+        let positions = self.cfg.family.position_ids(&batch.ids, s, self.cfg.pad());
+        let mut emb = word + self.position.clone().select(0, self.ids(&pick(&positions)));
+        if let Some(token_type) = &self.token_type {
+            emb = emb + token_type.clone().select(0, self.ids(&pick(&batch.type_ids)));
+        }
+        let mut x = self.emb_norm.forward(emb, eps);
         // padded position -> its packed row (padding reads row 0: masked as a key, dropped as a
         // query), and packed row -> padded position
         let (to_packed, to_padded) = if packing {
@@ -283,10 +331,21 @@ impl BurnBert {
 
         // transformers' extended attention mask: (1 - mask) * finfo(f32).min, added to the scores;
         // none when no position is masked (one text, or texts of equal length), where it adds 0
-        let bias = batch.mask.contains(&0).then(|| {
+        let mask_bias = batch.mask.contains(&0).then(|| {
             let bias: Vec<f32> = batch.mask.iter().map(|&m| if m != 0 { 0.0 } else { f32::MIN }).collect();
-            f32_tensor(bias, [b, 1, 1, s], &self.device).expand([b, 1, s, s])
+            f32_tensor(bias, [b, 1, 1, s], &self.device)
         });
+        // MPNet adds its relative position bias (per head, the same for every text) before the mask.
+        let bias = match (&self.relative_bias, mask_bias) {
+            (Some(table), mask) => {
+                let rel = f32_tensor(mpnet_position_bias(table, nh, s), [1, nh, s, s], &self.device).expand([b, nh, s, s]);
+                Some(match mask {
+                    Some(m) => rel + m.expand([b, nh, s, s]),
+                    None => rel,
+                })
+            }
+            (None, mask) => mask.map(|m| m.expand([b, 1, s, s])),
+        };
         let heads = |t: Tensor<2>| t.reshape([b, s, nh, dh]).swap_dims(1, 2);
         for layer in &self.layers {
             let qkv = unpack(layer.qkv.forward(x.clone()));

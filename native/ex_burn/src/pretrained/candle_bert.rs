@@ -1,22 +1,27 @@
-//! BERT-family encoder on the Candle engine (CPU): `candle_transformers`' `BertModel` over the
-//! `model.safetensors` read tensor by tensor.
+//! BERT-family encoder on the Candle engine (CPU): `candle_transformers`' `BertModel` and
+//! `XLMRobertaModel` over the `model.safetensors` read tensor by tensor. MPNet has no Candle
+//! model; it runs on Burn.
 
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config};
+use candle_transformers::models::xlm_roberta::{Config as XlmRobertaConfig, XLMRobertaModel};
 
+use super::encoder_family::Family;
 use super::errors::{self, kind};
 use super::{Encoder, TokenBatch};
 use crate::device::DeviceRef;
 use crate::error::{Detail, ExResult};
 
-/// The model types whose weights and forward pass are BERT's.
-pub const ARCHITECTURES: &[&str] = &["bert"];
+enum Model {
+    Bert(BertModel),
+    XlmRoberta(XLMRobertaModel),
+}
 
 struct CandleBert {
-    model: BertModel,
+    model: Model,
     hidden: usize,
 }
 
@@ -34,7 +39,11 @@ impl Encoder for CandleBert {
         let ids = Tensor::from_slice(&batch.ids, shape, &Device::Cpu).map_err(engine_err)?;
         let types = Tensor::from_slice(&batch.type_ids, shape, &Device::Cpu).map_err(engine_err)?;
         let mask = Tensor::from_slice(&batch.mask, shape, &Device::Cpu).map_err(engine_err)?;
-        let out = self.model.forward(&ids, &types, Some(&mask)).map_err(engine_err)?;
+        let out = match &self.model {
+            Model::Bert(m) => m.forward(&ids, &types, Some(&mask)),
+            Model::XlmRoberta(m) => m.forward(&ids, &mask, &types, None, None, None),
+        }
+        .map_err(engine_err)?;
         out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(engine_err)
     }
 }
@@ -51,26 +60,43 @@ pub fn check_cpu(device: &DeviceRef) -> ExResult<()> {
     ))
 }
 
-/// Reads and checks `config.json` as a BERT configuration.
-pub fn read_config(dir: &Path) -> ExResult<Config> {
+/// config.json with the keys candle's configs require but Hugging Face may leave out (they
+/// change nothing at inference) filled in.
+fn read_config(dir: &Path) -> ExResult<(Family, serde_json::Value)> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| errors::io(&path, e))?;
-    let raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| errors::bad_config(&path, e))?;
-    let model_type = raw.get("model_type").and_then(|v| v.as_str()).unwrap_or("bert");
-    if !ARCHITECTURES.contains(&model_type) {
-        return Err(errors::err(
-            kind::UNKNOWN_ARCHITECTURE,
-            format!("unsupported encoder architecture {model_type:?} (supported: {})", ARCHITECTURES.join(", ")),
-            vec![("arch", Detail::Text(model_type.to_string())), errors::path_detail(&path)],
-        ));
+    let mut raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| errors::bad_config(&path, e))?;
+    let family = Family::of_config(&raw, &path)?;
+    if let Some(obj) = raw.as_object_mut() {
+        for (k, v) in [
+            ("hidden_dropout_prob", serde_json::json!(0.1)),
+            ("attention_probs_dropout_prob", serde_json::json!(0.1)),
+            ("initializer_range", serde_json::json!(0.02)),
+            ("position_embedding_type", serde_json::json!("absolute")),
+            ("pad_token_id", serde_json::json!(0)),
+            ("hidden_act", serde_json::json!("gelu")),
+            ("layer_norm_eps", serde_json::json!(1e-12)),
+            ("type_vocab_size", serde_json::json!(2)),
+        ] {
+            if obj.get(k).is_none_or(|x| x.is_null()) {
+                obj.insert(k.to_string(), v);
+            }
+        }
     }
-    serde_json::from_value(raw).map_err(|e| errors::bad_config(&path, e))
+    Ok((family, raw))
+}
+
+fn config<T: for<'de> serde::Deserialize<'de>>(dir: &Path, raw: serde_json::Value) -> ExResult<T> {
+    serde_json::from_value(raw).map_err(|e| errors::bad_config(&dir.join("config.json"), e))
 }
 
 /// Loads `config.json` and `model.safetensors` from the model directory `dir`.
 pub fn load(dir: &Path, device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
     check_cpu(device)?;
-    let config = read_config(dir)?;
+    let (family, raw) = read_config(dir)?;
+    if family == Family::MpNet {
+        return Err(errors::unsupported("candle", "MPNet encoders run on the burn engine only"));
+    }
     let weights = dir.join("model.safetensors");
     super::files::check_safetensors(&weights)?;
     // Read tensor by tensor through our reader, which drops each tensor's file pages once
@@ -83,13 +109,26 @@ pub fn load(dir: &Path, device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
         let values = st.values(&name, &shape)?;
         tensors.insert(name, candle_core::Tensor::from_vec(values, shape, &Device::Cpu).map_err(engine_err)?);
     }
+    // Sequence-classification checkpoints prefix the encoder's tensors (`roberta.`, `bert.`).
+    let prefixed = tensors.contains_key(&format!("{}embeddings.word_embeddings.weight", family.head_prefix()));
     let vb = VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu);
-    let model = BertModel::load(vb, &config).map_err(|e| {
+    let vb = if prefixed { vb.pp(family.head_prefix().trim_end_matches('.')) } else { vb };
+    let mismatch = |e: candle_core::Error| {
         errors::err(
             kind::BAD_CONFIG,
-            format!("{} does not hold the BERT weights config.json describes: {e}", weights.display()),
+            format!("{} does not hold the {} weights config.json describes: {e}", weights.display(), family.model_type()),
             vec![errors::path_detail(&weights), ("reason", Detail::Text(e.to_string()))],
         )
-    })?;
-    Ok(Box::new(CandleBert { model, hidden: config.hidden_size }))
+    };
+    let (model, hidden) = match family {
+        Family::XlmRoberta => {
+            let cfg: XlmRobertaConfig = config(dir, raw)?;
+            (Model::XlmRoberta(XLMRobertaModel::new(&cfg, vb).map_err(mismatch)?), cfg.hidden_size)
+        }
+        _ => {
+            let cfg: Config = config(dir, raw)?;
+            (Model::Bert(BertModel::load(vb, &cfg).map_err(mismatch)?), cfg.hidden_size)
+        }
+    };
+    Ok(Box::new(CandleBert { model, hidden }))
 }

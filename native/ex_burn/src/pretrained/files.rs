@@ -3,6 +3,7 @@
 //! ```text
 //! <dir>/embeddings/<name>/     config.json + model.safetensors (+ tokenizer.json, modules.json, …)
 //! <dir>/llm/<name>/            one .gguf file, or model.safetensors + config.json
+//! <dir>/rerankers/<name>/      a cross-encoder: config.json + model.safetensors + tokenizer.json
 //! <dir>/registry.json          optional: {"models": [{"name", "kind", "path", "description"}]}
 //! ```
 //!
@@ -20,6 +21,7 @@ use crate::error::{Detail, ExResult};
 pub enum ModelKind {
     Embedding,
     Llm,
+    Reranker,
 }
 
 impl ModelKind {
@@ -27,6 +29,7 @@ impl ModelKind {
         match self {
             ModelKind::Embedding => "embedding",
             ModelKind::Llm => "llm",
+            ModelKind::Reranker => "reranker",
         }
     }
 
@@ -34,6 +37,7 @@ impl ModelKind {
         match name {
             "embedding" => Some(ModelKind::Embedding),
             "llm" => Some(ModelKind::Llm),
+            "reranker" => Some(ModelKind::Reranker),
             _ => None,
         }
     }
@@ -43,6 +47,7 @@ impl ModelKind {
         match self {
             ModelKind::Embedding => "embeddings",
             ModelKind::Llm => "llm",
+            ModelKind::Reranker => "rerankers",
         }
     }
 }
@@ -184,7 +189,8 @@ pub fn list(dir: &Path) -> ExResult<Vec<ModelEntry>> {
     if !dir.is_dir() {
         return Ok(vec![]);
     }
-    let mut entries: Vec<ModelEntry> = scan(dir, ModelKind::Embedding).into_iter().chain(scan(dir, ModelKind::Llm)).collect();
+    let mut entries: Vec<ModelEntry> =
+        [ModelKind::Embedding, ModelKind::Llm, ModelKind::Reranker].into_iter().flat_map(|k| scan(dir, k)).collect();
     let registry = dir.join("registry.json");
     if registry.is_file() {
         let text = std::fs::read_to_string(&registry).map_err(|e| errors::io(&registry, e))?;
@@ -193,7 +199,7 @@ pub fn list(dir: &Path) -> ExResult<Vec<ModelEntry>> {
         };
         let reg: Registry = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         for r in reg.models {
-            let kind = ModelKind::from_name(&r.kind).ok_or_else(|| bad(format!("model {:?}: kind must be \"embedding\" or \"llm\", not {:?}", r.name, r.kind)))?;
+            let kind = ModelKind::from_name(&r.kind).ok_or_else(|| bad(format!("model {:?}: kind must be \"embedding\", \"llm\" or \"reranker\", not {:?}", r.name, r.kind)))?;
             let path = if Path::new(&r.path).is_absolute() { PathBuf::from(&r.path) } else { dir.join(&r.path) };
             let mut found = describe(r.name.clone(), kind, &path, r.description.clone());
             // A registry entry always lists, even when its files are not there (yet).

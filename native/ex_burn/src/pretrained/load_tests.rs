@@ -117,7 +117,7 @@ fn embedding_model_errors_are_distinct() {
     assert_eq!(kind_err(EmbeddingModel::load(&dir, Engine::Candle, cpu)), kind::CORRUPT_SAFETENSORS);
 
     let dir = bert_dir("bert-arch");
-    std::fs::write(dir.join("config.json"), BERT_CONFIG.replace("\"bert\"", "\"mpnet\"")).unwrap();
+    std::fs::write(dir.join("config.json"), BERT_CONFIG.replace("\"bert\"", "\"deberta-v2\"")).unwrap();
     assert_eq!(kind_err(EmbeddingModel::load(&dir, Engine::Candle, cpu)), kind::UNKNOWN_ARCHITECTURE);
     std::fs::write(dir.join("config.json"), "{\"model_type\": ").unwrap();
     assert_eq!(kind_err(EmbeddingModel::load(&dir, Engine::Candle, cpu)), kind::BAD_CONFIG);
@@ -127,6 +127,9 @@ fn embedding_model_errors_are_distinct() {
     let dir = bert_dir("bert-module");
     std::fs::write(dir.join("modules.json"), r#"[{"idx":0,"name":"0","path":"","type":"sentence_transformers.models.Transformer"},
         {"idx":1,"name":"1","path":"2_Dense","type":"sentence_transformers.models.Dense"}]"#).unwrap();
+    assert_eq!(kind_err(EmbeddingModel::load(&dir, Engine::Candle, cpu)), kind::MISSING_FILE);
+    std::fs::write(dir.join("modules.json"), r#"[{"idx":0,"name":"0","path":"","type":"sentence_transformers.models.Transformer"},
+        {"idx":1,"name":"1","path":"2_LayerNorm","type":"sentence_transformers.models.LayerNorm"}]"#).unwrap();
     assert_eq!(kind_err(EmbeddingModel::load(&dir, Engine::Candle, cpu)), kind::UNSUPPORTED_MODULE);
 
     let dir = bert_dir("bert-tokenizer");

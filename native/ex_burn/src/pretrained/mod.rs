@@ -11,6 +11,7 @@ pub mod burn_bert;
 pub mod burn_llama;
 pub mod candle_bert;
 pub mod candle_llama;
+pub mod encoder_family;
 pub mod errors;
 pub mod files;
 pub mod generate;
@@ -21,6 +22,9 @@ mod greedy_check;
 pub mod pooling;
 pub mod prefix_cache;
 pub mod qmatmul;
+#[cfg(test)]
+mod encoder_tests;
+pub mod rerank;
 #[cfg(test)]
 mod reference_tests;
 #[cfg(test)]
@@ -38,8 +42,9 @@ use serde::Deserialize;
 use crate::device::DeviceRef;
 use crate::error::{Detail, ExResult};
 use errors::kind;
+use encoder_family::Family;
 use generate::{ChatMessage, GenOptions, Generation, Prompt, Step};
-use pooling::PoolingConfig;
+use pooling::{After, PoolingConfig};
 use prefix_cache::{PrefixCache, SavedKv};
 use tokenizer::{EncoderTokenizer, LmTokenizer};
 
@@ -154,12 +159,38 @@ struct StModule {
     ty: String,
 }
 
-/// A sentence-transformers model: encoder, pooling, optional normalisation.
+/// The longest input, as sentence-transformers takes it: `sentence_bert_config.json`'s
+/// `max_seq_length` (before version 6) or `tokenizer_config.json`'s `model_max_length`, capped at
+/// what the position table holds; that alone when neither says.
+pub fn max_seq_len(dir: &Path, config: &serde_json::Value, family: Family) -> ExResult<usize> {
+    let int = |v: &serde_json::Value, key: &str| v.get(key).and_then(|x| x.as_u64()).map(|x| x as usize);
+    let positions = int(config, "max_position_embeddings")
+        .map(|p| family.max_tokens(p, int(config, "pad_token_id").unwrap_or(0) as u32));
+    let mut declared = None;
+    for (file, key) in [("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")] {
+        let path = dir.join(file);
+        if declared.is_none() && path.is_file() {
+            // tokenizers without a limit say model_max_length = 1e30
+            declared = int(&read_json::<serde_json::Value>(&path)?, key).filter(|&n| n > 0 && n < 1 << 24);
+        }
+    }
+    Ok(match (declared, positions) {
+        (Some(s), Some(p)) => s.min(p),
+        (Some(s), None) => s,
+        (None, Some(p)) => p,
+        (None, None) => 512,
+    })
+}
+
+/// A sentence-transformers model: encoder, pooling, then `Dense` and `Normalize` modules.
 pub struct EmbeddingModel {
     pub encoder: Box<dyn Encoder>,
     pub tokenizer: EncoderTokenizer,
     pub pooling: PoolingConfig,
+    pub after: Vec<After>,
+    /// The last module normalises (vectors have unit length).
     pub normalize: bool,
+    dim: usize,
     pub max_seq_len: usize,
     pub engine: Engine,
     pub device: DeviceRef,
@@ -186,13 +217,14 @@ impl EmbeddingModel {
             }
         }
         let config: serde_json::Value = read_json(&dir.join("config.json"))?;
-        let arch = config.get("model_type").and_then(|v| v.as_str()).unwrap_or("bert").to_string();
-        let max_pos = config.get("max_position_embeddings").and_then(|v| v.as_u64()).map(|v| v as usize);
+        // The architecture comes first, so an unknown one never reaches the weights.
+        let family = Family::of_config(&config, &dir.join("config.json"))?;
+        let arch = family.model_type().to_string();
 
-        // modules.json: Transformer, Pooling, Normalize are what sentence-transformers models
-        // made of these parts use; anything else (Dense, …) would change the vectors.
-        let mut normalize = false;
+        // modules.json: Transformer, Pooling, then Dense and Normalize in order; anything else
+        // (a second Transformer, LayerNorm, …) would change the vectors.
         let mut pooling_dir = dir.join("1_Pooling");
+        let mut after = Vec::new();
         let modules_path = dir.join("modules.json");
         if modules_path.is_file() {
             let modules: Vec<StModule> = read_json(&modules_path)?;
@@ -200,7 +232,8 @@ impl EmbeddingModel {
                 match m.ty.rsplit('.').next().unwrap_or("") {
                     "Transformer" => {}
                     "Pooling" => pooling_dir = dir.join(&m.path),
-                    "Normalize" => normalize = true,
+                    "Dense" => after.push(After::Dense(pooling::Dense::load(&dir.join(&m.path))?)),
+                    "Normalize" => after.push(After::Normalize),
                     other => {
                         return Err(errors::err(
                             kind::UNSUPPORTED_MODULE,
@@ -212,23 +245,19 @@ impl EmbeddingModel {
             }
         }
         let pooling_path = pooling_dir.join("config.json");
-        let pooling: PoolingConfig = if pooling_path.is_file() { read_json(&pooling_path)? } else { PoolingConfig::default() };
-        if pooling.modes() == 0 {
-            return Err(errors::bad_config(&pooling_path, "no pooling mode is on"));
+        let pooling = if pooling_path.is_file() { PoolingConfig::read(&pooling_path)? } else { PoolingConfig::default() };
+        let hidden = config.get("hidden_size").and_then(|v| v.as_u64()).unwrap_or(0) as usize;
+        let mut dim = pooling.modes() * hidden;
+        for a in &after {
+            if let After::Dense(d) = a {
+                if d.in_features != dim {
+                    return Err(errors::bad_config(&modules_path, format!("a Dense module takes {} values where the one before gives {dim}", d.in_features)));
+                }
+                dim = d.out_features;
+            }
         }
-
-        #[derive(Deserialize)]
-        struct SbertConfig {
-            max_seq_length: Option<usize>,
-        }
-        let sbert = dir.join("sentence_bert_config.json");
-        let max_seq = if sbert.is_file() { read_json::<SbertConfig>(&sbert)?.max_seq_length } else { None };
-        let max_seq_len = match (max_seq, max_pos) {
-            (Some(s), Some(p)) => s.min(p),
-            (Some(s), None) => s,
-            (None, Some(p)) => p,
-            (None, None) => 512,
-        };
+        let normalize = matches!(after.last(), Some(After::Normalize));
+        let max_seq_len = max_seq_len(dir, &config, family)?;
         files::check_safetensors(&dir.join("model.safetensors"))?;
         let tokenizer = EncoderTokenizer::from_file(&dir.join("tokenizer.json"), max_seq_len)?;
         let encoder = match engine {
@@ -237,12 +266,12 @@ impl EmbeddingModel {
         };
         crate::process::alloc::trim();
         let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        Ok(EmbeddingModel { encoder, tokenizer, pooling, normalize, max_seq_len, engine, device, name, arch, path: dir.to_path_buf() })
+        Ok(EmbeddingModel { encoder, tokenizer, pooling, after, normalize, dim, max_seq_len, engine, device, name, arch, path: dir.to_path_buf() })
     }
 
     /// The length of each embedding.
     pub fn dim(&self) -> usize {
-        self.pooling.modes() * self.encoder.hidden_size()
+        self.dim
     }
 
     pub fn tokenize(&self, texts: &[String]) -> ExResult<Vec<Vec<u32>>> {
@@ -281,11 +310,8 @@ impl EmbeddingModel {
                 return Err(errors::engine(self.engine.name(), format!("encoder returned {} values for a [{}, {}, {size}] batch", hidden.len(), batch.batch, batch.seq)));
             }
             let pooled = self.pooling.pool(&hidden, &batch, size);
-            for (&i, mut v) in chunk.iter().zip(pooled) {
-                if self.normalize {
-                    pooling::normalize(&mut v);
-                }
-                rows[i] = v;
+            for (&i, v) in chunk.iter().zip(pooled) {
+                rows[i] = self.after.iter().fold(v, |v, m| m.apply(v));
             }
         }
         Ok(rows)

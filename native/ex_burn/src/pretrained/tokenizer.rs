@@ -77,6 +77,22 @@ impl EncoderTokenizer {
         Ok((batch, rows))
     }
 
+    /// Tokenises `(query, document)` pairs as one padded batch, as a cross-encoder reads them
+    /// (`[CLS] q [SEP] d [SEP]`, or the tokenizer's own pair template, with its segment ids), the
+    /// longer text truncated first when a pair is over `max_len`.
+    pub fn pair_batch(&self, query: &str, documents: &[String]) -> ExResult<TokenBatch> {
+        let inputs: Vec<tokenizers::EncodeInput> = documents.iter().map(|d| (query, d.as_str()).into()).collect();
+        let encodings = self.tok.encode_batch(inputs, true).map_err(tokenizer_error)?;
+        let seq = encodings.iter().map(|e| e.get_ids().len()).max().unwrap_or(0);
+        let mut batch = TokenBatch { batch: encodings.len(), seq, ..Default::default() };
+        for e in &encodings {
+            batch.ids.extend_from_slice(e.get_ids());
+            batch.type_ids.extend_from_slice(e.get_type_ids());
+            batch.mask.extend_from_slice(e.get_attention_mask());
+        }
+        Ok(batch)
+    }
+
     pub fn tokenize(&self, texts: &[String]) -> ExResult<Vec<Vec<u32>>> {
         Ok(self.batch(texts)?.1)
     }

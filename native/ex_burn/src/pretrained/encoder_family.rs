@@ -1,0 +1,168 @@
+//! The encoder families that load (config.json `model_type`) and the rules that set each apart
+//! from BERT, written once for both engines: tensor names, position ids, usable length, MPNet's
+//! relative attention buckets.
+
+use std::path::Path;
+
+use super::errors::{self, kind};
+use crate::error::{Detail, ExResult};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Bert,
+    /// XLM-RoBERTa (multilingual-e5, bge-m3, bge-reranker): BERT's layers; positions count real
+    /// tokens from `pad_token_id + 1`.
+    XlmRoberta,
+    /// MPNet (all-mpnet-base-v2): no token types, positions as XLM-R's from padding index 1, and
+    /// a relative position bias shared by every layer's attention.
+    MpNet,
+}
+
+/// The `model_type` values that load, in the order error messages list them.
+pub const MODEL_TYPES: &[&str] = &["bert", "xlm-roberta", "mpnet"];
+
+impl Family {
+    pub fn from_model_type(t: &str) -> Option<Family> {
+        match t {
+            "bert" => Some(Family::Bert),
+            "xlm-roberta" => Some(Family::XlmRoberta),
+            "mpnet" => Some(Family::MpNet),
+            _ => None,
+        }
+    }
+
+    /// The family of the model in `dir`, from config.json's `model_type` alone (BERT when absent),
+    /// so an unknown one is refused before any weight is read.
+    pub fn of_config(config: &serde_json::Value, path: &Path) -> ExResult<Family> {
+        let t = config.get("model_type").and_then(|v| v.as_str()).unwrap_or("bert");
+        Family::from_model_type(t).ok_or_else(|| {
+            errors::err(
+                kind::UNKNOWN_ARCHITECTURE,
+                format!("unsupported encoder architecture {t:?} (supported: {})", MODEL_TYPES.join(", ")),
+                vec![("arch", Detail::Text(t.to_string())), errors::path_detail(path)],
+            )
+        })
+    }
+
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Bert => "bert",
+            Family::XlmRoberta => "xlm-roberta",
+            Family::MpNet => "mpnet",
+        }
+    }
+
+    /// The prefix of the encoder's tensors in a `*ForSequenceClassification` checkpoint.
+    pub fn head_prefix(self) -> &'static str {
+        match self {
+            Family::Bert => "bert.",
+            Family::XlmRoberta => "roberta.",
+            Family::MpNet => "mpnet.",
+        }
+    }
+
+    pub fn has_token_types(self) -> bool {
+        self != Family::MpNet
+    }
+
+    /// The padding index positions are counted from, if they are (`None`: BERT's 0, 1, 2, …).
+    /// MPNet's embeddings fix it at 1 whatever config.json says.
+    pub fn position_padding(self, pad_token_id: u32) -> Option<u32> {
+        match self {
+            Family::Bert => None,
+            Family::XlmRoberta => Some(pad_token_id),
+            Family::MpNet => Some(1),
+        }
+    }
+
+    /// The longest input the position table holds: positions past a padding index start after it.
+    pub fn max_tokens(self, max_position_embeddings: usize, pad_token_id: u32) -> usize {
+        match self.position_padding(pad_token_id) {
+            None => max_position_embeddings,
+            Some(p) => max_position_embeddings.saturating_sub(p as usize + 1),
+        }
+    }
+
+    /// Position ids of a padded `[rows, seq]` batch of token ids, row-major. With a padding index
+    /// `p`, transformers' `create_position_ids_from_input_ids`: a token that is not `p` gets `p`
+    /// plus the count of non-`p` tokens up to and including it, and `p` itself gets `p`.
+    pub fn position_ids(self, ids: &[u32], seq: usize, pad_token_id: u32) -> Vec<u32> {
+        match self.position_padding(pad_token_id) {
+            None => (0..ids.len()).map(|i| (i % seq) as u32).collect(),
+            Some(p) => ids
+                .chunks(seq)
+                .flat_map(|row| {
+                    let mut n = 0;
+                    row.iter()
+                        .map(move |&id| {
+                            if id == p {
+                                p
+                            } else {
+                                n += 1;
+                                p + n
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect(),
+        }
+    }
+}
+
+/// MPNet's `relative_position_bucket` for `key - query` (32 buckets, max distance 128, as
+/// `compute_position_bias` calls it): half the buckets for each direction, exact up to 8 apart,
+/// then logarithmic. The log runs in f32, as torch's does, so the boundaries match.
+pub fn mpnet_bucket(relative: i64) -> usize {
+    const BUCKETS: i64 = 16;
+    const MAX_EXACT: i64 = 8;
+    const MAX_DISTANCE: f32 = 128.0;
+    let n = -relative;
+    let mut ret = if n < 0 { BUCKETS } else { 0 };
+    let n = n.abs();
+    if n < MAX_EXACT {
+        ret += n;
+    } else {
+        let large = ((n as f32 / MAX_EXACT as f32).ln() / (MAX_DISTANCE / MAX_EXACT as f32).ln() * (BUCKETS - MAX_EXACT) as f32) as i64;
+        ret += (MAX_EXACT + large).min(BUCKETS - 1);
+    }
+    ret as usize
+}
+
+/// MPNet's attention bias `[heads, seq, seq]` from its `[buckets, heads]` table.
+pub fn mpnet_position_bias(table: &[f32], heads: usize, seq: usize) -> Vec<f32> {
+    let mut out = vec![0f32; heads * seq * seq];
+    for q in 0..seq {
+        for k in 0..seq {
+            let row = mpnet_bucket(k as i64 - q as i64) * heads;
+            for h in 0..heads {
+                out[(h * seq + q) * seq + k] = table[row + h];
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_follow_transformers() {
+        // XLM-R, pad 1: two rows, the second padded.
+        let ids = [0, 5, 6, 2, 0, 7, 2, 1];
+        assert_eq!(Family::XlmRoberta.position_ids(&ids, 4, 1), vec![2, 3, 4, 5, 2, 3, 4, 1]);
+        assert_eq!(Family::MpNet.position_ids(&ids, 4, 0), vec![2, 3, 4, 5, 2, 3, 4, 1]);
+        assert_eq!(Family::Bert.position_ids(&ids, 4, 0), vec![0, 1, 2, 3, 0, 1, 2, 3]);
+        assert_eq!(Family::XlmRoberta.max_tokens(514, 1), 512);
+        assert_eq!(Family::Bert.max_tokens(512, 0), 512);
+    }
+
+    #[test]
+    fn mpnet_buckets_match_transformers() {
+        // torch: MPNetEncoder.relative_position_bucket(torch.tensor([...]))
+        let rel = [-200, -128, -100, -20, -9, -8, -7, -1, 0, 1, 7, 8, 9, 20, 100, 128, 200];
+        let want = [15, 15, 15, 10, 8, 8, 7, 1, 0, 17, 23, 24, 24, 26, 31, 31, 31];
+        let got: Vec<usize> = rel.iter().map(|&r| mpnet_bucket(r)).collect();
+        assert_eq!(got, want);
+    }
+}
