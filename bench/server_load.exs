@@ -3,6 +3,7 @@
 # against ExBurn.Embedding / ExBurn.LLM called directly.
 #
 #   MIX_ENV=test mix run bench/server_load.exs                     # 200 clients, 10 000 requests
+#   MIX_ENV=test mix run bench/server_load.exs --quick             # 20 clients, 1 000 requests, 4 killed
 #   CLIENTS=50 REQUESTS=1000 KILLED=5 MIX_ENV=test mix run bench/server_load.exs
 #
 # Needs the test models (mix ex_burn.models.fetch). The server runs in this VM; the clients are
@@ -94,10 +95,12 @@ defmodule ServerLoad do
   @emb "all-minilm-l6-v2"
   @llm "smollm2-135m-instruct"
 
-  def run do
-    clients = env_int("CLIENTS", 200)
-    total = env_int("REQUESTS", 10_000)
-    killed = env_int("KILLED", 20)
+  def run(argv) do
+    # --quick: a smoke run of the same mix; CLIENTS, REQUESTS and KILLED still override
+    {clients, total, killed} = if "--quick" in argv, do: {20, 1_000, 4}, else: {200, 10_000, 20}
+    clients = env_int("CLIENTS", clients)
+    total = env_int("REQUESTS", total)
+    killed = env_int("KILLED", killed)
 
     for {kind, name} <- [embedding: @emb, llm: @llm],
         not Enum.any?(ExBurn.Models.list(), &(&1.kind == kind and &1.name == name)) do
@@ -226,7 +229,13 @@ defmodule ServerLoad do
       outcome =
         try do
           {status, answer} = LoadClient.request(socket, method, path, body)
-          if status == 200 and check.(answer), do: :ok, else: {:wrong, status, String.slice(answer, 0, 200)}
+
+          case status == 200 and check.(answer) do
+            true -> :ok
+            # how far a differing embedding is off tells rounding from a bug
+            {:off_by, d} -> {:wrong, status, "embedding off by at most #{d}"}
+            _ -> {:wrong, status, String.slice(answer, 0, 200)}
+          end
         catch
           kind, reason -> {:lost, {kind, reason}}
         end
@@ -251,14 +260,14 @@ defmodule ServerLoad do
 
       r <= 75 ->
         {"POST /v1/embeddings", "POST", "/v1/embeddings", %{model: @emb, input: text},
-         &(json(&1)["data"] |> hd() |> Map.get("embedding") == e.vectors[text])}
+         &same_vectors([json(&1)["data"] |> hd() |> Map.get("embedding")], [e.vectors[text]])}
 
       r <= 90 ->
         batch =
           for _ <- 1..(2 + :rand.uniform(2) - 1), do: elem(e.texts, :rand.uniform(tuple_size(e.texts)) - 1)
 
         {"POST /api/v1/embeddings", "POST", "/api/v1/embeddings", %{model: @emb, input: batch},
-         &(json(&1)["embeddings"] == Enum.map(batch, fn t -> e.vectors[t] end))}
+         &same_vectors(json(&1)["embeddings"], Enum.map(batch, fn t -> e.vectors[t] end))}
 
       r <= 94 ->
         body = %{model: @llm, messages: [%{role: "user", content: prompt}], max_tokens: 2, temperature: 0}
@@ -282,6 +291,24 @@ defmodule ServerLoad do
 
   defp json(body), do: ExBurn.JSON.decode!(body)
 
+  # true when equal; {:off_by, max |difference|} when the same shape; else false
+  defp same_vectors(got, expected) do
+    cond do
+      got == expected ->
+        true
+
+      is_list(got) and length(got) == length(expected) and
+          Enum.all?(Enum.zip(got, expected), fn {g, x} -> is_list(g) and length(g) == length(x) end) ->
+        {:off_by,
+         Enum.zip(got, expected)
+         |> Enum.flat_map(fn {g, x} -> Enum.zip_with(g, x, &abs(&1 - &2)) end)
+         |> Enum.max()}
+
+      true ->
+        false
+    end
+  end
+
   defp streamed_text(body) do
     datas = for "data: " <> d <- String.split(body, "\n"), do: d
     {"[DONE]", chunks} = List.pop_at(datas, -1)
@@ -298,7 +325,16 @@ defmodule ServerLoad do
       "\n#{length(results)}/#{total} requests in #{Float.round(wall, 1)} s: #{Float.round(length(results) / wall, 1)} requests/s"
     )
 
-    IO.puts("lost: #{length(lost)}, wrong: #{length(wrong)}")
+    off_by = for {_, _, {:wrong, _, "embedding off by at most " <> d}} <- wrong, do: String.to_float(d)
+
+    IO.puts(
+      "lost: #{length(lost)}, wrong: #{length(wrong)}" <>
+        if(off_by == [],
+          do: "",
+          else: " (#{length(off_by)} embeddings differ from the direct call by at most #{Enum.max(off_by)})"
+        )
+    )
+
     for {route, _, outcome} <- Enum.take(lost ++ wrong, 5), do: IO.puts("  #{route}: #{inspect(outcome)}")
 
     IO.puts(
@@ -365,4 +401,4 @@ defmodule ServerLoad do
   defp env_int(name, default), do: String.to_integer(System.get_env(name) || Integer.to_string(default))
 end
 
-ServerLoad.run()
+ServerLoad.run(System.argv())
