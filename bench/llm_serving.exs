@@ -7,7 +7,7 @@
 #   MIX_ENV=test mix run bench/llm_serving.exs --server-opts "max_concurrent=4"
 #
 # For each N: N streaming chat completions sent at once (max_tokens 64, temperature 0, a
-# different prompt per request, about 60 to 375 prompt tokens with the chat template),
+# different prompt per request, by default about 60 to 375 prompt tokens with the chat template),
 # `--rounds` times, first against our server, then against a llama-server started for that N
 # (`-np N -c N*slot_ctx -t T -tb T`) and stopped after it. llama-server gets `ignore_eos`, so its answers are exactly 64 tokens; ours has
 # no such parameter, so the prompts ask for long essays and the completion tokens counted are
@@ -30,6 +30,9 @@
 #   --only ours|llama     run one side only
 #   --slot-ctx 512        llama-server context per slot (prompt + answer; the longest prompt here
 #                         is about 375 tokens with the chat template)
+#   --background 0,1,2,4  paragraphs of background per prompt, cycled over the requests: 0 is a
+#                         short chat question (about 60 tokens with the chat template), each
+#                         paragraph adds about 75 tokens
 #   --llama-args="..."    more llama-server arguments, after ours (write it with "=": the value
 #                         starts with a dash), e.g. --llama-args="--poll 0"
 #   --save                write the report to bench/results/llm_serving_<machine>_<date>.txt
@@ -208,6 +211,7 @@ defmodule LLMServing do
     only: :string,
     slot_ctx: :integer,
     llama_args: :string,
+    background: :string,
     save: :boolean
   ]
 
@@ -230,6 +234,7 @@ defmodule LLMServing do
       sides: sides(opts[:only]),
       slot_ctx: opts[:slot_ctx] || 512,
       llama_args: OptionParser.split(opts[:llama_args] || ""),
+      background: opts[:background] || "0,1,2,4",
       python: System.get_env("EXBURN_BENCH_PYTHON") || "python3",
       client: Path.expand("llm_serving_client.py", __DIR__)
     }
@@ -287,7 +292,7 @@ defmodule LLMServing do
       say.(
         "threads: #{cfg.threads} each (RAYON_NUM_THREADS for ours, -t/-tb for llama-server); " <>
           "N = #{Enum.join(cfg.ns, ", ")}; #{cfg.rounds} round(s) of N concurrent requests; " <>
-          "max_tokens #{cfg.max_tokens}, temperature 0"
+          "max_tokens #{cfg.max_tokens}, temperature 0; background paragraphs #{cfg.background}"
       ),
       say.(
         "llama-server: " <>
@@ -367,6 +372,7 @@ defmodule LLMServing do
     args =
       [cfg.client, "--base-url", url <> "/v1", "--model", @llm, "--n", "#{n}"] ++
         ["--max-tokens", "#{cfg.max_tokens}", "--rounds", "#{cfg.rounds}", "--tag", tag] ++
+        ["--background", cfg.background] ++
         if(ignore_eos?, do: ["--ignore-eos"], else: [])
 
     case System.cmd(cfg.python, args) do

@@ -62,10 +62,10 @@ CONTEXT = (
 )
 
 
-def prompt(i, tag):
+def prompt(i, tag, paragraphs):
     topic = TOPICS[i % len(TOPICS)]
-    # 0, 1, 2 or 4 paragraphs of background: prompts of different lengths
-    background = CONTEXT * [0, 1, 2, 4][i % 4]
+    # paragraphs of background, cycled over the requests: prompts of different lengths
+    background = CONTEXT * paragraphs[i % len(paragraphs)]
     return (
         f"[{tag}] {background}Write a long, detailed essay about {topic}. "
         "Use at least six paragraphs and do not stop early."
@@ -81,7 +81,7 @@ async def one(client, args, i, tag, t_round):
     finish = None
     stream = await client.chat.completions.create(
         model=args.model,
-        messages=[{"role": "user", "content": prompt(i, tag)}],
+        messages=[{"role": "user", "content": prompt(i, tag, args.background)}],
         max_tokens=args.max_tokens,
         temperature=0,
         stream=True,
@@ -169,6 +169,13 @@ if __name__ == "__main__":
     p.add_argument("--ignore-eos", action="store_true", help="send llama.cpp's ignore_eos")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--tag", default="", help="a word in every prompt and progress line")
+    p.add_argument(
+        "--background",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[0, 1, 2, 4],
+        help="paragraphs of background per prompt, cycled over the requests (0: about 60 tokens "
+        "with the chat template; each paragraph adds about 75)",
+    )
     p.add_argument("--api-key", default="none")
     p.add_argument("--timeout", type=float, default=900.0)
     asyncio.run(main(p.parse_args()))

@@ -11,7 +11,7 @@
 # Mix (per request, seeded): 30% GET /api/v1/health, 10% GET /v1/models, 35% POST
 # /v1/embeddings (one text), 15% POST /api/v1/embeddings (2-3 texts), 4% POST
 # /v1/chat/completions, 3% POST /v1/completions streamed, 3% POST /api/v1/llm/inference
-# (greedy, 2 tokens: generation runs one at a time and is the slow part). KILLED more clients
+# (greedy, 2 tokens; generations share batched steps). KILLED more clients
 # each start a long chat stream (1 000 tokens) and die at its first chunk: the server must stop
 # those generations, or the run would take KILLED * 1 000 tokens longer.
 #
