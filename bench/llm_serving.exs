@@ -244,6 +244,8 @@ defmodule LLMServing do
     if opts[:save], do: Bench.Machine.write_results(Bench.Machine.results_file("llm_serving"), lines)
   end
 
+  defp mib(bytes), do: "#{Float.round(bytes / 1_048_576, 1)} MiB"
+
   defp sides(nil), do: [:ours, :llama]
   defp sides("ours"), do: [:ours]
   defp sides("llama"), do: [:llama]
@@ -352,8 +354,24 @@ defmodule LLMServing do
         {{side, n}, summarize(result, cfg.max_tokens)}
       end
 
-    if ours, do: ExBurn.Server.stop(LLMServing.Server)
-    header ++ [say.("")] ++ report(results, cfg, sides, say)
+    kv =
+      if ours do
+        config = ExBurn.Server.Instance.config(LLMServing.Server)
+        [{_, %{server: llm}}] = Registry.lookup(config.registry, @llm)
+        info = ExBurn.LLM.Scheduler.info(llm)
+        ExBurn.Server.stop(LLMServing.Server)
+
+        [
+          say.(
+            "ours: KV cache reserved at most #{mib(info.kv_peak)} of its #{mib(info.kv_memory)} budget; " <>
+              "#{info.max_concurrent} generations a step at most, #{info.step_tokens} tokens a step"
+          )
+        ]
+      else
+        []
+      end
+
+    header ++ [say.("")] ++ report(results, cfg, sides, say) ++ kv
   end
 
   defp wait_loaded(0), do: raise("#{@llm} did not load")

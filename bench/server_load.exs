@@ -387,6 +387,11 @@ defmodule ServerLoad do
 
     IO.puts("LLM queue after the run: running #{info.running}, queued #{info.queued}")
 
+    IO.puts(
+      "LLM KV cache reserved at most #{mib(info.kv_peak)} of its #{mib(info.kv_memory)} budget " <>
+        "(#{info.max_concurrent} generations a step at most)"
+    )
+
     if aborted != killed or info.running != 0,
       do: IO.puts("FAILED: a killed client's generation did not stop")
   end
@@ -399,6 +404,8 @@ defmodule ServerLoad do
   end
 
   defp env_int(name, default), do: String.to_integer(System.get_env(name) || Integer.to_string(default))
+
+  defp mib(bytes), do: "#{Float.round(bytes / 1_048_576, 1)} MiB"
 end
 
 ServerLoad.run(System.argv())

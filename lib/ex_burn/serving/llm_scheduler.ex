@@ -93,6 +93,7 @@ defmodule ExBurn.LLM.Scheduler do
     running: [],
     stepping: nil,
     kv_reserved: 0,
+    kv_peak: 0,
     cancels: %{}
   ]
 
@@ -269,7 +270,8 @@ defmodule ExBurn.LLM.Scheduler do
 
   @doc """
   Queue and model facts: `%{model: name, queued: n, running: n, max_concurrent: n,
-  step_tokens: n, kv_memory: bytes, kv_reserved: bytes, max_queue: n}`.
+  step_tokens: n, kv_memory: bytes, kv_reserved: bytes, kv_peak: bytes, max_queue: n}`
+  (`kv_peak`: the most ever reserved at once).
   """
   def info(server) do
     case whereis(server) do
@@ -433,7 +435,8 @@ defmodule ExBurn.LLM.Scheduler do
        max_queue: s.max_queue,
        step_tokens: s.step_tokens,
        kv_memory: s.kv_memory,
-       kv_reserved: s.kv_reserved
+       kv_reserved: s.kv_reserved,
+       kv_peak: s.kv_peak
      }, s}
   end
 
@@ -571,6 +574,7 @@ defmodule ExBurn.LLM.Scheduler do
                 | queue: queue,
                   running: s.running ++ [ref],
                   kv_reserved: s.kv_reserved + entry.reserved,
+                  kv_peak: max(s.kv_peak, s.kv_reserved + entry.reserved),
                   requests: Map.put(s.requests, ref, entry)
               })
 

@@ -149,7 +149,11 @@ fn pretrained_prefix_reuse_gives_the_same_tokens() {
     let mut fresh = Generation::new(model.lm.session().unwrap(), model.tokenizer.clone(), ids, model.context_length(), GenOptions::greedy(8)).unwrap();
     assert_eq!(reused, fresh.run(&|| true).unwrap().1);
 
-    // the same prompt again: all but its last token reused
-    let again = start(&model, &a, 8);
+    // the same prompt again: all but its last token reused, in steps or by `next`
+    let mut again = start(&model, &a, 8);
     assert_eq!(again.cached_tokens(), again.prompt_ids().len() - 1);
+    let mut by_next = start(&model, &a, 8);
+    assert_eq!(by_next.run(&|| true).unwrap().1, run_steps(&mut again));
+    assert_eq!(run_steps(&mut start(&model, &a, 8)), first.generated_ids());
 }
+

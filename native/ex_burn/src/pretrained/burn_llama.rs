@@ -642,6 +642,14 @@ impl BurnLlamaSession {
 }
 
 impl LmSession for BurnLlamaSession {
+    fn reserve(&mut self, tokens: usize) {
+        if self.w.host.is_some() {
+            let cfg = &self.w.cfg;
+            let tokens = tokens.min(cfg.context_length);
+            self.host_kv.iter_mut().for_each(|kv| kv.reserve(cfg.head_count_kv, tokens, cfg.head_dim()));
+        }
+    }
+
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>> {
         self.check(tokens, pos)?;
         let w = Arc::clone(&self.w);

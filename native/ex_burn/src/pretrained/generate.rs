@@ -292,6 +292,9 @@ impl Generation {
         if cached >= prompt.len().max(1) {
             return Err(ExError::invalid("a resumed generation must have prompt tokens left to run"));
         }
+        let mut session = session;
+        // the most it can hold: what `ExBurn.LLM.Scheduler` reserves of its KV budget
+        session.reserve((prompt.len() + opts.max_tokens).min(context_length));
         check_prompt(&prompt, context_length, tokenizer.vocab_size())?;
         let mut stop_ids = tokenizer.eog.clone();
         stop_ids.extend(opts.stop_token_ids.iter().copied());
@@ -375,7 +378,7 @@ impl Generation {
     /// not yet run, or the last sampled token; `None` when logits wait to be sampled.
     fn feed(&self, chunk: usize) -> Option<(Vec<u32>, usize)> {
         if self.pos < self.prompt.len() {
-            let end = self.prompt.len().min(self.pos + chunk.max(1));
+            let end = self.prompt.len().min(self.pos.saturating_add(chunk.max(1)));
             return Some((self.prompt[self.pos..end].to_vec(), self.pos));
         }
         self.pending.map(|t| (vec![t], self.pos))

@@ -38,6 +38,16 @@ pub struct HostKv {
 }
 
 impl HostKv {
+    /// Room for `len` positions of `heads` heads of `dh` values, allocated exactly.
+    pub(super) fn reserve(&mut self, heads: usize, len: usize, dh: usize) {
+        for side in [&mut self.k, &mut self.v] {
+            side.resize_with(heads, Vec::new);
+            for h in side.iter_mut() {
+                h.reserve_exact((len * dh).saturating_sub(h.len()));
+            }
+        }
+    }
+
     /// A copy of the first `len` positions (`dh` values a head each); `None` if it holds fewer.
     pub(super) fn prefix(&self, len: usize, dh: usize) -> Option<HostKv> {
         let cut = |heads: &[Vec<f32>]| heads.iter().map(|h| h.get(..len * dh).map(<[f32]>::to_vec)).collect::<Option<Vec<_>>>();

@@ -137,6 +137,10 @@ pub trait LmSession: Send + std::any::Any {
     /// returns the logits (`vocab_size` values) of the last one. `pos` is the number of tokens
     /// already in the cache; a session is fed strictly in order.
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>>;
+    /// Sets aside cache room for `tokens` tokens in all, so the cache never grows past what a
+    /// memory budget reserved for it (a growing buffer would double). Engines whose caches
+    /// are tensors ignore it.
+    fn reserve(&mut self, _tokens: usize) {}
 }
 
 /// Texts per encoder call: bounds memory and the padding one long text imposes on the others.
