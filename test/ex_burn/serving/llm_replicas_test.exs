@@ -15,11 +15,19 @@ defmodule ExBurn.LLM.ReplicasTest do
                Support.installed(:llm, Support.llm_id()) == nil && "LLM #{Support.llm_id()} is not installed"
   @moduletag timeout: 300_000
 
+  @prompt [%{role: "user", content: "Name a color."}]
+
   setup_all do
     # one copy of the model per replica, as on separate devices
     {:ok, a} = ExBurn.LLM.load(Support.llm_id())
     {:ok, b} = ExBurn.LLM.load(Support.llm_id())
-    %{models: [a, b]}
+
+    # the direct answers are taken before the model serves anything: its saved prompt prefixes
+    # are shared by direct calls and its scheduler's, and the reference is the plain path
+    direct =
+      for n <- [8, 12], into: %{}, do: {n, ExBurn.LLM.generate!(a, @prompt, max_tokens: n, greedy: true)}
+
+    %{models: [a, b], direct: direct}
   end
 
   setup do
@@ -41,9 +49,11 @@ defmodule ExBurn.LLM.ReplicasTest do
     info.queued + info.running
   end
 
-  @prompt [%{role: "user", content: "Name a color."}]
-
-  test "requests go to the least loaded member and give ExBurn.LLM's text", %{models: models, group: group} do
+  test "requests go to the least loaded member and give ExBurn.LLM's text", %{
+    models: models,
+    group: group,
+    direct: %{12 => direct}
+  } do
     [a, b] = replicas(models, group, max_concurrent: 4)
     assert Enum.sort(Scheduler.members(group)) == Enum.sort([a, b])
 
@@ -65,7 +75,6 @@ defmodule ExBurn.LLM.ReplicasTest do
     assert {held(a), held(b)} == {0, 0}
     for ref <- refs, do: refute_received({Scheduler, ^ref, _})
 
-    direct = ExBurn.LLM.generate!(hd(models), @prompt, max_tokens: 12, greedy: true)
     assert {:ok, result} = Scheduler.generate({:group, group}, @prompt, max_tokens: 12, greedy: true)
 
     assert {result.text, result.finish_reason, result.usage} ==
@@ -129,9 +138,10 @@ defmodule ExBurn.LLM.ReplicasTest do
     Scheduler.cancel({:group, group}, r3)
   end
 
-  test "a stopped member is passed over; an empty group is :down", %{models: models, group: group} do
+  test "a stopped member is passed over; an empty group is :down",
+       %{models: models, group: group} = context do
     [a, b] = replicas(models, group)
-    direct = ExBurn.LLM.generate!(hd(models), @prompt, max_tokens: 8, greedy: true).text
+    direct = context.direct[8].text
 
     # killed: :pg may still list it for a moment, and routing skips it either way
     Process.exit(a, :kill)
