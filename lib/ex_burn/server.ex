@@ -49,6 +49,10 @@ defmodule ExBurn.Server do
       tokens a step runs and bytes of KV cache the running generations may reserve (defaults
       those of `ExBurn.LLM.Scheduler`)
     * `:max_queue` - generations waiting per LLM before requests get 503 (default 256)
+    * `:replicas` - LLM replicas: a count (that many copies of each LLM on `:device`) or a list
+      of devices (one copy on each, e.g. `[{:cuda, 0}, {:cuda, 1}]`); each copy has its own
+      scheduler (with the options above), and requests go to the least loaded one (see
+      Replicas in `ExBurn.LLM.Scheduler`). Default: one, not in a group
     * `:shutdown_timeout` - ms a stopping server waits for in-flight requests (default 30 000)
 
   ## Shutdown
@@ -89,6 +93,7 @@ defmodule ExBurn.Server do
     :step_tokens,
     :kv_memory,
     :max_queue,
+    :replicas,
     :shutdown_timeout
   ]
 
@@ -199,6 +204,7 @@ defmodule ExBurn.Server do
       batch_timeout: ExBurn.Tensor.Util.int_option!(:server, opts, :batch_timeout, 5, 0),
       scheduler: Keyword.take(opts, [:max_concurrent, :step_tokens, :kv_memory]),
       max_queue: ExBurn.Tensor.Util.int_option!(:server, opts, :max_queue, 256),
+      replicas: replicas!(opts[:replicas]),
       shutdown_timeout: ExBurn.Tensor.Util.int_option!(:server, opts, :shutdown_timeout, 30_000, 0),
       registry: Module.concat(name, Registry),
       models_sup: Module.concat(name, Models),
@@ -240,6 +246,16 @@ defmodule ExBurn.Server do
   defp preload!(:all), do: :all
   defp preload!(ids) when is_list(ids), do: Enum.map(ids, &to_string/1)
   defp preload!(other), do: fail!(":preload must be :all or a list of model ids", %{got: other})
+
+  # The load options of each replica: nil (one scheduler, not in a group) or a list.
+  defp replicas!(nil), do: nil
+  defp replicas!(n) when is_integer(n) and n > 0, do: List.duplicate([], n)
+
+  defp replicas!([_ | _] = devices),
+    do: Enum.map(devices, fn device -> [device: ExBurn.Device.resolve(device)] end)
+
+  defp replicas!(other),
+    do: fail!(":replicas must be a positive integer or a non-empty list of devices", %{got: other})
 
   defp rate_limit!(nil), do: nil
   defp rate_limit!(false), do: nil

@@ -66,9 +66,13 @@ defmodule ExBurn.Server.Models do
         start(config, entry, tries)
 
       %{server: server} = value ->
-        if Process.alive?(server), do: {:ok, value}, else: retry(config, entry, tries, :dead)
+        if serving?(server), do: {:ok, value}, else: retry(config, entry, tries, :dead)
     end
   end
+
+  # An LLM's replicas are a group of this node's schedulers (ExBurn.Server.Model).
+  defp serving?({:group, group}), do: Enum.any?(ExBurn.LLM.Scheduler.members(group), &Process.alive?/1)
+  defp serving?(pid), do: Process.alive?(pid)
 
   defp retry(_config, entry, 0, why), do: {:error, load_error(entry, why)}
 
@@ -94,7 +98,7 @@ defmodule ExBurn.Server.Models do
   defp found(config, entry, tries) do
     case lookup(config, entry.name) do
       %{server: server} = value ->
-        if Process.alive?(server), do: {:ok, value}, else: retry(config, entry, tries, :dead)
+        if serving?(server), do: {:ok, value}, else: retry(config, entry, tries, :dead)
 
       nil ->
         retry(config, entry, tries, :not_registered)
@@ -137,7 +141,9 @@ defmodule ExBurn.Server.Model do
   @moduledoc false
   # One loaded model of a server: loads it (in init, so a concurrent start of the same id finds
   # the name taken and waits for this one) and starts its serving process, linked: if that
-  # process dies this one does too and the DynamicSupervisor starts both again.
+  # process dies this one does too and the DynamicSupervisor starts both again. With
+  # `:replicas`, an LLM is loaded once per replica, and its schedulers, all linked, form a
+  # group of this node's (the registered server is `{:group, group}`).
 
   use GenServer, restart: :permanent
 
@@ -149,13 +155,36 @@ defmodule ExBurn.Server.Model do
   def init({config, entry}) do
     load_opts = [dir: config.models_dir] ++ config.load_opts
 
-    with {:ok, model} <- load(entry.kind, entry.name, load_opts),
-         {:ok, server} <- serve(model, config) do
-      Registry.update_value(config.registry, entry.name, fn _ -> %{server: server, model: model} end)
-      {:ok, %{server: server, model: model}}
+    with {:ok, value} <- start(entry, load_opts, config) do
+      Registry.update_value(config.registry, entry.name, fn _ -> value end)
+      {:ok, value}
     else
       {:error, e} -> {:stop, e}
     end
+  end
+
+  defp start(%{kind: :llm} = entry, load_opts, %{replicas: [_ | _] = replicas} = config) do
+    # node-local, so that servers of the same name on connected nodes keep their own replicas
+    group = {ExBurn.Server, node(), config.name, entry.name}
+
+    Enum.reduce_while(replicas, {:ok, nil}, fn replica_opts, {:ok, first} ->
+      with {:ok, model} <- ExBurn.LLM.load(entry.name, Keyword.merge(load_opts, replica_opts)),
+           {:ok, _} <- ExBurn.LLM.Scheduler.start_link(model, [group: group] ++ scheduler_opts(config)) do
+        {:cont, {:ok, first || model}}
+      else
+        error -> {:halt, error}
+      end
+    end)
+    |> case do
+      {:ok, model} -> {:ok, %{server: {:group, group}, model: model}}
+      error -> error
+    end
+  end
+
+  defp start(entry, load_opts, config) do
+    with {:ok, model} <- load(entry.kind, entry.name, load_opts),
+         {:ok, server} <- serve(model, config),
+         do: {:ok, %{server: server, model: model}}
   end
 
   defp load(:embedding, id, opts), do: ExBurn.Embedding.load(id, opts)
@@ -174,7 +203,8 @@ defmodule ExBurn.Server.Model do
   # only holds the model's place among the loaded ones.
   defp serve(%ExBurn.Rerank{}, _config), do: Agent.start_link(fn -> nil end)
 
-  defp serve(%ExBurn.LLM{} = model, config) do
-    ExBurn.LLM.Scheduler.start_link(model, [max_queue: config.max_queue] ++ config.scheduler)
-  end
+  defp serve(%ExBurn.LLM{} = model, config),
+    do: ExBurn.LLM.Scheduler.start_link(model, scheduler_opts(config))
+
+  defp scheduler_opts(config), do: [max_queue: config.max_queue] ++ config.scheduler
 end

@@ -45,6 +45,7 @@ defmodule ExBurn.LLM.Scheduler do
   ## Options of `start_link/2`
 
     * `:name` - registers the server (any `GenServer` name)
+    * `:group` - joins replica group `group` (any term; see Replicas)
     * `:max_concurrent` - generations in a step at most (default 16)
     * `:step_tokens` - tokens a step runs at most, prompts' chunks and decoded tokens together
       (default 256)
@@ -52,6 +53,29 @@ defmodule ExBurn.LLM.Scheduler do
       1 GiB)
     * `:max_queue` - the most requests waiting (not running); more are refused at once with an
       `ExBurn.Error` whose `details.cause` is `:overloaded` (default 256, or `:infinity`)
+
+  ## Replicas
+
+  Several schedulers can serve one model: each loads its own copy (on a device of its own, or
+  several on the CPU, on this node or on others) and starts with the same `:group`. The request
+  functions, `events/3`, `cancel/2` and `info/1` then take `{:group, name}` instead of a server
+  (so `{:group, name}` always means a group, never the process `:group` on node `name`):
+
+      {:ok, _} = ExBurn.LLM.Scheduler.start_link(model_on_gpu0, group: :chat)
+      {:ok, _} = ExBurn.LLM.Scheduler.start_link(model_on_gpu1, group: :chat)
+      ExBurn.LLM.Scheduler.generate({:group, :chat}, "Once upon a time", max_tokens: 16)
+
+  Members are kept by OTP's `:pg` (scope `ExBurn.LLM.Scheduler.Groups`, started on first use),
+  so the schedulers of a group on connected nodes are members too. Each request asks every
+  member for its load and goes to the least loaded one: the requests it holds (queued and
+  running) per batch slot (`:max_concurrent`), ties going to the smaller share of its KV
+  budget reserved, then to a member on this node, then to one at random. A member that does
+  not answer within 5 s, has stopped, or whose queue is full is passed over; with none left
+  the request fails with `details.cause` `:down` (or `:overloaded`). From then on the request
+  is bound to its member: its events, `:timeout`, `:alive?`, the caller's death and a stopped
+  stream act there as with a direct server. `cancel/2` with the group asks every member (only
+  the one holding the request acts). Routing asks every member for each request, so it suits a
+  few replicas, not hundreds.
 
   ## Options of the request functions
 
@@ -79,11 +103,17 @@ defmodule ExBurn.LLM.Scheduler do
 
   alias ExBurn.{Error, Pretrained}
 
-  @options [:name, :max_concurrent, :step_tokens, :kv_memory, :max_queue]
+  @options [:name, :group, :max_concurrent, :step_tokens, :kv_memory, :max_queue]
   @call_options [:timeout, :alive?, :check_interval]
+
+  # The :pg scope of the replica groups, on every node that has a replica or routes to one.
+  @scope ExBurn.LLM.Scheduler.Groups
+  # How long routing waits for the members' load before passing over those that have not answered.
+  @route_timeout 5_000
 
   defstruct [
     :model,
+    :group,
     :max_concurrent,
     :step_tokens,
     :kv_memory,
@@ -96,6 +126,9 @@ defmodule ExBurn.LLM.Scheduler do
     kv_peak: 0,
     cancels: %{}
   ]
+
+  @typedoc "A scheduler (any `GenServer` name or pid) or `{:group, name}`: its least loaded replica."
+  @type server :: GenServer.server() | {:group, term}
 
   ## Client
 
@@ -131,28 +164,40 @@ defmodule ExBurn.LLM.Scheduler do
   returns `{:ok, ref}` at once; events arrive as messages (see the moduledoc). Errors:
   invalid prompt or options, `details.cause` `:overloaded` (queue full) or `:down`.
   """
-  @spec request(GenServer.server(), ExBurn.LLM.prompt(), keyword) :: {:ok, reference} | {:error, Error.t()}
+  @spec request(server, ExBurn.LLM.prompt(), keyword) :: {:ok, reference} | {:error, Error.t()}
   def request(server, prompt, opts \\ []) do
+    with {:ok, _pid, ref} <- bound_request(server, prompt, opts), do: {:ok, ref}
+  end
+
+  # request/3 that also says which process took the request (the member a group routed it to),
+  # so that the functions which wait for its events cancel it there.
+  defp bound_request(server, prompt, opts) do
     {_call_opts, gen_opts} = Keyword.split(keyword!(opts), @call_options)
 
-    with {:ok, _} <- ExBurn.LLM.start_args(prompt, gen_opts),
-         {:ok, pid} <- whereis(server) do
-      ref = Process.monitor(pid)
-
-      try do
-        GenServer.call(pid, {:request, ref, self(), prompt, gen_opts}, :infinity)
-      catch
-        :exit, reason -> {:error, down(reason)}
+    with {:ok, _} <- ExBurn.LLM.start_args(prompt, gen_opts) do
+      case server do
+        {:group, group} -> route(group, &enqueue(&1, prompt, gen_opts))
+        _ -> with {:ok, pid} <- whereis(server), do: enqueue(pid, prompt, gen_opts)
       end
-      |> case do
-        :ok ->
-          {:ok, ref}
+    end
+  end
 
-        {:error, _} = error ->
-          # no monitor message may outlive the failed request (a long-lived caller keeps its mailbox)
-          Process.demonitor(ref, [:flush])
-          error
-      end
+  defp enqueue(pid, prompt, gen_opts) do
+    ref = Process.monitor(pid)
+
+    try do
+      GenServer.call(pid, {:request, ref, self(), prompt, gen_opts}, :infinity)
+    catch
+      :exit, reason -> {:error, down(reason)}
+    end
+    |> case do
+      :ok ->
+        {:ok, pid, ref}
+
+      {:error, _} = error ->
+        # no monitor message may outlive the failed request (a long-lived caller keeps its mailbox)
+        Process.demonitor(ref, [:flush])
+        error
     end
   end
 
@@ -183,12 +228,17 @@ defmodule ExBurn.LLM.Scheduler do
   Cancels request `ref` (queued or running; a finished one is left alone) and drops its pending
   messages from the caller's mailbox. Returns when the generation has stopped.
   """
-  @spec cancel(GenServer.server(), reference) :: :ok
+  @spec cancel(server, reference) :: :ok
   def cancel(server, ref) do
     if is_reference(ref), do: Process.demonitor(ref, [:flush])
 
-    with {:ok, pid} <- whereis(server) do
-      GenServer.call(pid, {:cancel, ref}, :infinity)
+    case server do
+      {:group, group} ->
+        # the ref does not say which member took it: each is asked, the others have nothing to do
+        group |> members() |> Enum.map(&:gen_server.send_request(&1, {:cancel, ref})) |> Enum.each(&wait/1)
+
+      _ ->
+        with {:ok, pid} <- whereis(server), do: GenServer.call(pid, {:cancel, ref}, :infinity)
     end
 
     flush(ref)
@@ -196,12 +246,14 @@ defmodule ExBurn.LLM.Scheduler do
     :exit, _ -> flush(ref)
   end
 
+  defp wait(request_id), do: :gen_server.receive_response(request_id, :infinity)
+
   @doc """
   A lazy stream of the text pieces of a generation; the request is queued when the stream is
   first consumed, and stopping early (`Enum.take/2`, a halted reduce, the consumer's death)
   cancels it. Errors raise `ExBurn.Error` in the consumer.
   """
-  @spec stream(GenServer.server(), ExBurn.LLM.prompt(), keyword) :: Enumerable.t()
+  @spec stream(server, ExBurn.LLM.prompt(), keyword) :: Enumerable.t()
   def stream(server, prompt, opts \\ []) do
     server
     |> stream_events(prompt, opts)
@@ -215,12 +267,12 @@ defmodule ExBurn.LLM.Scheduler do
   Like `stream/3`, but with events: `{:text, piece}` for each piece and, last, `{:done, %{finish_reason:
   ..., usage: ...}}`.
   """
-  @spec stream_events(GenServer.server(), ExBurn.LLM.prompt(), keyword) :: Enumerable.t()
+  @spec stream_events(server, ExBurn.LLM.prompt(), keyword) :: Enumerable.t()
   def stream_events(server, prompt, opts \\ []) do
     [nil]
     |> Stream.flat_map(fn nil ->
-      case request(server, prompt, opts) do
-        {:ok, ref} -> events(server, ref, opts)
+      case bound_request(server, prompt, opts) do
+        {:ok, pid, ref} -> events(pid, ref, opts)
         {:error, e} -> raise e
       end
     end)
@@ -236,7 +288,7 @@ defmodule ExBurn.LLM.Scheduler do
   the request, when the consumer stops or `:alive?` says the caller is gone. Takes `:timeout`,
   `:alive?` and `:check_interval` (see the moduledoc).
   """
-  @spec events(GenServer.server(), reference, keyword) :: Enumerable.t()
+  @spec events(server, reference, keyword) :: Enumerable.t()
   def events(server, ref, opts \\ []) do
     Stream.resource(
       fn -> {:running, server, ref, waiting(opts)} end,
@@ -263,16 +315,30 @@ defmodule ExBurn.LLM.Scheduler do
   Generates a completion and returns `{:ok, %{text: text, finish_reason: reason, usage: usage}}`
   or `{:error, %ExBurn.Error{}}`.
   """
-  @spec generate(GenServer.server(), ExBurn.LLM.prompt(), keyword) :: {:ok, map} | {:error, Error.t()}
+  @spec generate(server, ExBurn.LLM.prompt(), keyword) :: {:ok, map} | {:error, Error.t()}
   def generate(server, prompt, opts \\ []) do
-    with {:ok, ref} <- request(server, prompt, opts), do: collect(server, ref, waiting(opts), [])
+    with {:ok, pid, ref} <- bound_request(server, prompt, opts), do: collect(pid, ref, waiting(opts), [])
   end
 
   @doc """
   Queue and model facts: `%{model: name, queued: n, running: n, max_concurrent: n,
   step_tokens: n, kv_memory: bytes, kv_reserved: bytes, kv_peak: bytes, max_queue: n}`
   (`kv_peak`: the most ever reserved at once).
+
+  For `{:group, name}`: `%{group: name, queued: n, running: n, members: [info]}`, the totals
+  and each member's facts that answered (with its `:pid` and `:node`), least loaded first.
   """
+  def info({:group, group}) do
+    members = for {_key, pid, info} <- loads(group), do: Map.merge(info, %{pid: pid, node: node(pid)})
+
+    %{
+      group: group,
+      queued: members |> Enum.map(& &1.queued) |> Enum.sum(),
+      running: members |> Enum.map(& &1.running) |> Enum.sum(),
+      members: members
+    }
+  end
+
   def info(server) do
     case whereis(server) do
       {:ok, pid} -> GenServer.call(pid, :info)
@@ -281,6 +347,78 @@ defmodule ExBurn.LLM.Scheduler do
   catch
     :exit, reason -> raise down(reason)
   end
+
+  @doc """
+  The pids of the schedulers in replica group `group`, on this node and on the connected ones
+  (see Replicas in the moduledoc).
+  """
+  @spec members(term) :: [pid]
+  def members(group), do: :pg.get_members(scope(), group)
+
+  # Tries the members from the least loaded on; one that is down or whose queue is full is
+  # passed over for the next.
+  defp route(group, fun) do
+    case loads(group) do
+      [] -> {:error, no_members(group)}
+      loads -> loads |> Enum.map(&elem(&1, 1)) |> try_each(fun, nil)
+    end
+  end
+
+  defp try_each([], _fun, error), do: {:error, error}
+
+  defp try_each([pid | rest], fun, _error) do
+    case fun.(pid) do
+      {:error, %Error{details: %{cause: cause}} = e} when cause in [:down, :overloaded] ->
+        try_each(rest, fun, e)
+
+      other ->
+        other
+    end
+  end
+
+  # `{key, pid, info}` of the members that answer in time, least loaded first. The load is the
+  # requests a member holds (queued and running) per batch slot (`:max_concurrent`); ties go to
+  # the smaller share of the KV budget reserved, then to members on this node, then at random
+  # (so concurrent routers don't all pick the same one).
+  defp loads(group) do
+    deadline = now_ms() + @route_timeout
+
+    group
+    |> members()
+    |> Enum.map(&{&1, :gen_server.send_request(&1, :info)})
+    |> Enum.flat_map(fn {pid, request_id} ->
+      case :gen_server.receive_response(request_id, max(deadline - now_ms(), 0)) do
+        {:reply, info} -> [{load_key(pid, info), pid, info}]
+        _down_or_late -> []
+      end
+    end)
+    |> Enum.sort()
+  end
+
+  defp load_key(pid, info) do
+    {(info.queued + info.running) / max(info.max_concurrent, 1), info.kv_reserved / max(info.kv_memory, 1),
+     if(node(pid) == node(), do: 0, else: 1), :rand.uniform()}
+  end
+
+  # The group scope, started on first use (unlinked: it outlives whoever needed it first) so
+  # that groups work without an application supervision tree.
+  defp scope do
+    if Process.whereis(@scope) == nil do
+      case :pg.start(@scope) do
+        {:ok, _} -> :ok
+        {:error, {:already_started, _}} -> :ok
+      end
+    end
+
+    @scope
+  end
+
+  defp no_members(group),
+    do: %Error{
+      op: :llm_scheduler,
+      reason: "no LLM server of group #{inspect(group)} is running",
+      details: %{cause: :down, group: group}
+    }
 
   defp collect(server, ref, wait, acc) do
     case next_event(server, ref, wait) do
@@ -401,6 +539,7 @@ defmodule ExBurn.LLM.Scheduler do
   @impl true
   def init(config) do
     Process.flag(:trap_exit, true)
+    if config.group != nil, do: :ok = :pg.join(scope(), config.group, self())
     {:ok, struct!(__MODULE__, config)}
   end
 
@@ -480,7 +619,15 @@ defmodule ExBurn.LLM.Scheduler do
 
   @impl true
   def terminate(_reason, s) do
+    # leaves at once, so routers stop choosing it before :pg notices the exit
+    if s.group != nil, do: catch_exit(fn -> :pg.leave(@scope, s.group, self()) end)
     with {pid, _} <- s.stepping, do: Process.exit(pid, :kill)
+  end
+
+  defp catch_exit(fun) do
+    fun.()
+  catch
+    :exit, _ -> :ok
   end
 
   defp in_step?(%{stepping: {_, refs}}, ref), do: ref in refs
@@ -684,6 +831,7 @@ defmodule ExBurn.LLM.Scheduler do
         do: fail!("unknown option #{inspect(key)}", %{option: key, allowed: @options})
 
     %{
+      group: opts[:group],
       max_concurrent: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :max_concurrent, 16),
       step_tokens: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :step_tokens, 256),
       kv_memory: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :kv_memory, 1024 * 1024 * 1024),

@@ -5,7 +5,7 @@ defmodule Mix.Tasks.ExBurn.Server do
 
       mix ex_burn.server --port 8080 [--host 0.0.0.0] [--models DIR] [--device cpu] [--engine auto]
                          [--token SECRET] [--rate-limit 10] [--burst 20] [--preload all|id,id]
-                         [--max-concurrent 16] [--body-limit BYTES]
+                         [--max-concurrent 16] [--replicas 2|cpu,cuda:0] [--body-limit BYTES]
 
   * `--port` - TCP port (default 8080; 0 picks a free one)
   * `--host` - address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)
@@ -17,6 +17,8 @@ defmodule Mix.Tasks.ExBurn.Server do
   * `--max-concurrent`, `--step-tokens`, `--kv-memory BYTES` - per LLM: generations in a
     batched step, tokens a step runs, KV cache bytes the running generations may reserve
     (`ExBurn.LLM.Scheduler`'s options and defaults)
+  * `--replicas` - copies of each LLM, each with its scheduler: a count (on `--device`) or a
+    comma-separated list of devices; requests go to the least loaded (`ExBurn.Server`'s `:replicas`)
   * `--body-limit` - the largest request body in bytes (default 4 MiB)
 
   SIGTERM stops it gracefully: new requests get 503 and those in flight finish first.
@@ -36,6 +38,7 @@ defmodule Mix.Tasks.ExBurn.Server do
     max_concurrent: :integer,
     step_tokens: :integer,
     kv_memory: :integer,
+    replicas: :string,
     body_limit: :integer
   ]
 
@@ -89,6 +92,7 @@ defmodule Mix.Tasks.ExBurn.Server do
       max_concurrent: opts[:max_concurrent],
       step_tokens: opts[:step_tokens],
       kv_memory: opts[:kv_memory],
+      replicas: opts[:replicas] && replicas(opts[:replicas]),
       body_limit: opts[:body_limit]
     ]
     |> Enum.reject(fn {_, v} -> v == nil end)
@@ -96,6 +100,13 @@ defmodule Mix.Tasks.ExBurn.Server do
 
   defp engine(name) when name in ~w(auto burn candle), do: String.to_atom(name)
   defp engine(other), do: Mix.raise("--engine must be auto, burn or candle, got #{other}")
+
+  defp replicas(spec) do
+    case Integer.parse(spec) do
+      {n, ""} -> n
+      _ -> String.split(spec, ",", trim: true)
+    end
+  end
 
   defp preload(nil), do: nil
   defp preload("all"), do: :all
