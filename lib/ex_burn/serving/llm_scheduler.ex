@@ -102,14 +102,10 @@ defmodule ExBurn.LLM.Scheduler do
   use GenServer
 
   alias ExBurn.{Error, Pretrained}
+  alias ExBurn.LLM.Scheduler.Group
 
   @options [:name, :group, :max_concurrent, :step_tokens, :kv_memory, :max_queue]
   @call_options [:timeout, :alive?, :check_interval]
-
-  # The :pg scope of the replica groups, on every node that has a replica or routes to one.
-  @scope ExBurn.LLM.Scheduler.Groups
-  # How long routing waits for the members' load before passing over those that have not answered.
-  @route_timeout 5_000
 
   defstruct [
     :model,
@@ -176,7 +172,7 @@ defmodule ExBurn.LLM.Scheduler do
 
     with {:ok, _} <- ExBurn.LLM.start_args(prompt, gen_opts) do
       case server do
-        {:group, group} -> route(group, &enqueue(&1, prompt, gen_opts))
+        {:group, group} -> Group.route(group, &enqueue(&1, prompt, gen_opts))
         _ -> with {:ok, pid} <- whereis(server), do: enqueue(pid, prompt, gen_opts)
       end
     end
@@ -329,7 +325,7 @@ defmodule ExBurn.LLM.Scheduler do
   and each member's facts that answered (with its `:pid` and `:node`), least loaded first.
   """
   def info({:group, group}) do
-    members = for {_key, pid, info} <- loads(group), do: Map.merge(info, %{pid: pid, node: node(pid)})
+    members = for {_key, pid, info} <- Group.loads(group), do: Map.merge(info, %{pid: pid, node: node(pid)})
 
     %{
       group: group,
@@ -353,72 +349,7 @@ defmodule ExBurn.LLM.Scheduler do
   (see Replicas in the moduledoc).
   """
   @spec members(term) :: [pid]
-  def members(group), do: :pg.get_members(scope(), group)
-
-  # Tries the members from the least loaded on; one that is down or whose queue is full is
-  # passed over for the next.
-  defp route(group, fun) do
-    case loads(group) do
-      [] -> {:error, no_members(group)}
-      loads -> loads |> Enum.map(&elem(&1, 1)) |> try_each(fun, nil)
-    end
-  end
-
-  defp try_each([], _fun, error), do: {:error, error}
-
-  defp try_each([pid | rest], fun, _error) do
-    case fun.(pid) do
-      {:error, %Error{details: %{cause: cause}} = e} when cause in [:down, :overloaded] ->
-        try_each(rest, fun, e)
-
-      other ->
-        other
-    end
-  end
-
-  # `{key, pid, info}` of the members that answer in time, least loaded first. The load is the
-  # requests a member holds (queued and running) per batch slot (`:max_concurrent`); ties go to
-  # the smaller share of the KV budget reserved, then to members on this node, then at random
-  # (so concurrent routers don't all pick the same one).
-  defp loads(group) do
-    deadline = now_ms() + @route_timeout
-
-    group
-    |> members()
-    |> Enum.map(&{&1, :gen_server.send_request(&1, :info)})
-    |> Enum.flat_map(fn {pid, request_id} ->
-      case :gen_server.receive_response(request_id, max(deadline - now_ms(), 0)) do
-        {:reply, info} -> [{load_key(pid, info), pid, info}]
-        _down_or_late -> []
-      end
-    end)
-    |> Enum.sort()
-  end
-
-  defp load_key(pid, info) do
-    {(info.queued + info.running) / max(info.max_concurrent, 1), info.kv_reserved / max(info.kv_memory, 1),
-     if(node(pid) == node(), do: 0, else: 1), :rand.uniform()}
-  end
-
-  # The group scope, started on first use (unlinked: it outlives whoever needed it first) so
-  # that groups work without an application supervision tree.
-  defp scope do
-    if Process.whereis(@scope) == nil do
-      case :pg.start(@scope) do
-        {:ok, _} -> :ok
-        {:error, {:already_started, _}} -> :ok
-      end
-    end
-
-    @scope
-  end
-
-  defp no_members(group),
-    do: %Error{
-      op: :llm_scheduler,
-      reason: "no LLM server of group #{inspect(group)} is running",
-      details: %{cause: :down, group: group}
-    }
+  def members(group), do: Group.members(group)
 
   defp collect(server, ref, wait, acc) do
     case next_event(server, ref, wait) do
@@ -539,7 +470,7 @@ defmodule ExBurn.LLM.Scheduler do
   @impl true
   def init(config) do
     Process.flag(:trap_exit, true)
-    if config.group != nil, do: :ok = :pg.join(scope(), config.group, self())
+    if config.group != nil, do: :ok = Group.join(config.group)
     {:ok, struct!(__MODULE__, config)}
   end
 
@@ -620,7 +551,7 @@ defmodule ExBurn.LLM.Scheduler do
   @impl true
   def terminate(_reason, s) do
     # leaves at once, so routers stop choosing it before :pg notices the exit
-    if s.group != nil, do: catch_exit(fn -> :pg.leave(@scope, s.group, self()) end)
+    if s.group != nil, do: catch_exit(fn -> Group.leave(s.group) end)
     with {pid, _} <- s.stepping, do: Process.exit(pid, :kill)
   end
 
