@@ -1,6 +1,6 @@
 //! Llama-family decoder on the Burn engine, from a GGUF file. On the CPU the linear layers and
-//! the embedding keep the file's Q4_0/Q4_1/Q8_0 blocks (`qmatmul`); elsewhere, and for other
-//! formats, tensors are dequantised to f32 at load.
+//! the embedding keep the file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K blocks (`qmatmul`); elsewhere,
+//! and for other formats, tensors are dequantised to f32 at load.
 //!
 //! llama.cpp's converter permutes the rows of Q and K so that GGUF Llama models use the
 //! interleaved-pair rotary embedding (pairs `(2i, 2i+1)` rotate together), as candle's
