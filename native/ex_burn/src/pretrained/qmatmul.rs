@@ -1,7 +1,7 @@
 //! GGUF-quantised linear layers for the Burn engine on the CPU: the weights stay in their GGML
 //! blocks and `x @ Wᵀ` runs on the block kernels of `kernels::cpu::quant`, which decode them in
-//! registers. Formats other than Q4_0, Q4_1 and Q8_0, and other devices, keep the dequantised f32
-//! tensors.
+//! registers. Formats other than Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K, and other devices,
+//! keep the dequantised f32 tensors.
 
 use crate::kernels::cpu::quant::{matmul_rows, BLOCK};
 pub use crate::kernels::cpu::quant::{dequantise_row, QFormat};
@@ -15,13 +15,14 @@ pub struct QMatrix {
 }
 
 impl QMatrix {
-    /// `None` when the bytes do not hold `rows` rows of `cols / 32` blocks.
+    /// `None` when the bytes do not hold `rows` rows of `cols / format.block_values()` blocks.
     pub fn new(format: QFormat, rows: usize, cols: usize, data: Vec<u8>) -> Option<QMatrix> {
-        (cols % BLOCK == 0 && data.len() == rows * (cols / BLOCK) * format.block_bytes()).then_some(QMatrix { format, rows, cols, data })
+        let per = format.block_values();
+        (cols % per == 0 && data.len() == rows * (cols / per) * format.block_bytes()).then_some(QMatrix { format, rows, cols, data })
     }
 
     fn row_bytes(&self) -> usize {
-        self.cols / BLOCK * self.format.block_bytes()
+        self.cols / self.format.block_values() * self.format.block_bytes()
     }
 
     fn row(&self, r: usize) -> &[u8] {
@@ -60,6 +61,12 @@ impl QStack {
 
     pub fn cols(&self) -> usize {
         self.cols
+    }
+
+    /// The parts' formats, in order.
+    #[cfg(test)]
+    pub(crate) fn formats(&self) -> Vec<QFormat> {
+        self.parts.iter().map(|p| p.format).collect()
     }
 
     /// `x @ Wᵀ` for `x` of `m` rows of `cols` values: `m` rows of `rows` values.
@@ -113,7 +120,7 @@ pub fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], m: usize) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::quant::tests::{candle_dequantised, f64_product, inputs, q8_bound, random_blocks};
+    use crate::kernels::cpu::quant::tests::{candle_dequantised, f64_product, inputs, q8_bound, random_blocks, QUANTISED};
 
     fn reference(f: QFormat, data: &[u8], rows: usize, cols: usize, x: &[f32], m: usize) -> Vec<f64> {
         f64_product(&candle_dequantised(f, data, rows, cols), rows, cols, x, m)
@@ -121,9 +128,12 @@ mod tests {
 
     #[test]
     fn quantised_matmul_equals_candles_dequantised_product() {
-        for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0, QFormat::F32] {
-            // odd row counts (tiles and the row groups end part-way), m from 1 to 23
-            for (rows, cols, m) in [(1, 32, 1), (7, 64, 1), (33, 96, 2), (300, 576, 3), (5, 128, 4), (61, 160, 5), (1000, 64, 9), (17, 96, 8), (40, 64, 23)] {
+        for f in QUANTISED.into_iter().chain([QFormat::F32]) {
+            // odd row counts (tiles and the row groups end part-way), m from 1 to 23; widths of
+            // super-blocks for the k-quants
+            let cases = [(1, 32, 1), (7, 64, 1), (33, 96, 2), (300, 576, 3), (5, 128, 4), (61, 160, 5), (1000, 64, 9), (17, 96, 8), (40, 64, 23)];
+            let k_cases = [(1, 256, 1), (7, 512, 1), (33, 256, 2), (300, 768, 3), (61, 256, 5), (17, 512, 8), (40, 256, 23)];
+            for (rows, cols, m) in cases.into_iter().chain(k_cases).filter(|c| c.1 % f.block_values() == 0) {
                 let data = random_blocks(f, rows, cols, (rows * 31 + cols) as u64);
                 let q = QStack::new(vec![QMatrix::new(f, rows, cols, data.clone()).unwrap()]).unwrap();
                 let x = inputs(m, cols);
@@ -145,11 +155,11 @@ mod tests {
     #[test]
     fn stacked_parts_of_different_formats_and_rows_dequantise_like_candle() {
         let (cols, m) = (64, 3);
-        let parts: Vec<(QFormat, usize)> = vec![(QFormat::Q4_1, 5), (QFormat::Q8_0, 3), (QFormat::Q4_0, 300), (QFormat::F32, 2)];
+        let parts: Vec<(QFormat, usize)> = vec![(QFormat::Q4_1, 5), (QFormat::Q8_0, 3), (QFormat::Q4_0, 300), (QFormat::Q5_0, 4), (QFormat::Q5_1, 3), (QFormat::F32, 2)];
         let datas: Vec<Vec<u8>> = parts.iter().enumerate().map(|(i, (f, r))| random_blocks(*f, *r, cols, i as u64 + 7)).collect();
         let stack =
             QStack::new(parts.iter().zip(&datas).map(|((f, r), d)| QMatrix::new(*f, *r, cols, d.clone()).unwrap()).collect()).unwrap();
-        assert_eq!((stack.rows(), stack.cols()), (310, 64));
+        assert_eq!((stack.rows(), stack.cols()), (317, 64));
         let x = inputs(m, cols);
         let got = stack.matmul(&x, m);
         let mut col = 0;
@@ -157,7 +167,7 @@ mod tests {
             let want = reference(*f, d, *r, cols, &x, m);
             for i in 0..m {
                 for j in 0..*r {
-                    let (g, w) = (got[i * 310 + col + j] as f64, want[i * r + j]);
+                    let (g, w) = (got[i * 317 + col + j] as f64, want[i * r + j]);
                     let deq = candle_dequantised(*f, d, *r, cols);
                     let tol = q8_bound(&deq[j * cols..(j + 1) * cols], &x[i * cols..(i + 1) * cols]).max(1e-4 * (1.0 + w.abs()));
                     assert!((g - w).abs() <= tol, "{f:?} row {j} of x row {i}: {g} vs {w}");
@@ -213,8 +223,8 @@ mod tests {
 
     #[test]
     fn a_row_gives_the_same_bits_alone_and_among_others() {
-        for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0, QFormat::F32] {
-            let (rows, cols, m) = (37, 576, 11);
+        for f in QUANTISED.into_iter().chain([QFormat::F32]) {
+            let (rows, cols, m) = (37, if f.block_values() > 32 { 768 } else { 576 }, 11);
             let q = QStack::new(vec![QMatrix::new(f, rows, cols, random_blocks(f, rows, cols, 3)).unwrap()]).unwrap();
             let x = inputs(m, cols);
             let all = q.matmul(&x, m);

@@ -1,6 +1,7 @@
 //! Weight rows against f32 activation rows: each block decoded to f32 in registers,
 //! `w = fma(q, d, m)`, and multiplied into up to `ROWS` rows (a prompt's tokens share one
-//! decoding). Serves plain f32 rows, and any format's rows where the activations stay f32.
+//! decoding). Serves plain f32 rows; the layers' quantised rows take the integer kernels, and of
+//! them only Q4_0, Q4_1 and Q8_0 are decoded here.
 
 use super::{QFormat, BLOCK};
 use crate::kernels::cpu::vector::Simd;
@@ -85,6 +86,7 @@ mod avx2 {
                 let p = p as *const f32;
                 [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))]
             }
+            _ => unreachable!("f32 activations meet Q4_0, Q4_1, Q8_0 and f32 rows only"),
         }
     }
 
@@ -143,6 +145,7 @@ mod avx512 {
                 [f(0), f(16)]
             }
             QFormat::F32 => [_mm512_loadu_ps(p as *const f32), _mm512_loadu_ps((p as *const f32).add(16))],
+            _ => unreachable!("f32 activations meet Q4_0, Q4_1, Q8_0 and f32 rows only"),
         }
     }
 

@@ -1,17 +1,23 @@
 //! AVX-512 block × Q8 dot products, two blocks per 512-bit vector: `maddubs` + `madd` with
 //! AVX-512BW, one `dpbusd` with VNNI (four byte products summed into each i32 lane, without
 //! the i16 step). Q8_0's signed weights take their magnitude, and their sign moves onto the
-//! activations; an odd last block takes the AVX2 step.
+//! activations; an odd last block takes the AVX2 step. The k-quants take the AVX2 kernels.
 
 use std::arch::x86_64::*;
 
 use super::int_avx2;
 use super::{q8::Q8Rows, QFormat, BLOCK};
 
-/// Blocks `p0` and `p1`'s quants: lanes 0..32 and 32..64, each in GGML order.
+/// The quants of the blocks at `p0` and `p1`: lanes 0..32 and 32..64, each in GGML order.
 #[inline(always)]
 unsafe fn weights2<const F: u8>(p0: *const u8, p1: *const u8) -> __m512i {
+    let at = 2 + 2 * (QFormat::of(F) == QFormat::Q4_1) as usize;
+    let (p0, p1) = (p0.add(at), p1.add(at));
     match QFormat::of(F) {
+        QFormat::Q5_0 | QFormat::Q5_1 => {
+            let (p0, p1) = (p0.sub(at), p1.sub(at));
+            _mm512_inserti64x4(_mm512_castsi256_si512(int_avx2::weights::<F>(p0, 0)), int_avx2::weights::<F>(p1, 0), 1)
+        }
         QFormat::Q8_0 => {
             _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(p0 as *const __m256i)), _mm256_loadu_si256(p1 as *const __m256i), 1)
         }
@@ -44,10 +50,11 @@ unsafe fn block_dot2<const F: u8, const VNNI: bool>(w: __m512i, x: __m512i) -> _
 #[inline(always)]
 unsafe fn step2<const F: u8, const R: usize, const VNNI: bool>(w: &[u8], a: &Q8Rows, first: usize, b: usize, acc: &mut [__m512; R], offsets: &mut [f32; R]) {
     let f = QFormat::of(F);
+    debug_assert!(f.sub_blocks() == 1, "the k-quants take the AVX2 kernels");
     let bb = f.block_bytes();
     let (blk0, blk1) = (w.get_unchecked(b * bb..(b + 1) * bb), w.get_unchecked((b + 1) * bb..(b + 2) * bb));
-    let ((d0, m0, at), (d1, m1, _)) = (f.header(blk0), f.header(blk1));
-    let wv = weights2::<F>(blk0.as_ptr().add(at), blk1.as_ptr().add(at));
+    let ((d0, m0, _), (d1, m1, _)) = (f.header(blk0), f.header(blk1));
+    let wv = weights2::<F>(blk0.as_ptr(), blk1.as_ptr());
     let nb = a.k / BLOCK;
     for r in 0..R {
         let i = (first + r) * nb + b;
@@ -55,7 +62,7 @@ unsafe fn step2<const F: u8, const R: usize, const VNNI: bool>(w: &[u8], a: &Q8R
         let (dx0, dx1) = (*a.d.get_unchecked(i), *a.d.get_unchecked(i + 1));
         let scale = _mm512_insertf32x8(_mm512_set1_ps(d0 * dx0), _mm256_set1_ps(d1 * dx1), 1);
         acc[r] = _mm512_fmadd_ps(scale, block_dot2::<F, VNNI>(wv, x), acc[r]);
-        if f != QFormat::Q8_0 {
+        if f.has_offset() {
             offsets[r] += m0 * *a.ds.get_unchecked(i) + m1 * *a.ds.get_unchecked(i + 1);
         }
     }

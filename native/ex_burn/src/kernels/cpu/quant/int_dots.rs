@@ -1,6 +1,7 @@
 //! A weight row in quantised blocks against `Q8Rows` activation rows: per block pair the
 //! integer sum `Σ q_w·q_x`, then `d_w·d_x·Σ + m_w·(d_x·Σq_x)` in f32. `m_w` is the block's
-//! offset: Q4_1's `m`, `-8·d` for Q4_0 (its quants are stored with +8), 0 for Q8_0.
+//! offset: Q4_1's `m`, `-8·d` for Q4_0 (its quants are stored with +8), 0 for Q8_0. The
+//! k-quants' super-blocks go sub-block by sub-block, each against its 32-block of activations.
 
 use super::{q8::Q8Rows, QFormat, BLOCK};
 use crate::kernels::cpu::vector::{simd, Simd};
@@ -53,39 +54,52 @@ impl IntIsa {
     }
 }
 
+/// `$call!(F)` with `F` the const argument (`QFormat as u8`) of the format `$f`.
+macro_rules! by_format {
+    ($f:expr, $call:ident) => {
+        match $f {
+            QFormat::Q4_0 => $call!({ QFormat::Q4_0 as u8 }),
+            QFormat::Q4_1 => $call!({ QFormat::Q4_1 as u8 }),
+            QFormat::Q5_0 => $call!({ QFormat::Q5_0 as u8 }),
+            QFormat::Q5_1 => $call!({ QFormat::Q5_1 as u8 }),
+            QFormat::Q4_K => $call!({ QFormat::Q4_K as u8 }),
+            QFormat::Q6_K => $call!({ QFormat::Q6_K as u8 }),
+            _ => $call!({ QFormat::Q8_0 as u8 }),
+        }
+    };
+}
+
 /// `out[i] = row · a[first + i]` for `out.len()` (1 to `ROWS`) activation rows.
 pub(super) fn row_dots(isa: IntIsa, f: QFormat, w: &[u8], a: &Q8Rows, first: usize, out: &mut [f32]) {
     debug_assert!(f != QFormat::F32 && out.len() <= ROWS && first + out.len() <= a.rows());
     #[cfg(target_arch = "x86_64")]
     {
         macro_rules! shapes {
-            ($m:ident, $fun:ident) => {
-                match (f, out.len()) {
-                    (QFormat::Q4_0, 1) => super::$m::$fun::<{ QFormat::Q4_0 as u8 }, 1>(w, a, first, out),
-                    (QFormat::Q4_0, 2) => super::$m::$fun::<{ QFormat::Q4_0 as u8 }, 2>(w, a, first, out),
-                    (QFormat::Q4_0, 3) => super::$m::$fun::<{ QFormat::Q4_0 as u8 }, 3>(w, a, first, out),
-                    (QFormat::Q4_0, _) => super::$m::$fun::<{ QFormat::Q4_0 as u8 }, 4>(w, a, first, out),
-                    (QFormat::Q4_1, 1) => super::$m::$fun::<{ QFormat::Q4_1 as u8 }, 1>(w, a, first, out),
-                    (QFormat::Q4_1, 2) => super::$m::$fun::<{ QFormat::Q4_1 as u8 }, 2>(w, a, first, out),
-                    (QFormat::Q4_1, 3) => super::$m::$fun::<{ QFormat::Q4_1 as u8 }, 3>(w, a, first, out),
-                    (QFormat::Q4_1, _) => super::$m::$fun::<{ QFormat::Q4_1 as u8 }, 4>(w, a, first, out),
-                    (_, 1) => super::$m::$fun::<{ QFormat::Q8_0 as u8 }, 1>(w, a, first, out),
-                    (_, 2) => super::$m::$fun::<{ QFormat::Q8_0 as u8 }, 2>(w, a, first, out),
-                    (_, 3) => super::$m::$fun::<{ QFormat::Q8_0 as u8 }, 3>(w, a, first, out),
-                    (_, _) => super::$m::$fun::<{ QFormat::Q8_0 as u8 }, 4>(w, a, first, out),
+            ($m:ident, $fun:ident) => {{
+                macro_rules! rows {
+                    ($F:tt) => {
+                        match out.len() {
+                            1 => super::$m::$fun::<$F, 1>(w, a, first, out),
+                            2 => super::$m::$fun::<$F, 2>(w, a, first, out),
+                            3 => super::$m::$fun::<$F, 3>(w, a, first, out),
+                            _ => super::$m::$fun::<$F, 4>(w, a, first, out),
+                        }
+                    };
                 }
-            };
+                by_format!(f, rows)
+            }};
         }
         // SAFETY: each path runs only where `available` found its instructions on this CPU:
         // AVX2, FMA and F16C for all; AVX-512 F, DQ, VL and BW for the 512-bit and VNNI ones;
-        // AVX-512 VNNI for the `dpbusd` ones.
+        // AVX-512 VNNI for the `dpbusd` ones. The k-quants take the 256-bit kernels on the
+        // AVX-512 paths (a subset of their instructions).
         unsafe {
-            match isa {
-                IntIsa::Scalar => {}
-                IntIsa::Avx2 => return shapes!(int_avx2, row_dots),
-                IntIsa::Avx2Vnni => return shapes!(int_avx2, row_dots_vnni),
-                IntIsa::Avx512 => return shapes!(int_avx512, row_dots),
-                IntIsa::Avx512Vnni => return shapes!(int_avx512, row_dots_vnni),
+            match (isa, f.sub_blocks() > 1) {
+                (IntIsa::Scalar, _) => {}
+                (IntIsa::Avx2, _) | (IntIsa::Avx512, true) => return shapes!(int_avx2, row_dots),
+                (IntIsa::Avx2Vnni, _) | (IntIsa::Avx512Vnni, true) => return shapes!(int_avx2, row_dots_vnni),
+                (IntIsa::Avx512, false) => return shapes!(int_avx512, row_dots),
+                (IntIsa::Avx512Vnni, false) => return shapes!(int_avx512, row_dots_vnni),
             }
         }
     }
@@ -99,22 +113,23 @@ pub(super) fn rows4_dots(isa: IntIsa, f: QFormat, ws: [&[u8]; 4], a: &Q8Rows, ro
     #[cfg(target_arch = "x86_64")]
     {
         macro_rules! formats {
-            ($m:ident, $fun:ident) => {
-                match f {
-                    QFormat::Q4_0 => super::$m::$fun::<{ QFormat::Q4_0 as u8 }>(ws, a, row, out),
-                    QFormat::Q4_1 => super::$m::$fun::<{ QFormat::Q4_1 as u8 }>(ws, a, row, out),
-                    _ => super::$m::$fun::<{ QFormat::Q8_0 as u8 }>(ws, a, row, out),
+            ($m:ident, $fun:ident) => {{
+                macro_rules! call {
+                    ($F:tt) => {
+                        super::$m::$fun::<$F>(ws, a, row, out)
+                    };
                 }
-            };
+                by_format!(f, call)
+            }};
         }
         // SAFETY: as in `row_dots`.
         unsafe {
-            match isa {
-                IntIsa::Scalar => {}
-                IntIsa::Avx2 => return formats!(int_avx2, rows4_dots),
-                IntIsa::Avx2Vnni => return formats!(int_avx2, rows4_dots_vnni),
-                IntIsa::Avx512 => return formats!(int_avx512, rows4_dots),
-                IntIsa::Avx512Vnni => return formats!(int_avx512, rows4_dots_vnni),
+            match (isa, f.sub_blocks() > 1) {
+                (IntIsa::Scalar, _) => {}
+                (IntIsa::Avx2, _) | (IntIsa::Avx512, true) => return formats!(int_avx2, rows4_dots),
+                (IntIsa::Avx2Vnni, _) | (IntIsa::Avx512Vnni, true) => return formats!(int_avx2, rows4_dots_vnni),
+                (IntIsa::Avx512, false) => return formats!(int_avx512, rows4_dots),
+                (IntIsa::Avx512Vnni, false) => return formats!(int_avx512, rows4_dots_vnni),
             }
         }
     }
@@ -125,32 +140,20 @@ pub(super) fn rows4_dots(isa: IntIsa, f: QFormat, ws: [&[u8]; 4], a: &Q8Rows, ro
 
 /// The reference every ISA path is tested against.
 pub(super) fn row_dots_scalar(f: QFormat, w: &[u8], a: &Q8Rows, first: usize, out: &mut [f32]) {
-    let bb = f.block_bytes();
+    let (bb, subs) = (f.block_bytes(), f.sub_blocks());
     let mut q = [0i32; BLOCK];
     for (i, o) in out.iter_mut().enumerate() {
         let (mut acc, mut offsets) = (0f32, 0f32);
         for (b, block) in w.chunks_exact(bb).enumerate() {
-            let (dw, mw, at) = f.header(block);
-            integer_quants(f, block, at, &mut q);
-            let (xq, dx, dsx) = a.block(first + i, b);
-            let sum: i32 = q.iter().zip(xq).map(|(w, x)| w * *x as i32).sum();
-            acc += dw * dx * sum as f32;
-            offsets += mw * dsx;
-        }
-        *o = acc + offsets;
-    }
-}
-
-/// A block's quants as stored (Q4: 0..16, low nibbles first; Q8_0: signed).
-fn integer_quants(f: QFormat, b: &[u8], at: usize, out: &mut [i32; BLOCK]) {
-    match f {
-        QFormat::Q4_0 | QFormat::Q4_1 => {
-            for j in 0..16 {
-                out[j] = (b[at + j] & 0x0f) as i32;
-                out[j + 16] = (b[at + j] >> 4) as i32;
+            for s in 0..subs {
+                let (dw, mw) = f.sub_header(block, s);
+                f.int_quants(block, s, &mut q);
+                let (xq, dx, dsx) = a.block(first + i, b * subs + s);
+                let sum: i32 = q.iter().zip(xq).map(|(w, x)| w * *x as i32).sum();
+                acc += dw * dx * sum as f32;
+                offsets += mw * dsx;
             }
         }
-        QFormat::Q8_0 => (0..BLOCK).for_each(|j| out[j] = b[at + j] as i8 as i32),
-        QFormat::F32 => unreachable!("f32 rows take f32_dots"),
+        *o = acc + offsets;
     }
 }

@@ -1,5 +1,5 @@
-//! GGML's block formats (Q4_0, Q4_1, Q8_0, and plain f32 rows) and `x @ Wᵀ` with W's rows kept in
-//! their blocks.
+//! GGML's block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the k-quants Q4_K and Q6_K, and plain
+//! f32 rows) and `x @ Wᵀ` with W's rows kept in their blocks.
 //!
 //! Why: decoding one token reads every weight once, so a dequantised model is bound by memory
 //! bandwidth and holds several times its file's size in memory (guides/pretrained.md).
@@ -8,7 +8,15 @@
 //! 32 (`q8`), and a block's products are summed in integers (`int_dots`: `maddubs` on AVX2 and
 //! AVX-512BW, `dpbusd` with VNNI), then scaled once per block. The activations' rounding adds at
 //! most `amax/254` per value of a block (`amax` its largest magnitude), the bound the tests check
-//! against an f64 product of the dequantised weights. F32 rows keep f32 activations
+//! against an f64 product of the dequantised weights.
+//!
+//! The k-quants' super-blocks of 256 hold sub-blocks of 32 (Q4_K: own 6-bit scale and min) or 16
+//! (Q6_K: own 8-bit scale) that start on the activations' 32-blocks, so each activation block
+//! meets one weight scale and offset (Q6_K: two scales, applied in integers): the same products as
+//! Q4_1's, against the same Q8 blocks. llama.cpp quantises the activations per 256 for these
+//! (Q8_K); per 32 is the finer grid of the two, so the bound above holds unchanged.
+//!
+//! F32 rows keep f32 activations
 //! (`f32_dots`): nothing to decode, and a general matmul's packing of the weights would cost more
 //! than the product when the activations are a few rows.
 
@@ -26,12 +34,14 @@ use candle_core::quantized::GgmlDType;
 use crate::kernels::cpu::vector::{par_chunks_for, simd};
 pub use q8::Q8Rows;
 
-/// Values per GGML block, for every format here.
+/// Values per GGML block, and per sub-block of the k-quants' super-blocks: the unit of every
+/// kernel here.
 pub const BLOCK: usize = 32;
 
 /// The GGML block formats this kernel decodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
+#[allow(non_camel_case_types)]
 pub enum QFormat {
     /// `d: f16, qs: [u8; 16]`, `w = d·(q − 8)` with 4-bit `q`.
     Q4_0,
@@ -43,6 +53,18 @@ pub enum QFormat {
     /// weights where few activation rows make a general matmul's packing of the weights its
     /// main cost (`matmul_f32`).
     F32,
+    /// `d: f16, qh: u32, qs: [u8; 16]`, `w = d·(q − 16)` with 5-bit `q` (bit `i` of `qh` is value
+    /// `i`'s fifth bit).
+    Q5_0,
+    /// `d: f16, m: f16, qh: u32, qs: [u8; 16]`, `w = d·q + m`.
+    Q5_1,
+    /// Super-blocks of 256: `d, dmin: f16, scales: [u8; 12], qs: [u8; 128]`; sub-block `s` of 32
+    /// has 6-bit scale `sc` and min `mn` (packed), `w = d·sc·q − dmin·mn` with 4-bit `q` (sub-blocks
+    /// `2j` and `2j + 1` are the low and high nibbles of `qs[32j..32j + 32]`).
+    Q4_K,
+    /// Super-blocks of 256: `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16`;
+    /// `w = d·sc·(q − 32)` with 6-bit `q` and one scale per 16 values.
+    Q6_K,
 }
 
 impl QFormat {
@@ -51,6 +73,10 @@ impl QFormat {
             GgmlDType::Q4_0 => Some(QFormat::Q4_0),
             GgmlDType::Q4_1 => Some(QFormat::Q4_1),
             GgmlDType::Q8_0 => Some(QFormat::Q8_0),
+            GgmlDType::Q5_0 => Some(QFormat::Q5_0),
+            GgmlDType::Q5_1 => Some(QFormat::Q5_1),
+            GgmlDType::Q4K => Some(QFormat::Q4_K),
+            GgmlDType::Q6K => Some(QFormat::Q6_K),
             _ => None,
         }
     }
@@ -62,8 +88,32 @@ impl QFormat {
             0 => QFormat::Q4_0,
             1 => QFormat::Q4_1,
             2 => QFormat::Q8_0,
+            4 => QFormat::Q5_0,
+            5 => QFormat::Q5_1,
+            6 => QFormat::Q4_K,
+            7 => QFormat::Q6_K,
             _ => QFormat::F32,
         }
+    }
+
+    /// Values per block: 256 for the k-quants' super-blocks, else 32.
+    pub const fn block_values(self) -> usize {
+        match self {
+            QFormat::Q4_K | QFormat::Q6_K => 256,
+            _ => BLOCK,
+        }
+    }
+
+    /// 32-value sub-blocks per block.
+    #[inline(always)]
+    pub(super) const fn sub_blocks(self) -> usize {
+        self.block_values() / BLOCK
+    }
+
+    /// Whether the weights have an offset (`m_w ≠ 0`) that the activations' sums multiply.
+    #[inline(always)]
+    pub(super) const fn has_offset(self) -> bool {
+        !matches!(self, QFormat::Q8_0 | QFormat::Q6_K | QFormat::F32)
     }
 
     pub const fn block_bytes(self) -> usize {
@@ -72,13 +122,17 @@ impl QFormat {
             QFormat::Q4_1 => 20,
             QFormat::Q8_0 => 34,
             QFormat::F32 => 4 * BLOCK,
+            QFormat::Q5_0 => 22,
+            QFormat::Q5_1 => 24,
+            QFormat::Q4_K => 144,
+            QFormat::Q6_K => 210,
         }
     }
 
-    /// A block's scale `d` and offset `m`, and where its quants start.
+    /// A 32-value block's scale `d` and offset `m`, and where its quants start.
     #[inline(always)]
     pub(super) fn header(self, b: &[u8]) -> (f32, f32, usize) {
-        let half = |i: usize| f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32();
+        let half = |i: usize| f16_at(b, i);
         match self {
             QFormat::Q4_0 => {
                 let d = half(0);
@@ -87,11 +141,70 @@ impl QFormat {
             QFormat::Q4_1 => (half(0), half(2), 4),
             QFormat::Q8_0 => (half(0), 0.0, 2),
             QFormat::F32 => (1.0, 0.0, 0),
+            QFormat::Q5_0 => {
+                let d = half(0);
+                (d, -16.0 * d, 6)
+            }
+            QFormat::Q5_1 => (half(0), half(2), 8),
+            QFormat::Q4_K | QFormat::Q6_K => unreachable!("super-blocks take `sub_header`"),
+        }
+    }
+
+    /// Sub-block `s`'s scale and offset, `w = scale·q + offset` with `q` as `int_quants` gives
+    /// it. Exact products of f16 and small integers, so dequantising with them gives GGML's values.
+    #[inline(always)]
+    pub(super) fn sub_header(self, b: &[u8], s: usize) -> (f32, f32) {
+        match self {
+            QFormat::Q4_K => {
+                let (sc, mn) = scale_min_k4(s, &b[4..16]);
+                (f16_at(b, 0) * sc as f32, -(f16_at(b, 2) * mn as f32))
+            }
+            // the per-16 scales go into the integer quants
+            QFormat::Q6_K => (f16_at(b, 208), 0.0),
+            _ => {
+                let (d, m, _) = self.header(b);
+                (d, m)
+            }
+        }
+    }
+
+    /// Sub-block `s`'s 32 quants as integers: unsigned for the formats with an offset, Q8_0's
+    /// signed bytes, Q6_K's `sc·(q − 32)`.
+    #[inline(always)]
+    pub(super) fn int_quants(self, b: &[u8], s: usize, out: &mut [i32; BLOCK]) {
+        match self {
+            QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q5_1 => {
+                let (_, _, at) = self.header(b);
+                let high = if matches!(self, QFormat::Q5_0 | QFormat::Q5_1) { u32::from_le_bytes(b[at - 4..at].try_into().unwrap()) } else { 0 };
+                for j in 0..16 {
+                    out[j] = (b[at + j] & 0x0f) as i32 | (((high >> j) & 1) << 4) as i32;
+                    out[j + 16] = (b[at + j] >> 4) as i32 | (((high >> (j + 16)) & 1) << 4) as i32;
+                }
+            }
+            QFormat::Q8_0 => (0..BLOCK).for_each(|j| out[j] = b[2 + j] as i8 as i32),
+            QFormat::Q4_K => {
+                let qs = &b[16 + 32 * (s / 2)..16 + 32 * (s / 2) + 32];
+                let shift = 4 * (s % 2);
+                (0..BLOCK).for_each(|j| out[j] = ((qs[j] >> shift) & 0x0f) as i32);
+            }
+            QFormat::Q6_K => {
+                // sub-block `s` of the half `s / 4`: low nibbles of `ql` (the half's first or
+                // second 32 bytes, low or high nibble) and two bits of `qh`
+                let (half, c) = (s / 4, s % 4);
+                let ql = &b[64 * half + 32 * (c % 2)..];
+                let qh = &b[128 + 32 * half..];
+                let scales = &b[192 + 8 * half + 2 * c..];
+                for j in 0..BLOCK {
+                    let q = ((ql[j] >> (4 * (c / 2))) & 0x0f) | (((qh[j] >> (2 * c)) & 3) << 4);
+                    out[j] = scales[j / 16] as i8 as i32 * (q as i32 - 32);
+                }
+            }
+            QFormat::F32 => unreachable!("f32 rows take f32_dots"),
         }
     }
 
     /// The 32 quants of a block as f32, unscaled (GGML order: low nibbles are values 0..16,
-    /// high nibbles 16..32).
+    /// high nibbles 16..32), for the formats f32 activations meet (`f32_dots`).
     #[inline(always)]
     pub(super) fn quants(self, b: &[u8], at: usize, out: &mut [f32; BLOCK]) {
         match self {
@@ -111,19 +224,42 @@ impl QFormat {
                     out[j] = f32::from_le_bytes(b[at + 4 * j..at + 4 * j + 4].try_into().unwrap());
                 }
             }
+            _ => unreachable!("f32 activations meet Q4_0, Q4_1, Q8_0 and f32 rows only"),
         }
+    }
+}
+
+#[inline(always)]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+/// Q4_K's 6-bit scale and min of sub-block `j` from the 12 packed bytes (GGML's
+/// `get_scale_min_k4`).
+#[inline(always)]
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 
 /// One row of `format` blocks (`row`, as GGML stores it) dequantised into `out`: an embedding
 /// lookup, for `QMatrix` and for Candle's own quantised tensors.
 pub fn dequantise_row(format: QFormat, row: &[u8], out: &mut [f32]) {
-    let mut q = [0f32; BLOCK];
-    for (b, chunk) in row.chunks_exact(format.block_bytes()).zip(out.chunks_exact_mut(BLOCK)) {
-        let (d, m, at) = format.header(b);
-        format.quants(b, at, &mut q);
-        for (o, q) in chunk.iter_mut().zip(q) {
-            *o = d * q + m;
+    if format == QFormat::F32 {
+        out.iter_mut().zip(row.chunks_exact(4)).for_each(|(o, b)| *o = f32::from_le_bytes(b.try_into().unwrap()));
+        return;
+    }
+    let mut q = [0i32; BLOCK];
+    for (b, values) in row.chunks_exact(format.block_bytes()).zip(out.chunks_exact_mut(format.block_values())) {
+        for (s, chunk) in values.chunks_exact_mut(BLOCK).enumerate() {
+            let (d, m) = format.sub_header(b, s);
+            format.int_quants(b, s, &mut q);
+            for (o, q) in chunk.iter_mut().zip(q) {
+                *o = d * q as f32 + m;
+            }
         }
     }
 }

@@ -9,6 +9,9 @@ use super::int_dots::{row_dots, row_dots_scalar, rows4_dots, IntIsa, ROWS};
 use super::{q8::Q8Rows, QFormat, BLOCK};
 use crate::kernels::cpu::vector::{simd, Simd};
 
+/// Every quantised format.
+pub(crate) const QUANTISED: [QFormat; 7] = [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q5_1, QFormat::Q8_0, QFormat::Q4_K, QFormat::Q6_K];
+
 /// Random blocks of a format, scales of both signs included.
 pub(crate) fn random_blocks(f: QFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let mut s = seed;
@@ -17,24 +20,30 @@ pub(crate) fn random_blocks(f: QFormat, rows: usize, cols: usize, seed: u64) -> 
         (s >> 33) as u32
     };
     let mut out = Vec::new();
-    for _ in 0..rows * cols / BLOCK {
+    for _ in 0..rows * cols / f.block_values() {
         if f == QFormat::F32 {
             for _ in 0..BLOCK {
                 out.extend(((next() % 2000) as f32 / 1000.0 - 1.0).to_le_bytes());
             }
             continue;
         }
-        let mut half = |out: &mut Vec<u8>| {
-            let v = (next() % 2000) as f32 / 1000.0 - 1.0;
+        let half = |out: &mut Vec<u8>, r: u32| {
+            let v = (r % 2000) as f32 / 1000.0 - 1.0;
             out.extend(f16::from_f32(v * 0.05).to_bits().to_le_bytes());
         };
-        half(&mut out);
-        if f == QFormat::Q4_1 {
-            half(&mut out);
+        // Q6_K's scale comes last
+        if f != QFormat::Q6_K {
+            half(&mut out, next());
         }
-        let n = f.block_bytes() - out.len() % f.block_bytes();
+        if matches!(f, QFormat::Q4_1 | QFormat::Q5_1 | QFormat::Q4_K) {
+            half(&mut out, next());
+        }
+        let n = f.block_bytes() - out.len() % f.block_bytes() - 2 * (f == QFormat::Q6_K) as usize;
         for _ in 0..n {
             out.push(next() as u8);
+        }
+        if f == QFormat::Q6_K {
+            half(&mut out, next());
         }
     }
     out
@@ -47,6 +56,10 @@ pub(crate) fn candle_dequantised(f: QFormat, data: &[u8], rows: usize, cols: usi
         QFormat::Q4_1 => GgmlDType::Q4_1,
         QFormat::Q8_0 => GgmlDType::Q8_0,
         QFormat::F32 => GgmlDType::F32,
+        QFormat::Q5_0 => GgmlDType::Q5_0,
+        QFormat::Q5_1 => GgmlDType::Q5_1,
+        QFormat::Q4_K => GgmlDType::Q4K,
+        QFormat::Q6_K => GgmlDType::Q6K,
     };
     let dev = candle_core::Device::Cpu;
     let w = ggml_file::qtensor_from_ggml(dtype, data, vec![rows, cols], &dev).unwrap().dequantize(&dev).unwrap();
@@ -88,16 +101,34 @@ fn levels() -> Vec<Simd> {
 }
 
 #[test]
+fn rows_dequantise_to_candles_values() {
+    for f in QUANTISED {
+        let (rows, k) = (3, 768);
+        let data = random_blocks(f, rows, k, 77);
+        let want = candle_dequantised(f, &data, rows, k);
+        let row_bytes = k / f.block_values() * f.block_bytes();
+        let mut got = vec![0f32; k];
+        for j in 0..rows {
+            super::dequantise_row(f, &data[j * row_bytes..(j + 1) * row_bytes], &mut got);
+            // the same bits (0.0 and -0.0 aside)
+            assert_eq!(got, want[j * k..(j + 1) * k], "{f:?} row {j}");
+        }
+    }
+}
+
+#[test]
 fn every_isa_path_equals_the_scalar_kernel_and_the_bound_holds() {
-    for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0] {
-        // block counts odd and even (the AVX-512 pairs and the AVX2 tail), 1 to ROWS rows
-        for (rows, k, m) in [(3, 32, 1), (5, 64, 2), (4, 96, 3), (7, 128, 4), (2, 576, 4), (3, 1536, 1), (2, 160, 3)] {
+    for f in QUANTISED {
+        // block counts odd and even (the AVX-512 pairs and the AVX2 tail), 1 to ROWS rows;
+        // super-blocks of 256 for the k-quants
+        let cases = [(3, 32, 1), (5, 64, 2), (4, 96, 3), (7, 128, 4), (2, 576, 4), (3, 1536, 1), (2, 160, 3), (3, 256, 2), (2, 768, 3), (5, 512, 4)];
+        for (rows, k, m) in cases.into_iter().filter(|c| c.1 % f.block_values() == 0) {
             let data = random_blocks(f, rows, k, (rows * 131 + k + m) as u64);
             let w = candle_dequantised(f, &data, rows, k);
             let x = inputs(m, k);
             let exact = f64_product(&w, rows, k, &x, m);
             let a = Q8Rows::quantise(&x, k);
-            let row_bytes = k / BLOCK * f.block_bytes();
+            let row_bytes = k / f.block_values() * f.block_bytes();
             for j in 0..rows {
                 let wr = &data[j * row_bytes..(j + 1) * row_bytes];
                 let mut want = vec![0f32; m];
@@ -126,14 +157,17 @@ fn every_isa_path_equals_the_scalar_kernel_and_the_bound_holds() {
 
 #[test]
 fn four_weight_rows_at_once_equal_the_scalar_kernel() {
-    for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0] {
-        for k in [32, 64, 96, 576] {
+    for f in QUANTISED {
+        for k in [32, 64, 96, 576, 256, 768].into_iter().filter(|k| k % f.block_values() == 0) {
             let data = random_blocks(f, 4, k, k as u64 + 1);
-            let row_bytes = k / BLOCK * f.block_bytes();
+            let row_bytes = k / f.block_values() * f.block_bytes();
             let ws: [&[u8]; 4] = std::array::from_fn(|j| &data[j * row_bytes..(j + 1) * row_bytes]);
             let x = inputs(3, k);
             let a = Q8Rows::quantise(&x, k);
+            let w = candle_dequantised(f, &data, 4, k);
             for row in 0..3 {
+                // the sums' magnitude: f32 rounding scales with it where terms cancel
+                let scale: [f32; 4] = std::array::from_fn(|j| (0..k).map(|c| (w[j * k + c] * x[row * k + c]).abs()).sum());
                 let mut want = [0f32; 4];
                 for j in 0..4 {
                     row_dots_scalar(f, ws[j], &a, row, &mut want[j..j + 1]);
@@ -150,7 +184,7 @@ fn four_weight_rows_at_once_equal_the_scalar_kernel() {
                         assert_eq!(got[j], among[row], "{f:?} {isa:?} k={k} x{row} w{j}: four-row kernel against three rows");
                     }
                     for j in 0..4 {
-                        assert!((got[j] - want[j]).abs() <= 1e-5 * (1.0 + want[j].abs()), "{f:?} {isa:?} k={k} x{row} w{j}: {} vs {}", got[j], want[j]);
+                        assert!((got[j] - want[j]).abs() <= 1e-5 * (1.0 + scale[j]), "{f:?} {isa:?} k={k} x{row} w{j}: {} vs {}", got[j], want[j]);
                     }
                 }
             }
@@ -200,9 +234,52 @@ fn extreme_bytes_do_not_saturate() {
 }
 
 #[test]
+fn extreme_quants_and_scales_do_not_saturate() {
+    // every quant at its largest, scales at both ends, against activations of ±127
+    let k = 512;
+    let x: Vec<f32> = (0..k).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+    let a = Q8Rows::quantise(&x, k);
+    for f in [QFormat::Q5_0, QFormat::Q5_1, QFormat::Q4_K, QFormat::Q6_K] {
+        for (fill, scale) in [(0xffu8, 1.0f32), (0xff, -1.0), (0x00, 1.0), (0x55, -0.5)] {
+            let mut data = Vec::new();
+            for _ in 0..k / f.block_values() {
+                let mut block = vec![fill; f.block_bytes()];
+                let d = f16::from_f32(scale).to_bits().to_le_bytes();
+                match f {
+                    QFormat::Q6_K => {
+                        block[192..208].fill(if scale < 0.0 { 0x80 } else { 0x7f });
+                        block[208..].copy_from_slice(&d);
+                    }
+                    QFormat::Q4_K => {
+                        block[..2].copy_from_slice(&d);
+                        block[2..4].copy_from_slice(&f16::from_f32(-scale).to_bits().to_le_bytes());
+                        block[4..16].fill(0xff);
+                    }
+                    _ => {
+                        block[..2].copy_from_slice(&d);
+                        if f == QFormat::Q5_1 {
+                            block[2..4].copy_from_slice(&f16::from_f32(-scale).to_bits().to_le_bytes());
+                        }
+                    }
+                }
+                data.extend(block);
+            }
+            let w = candle_dequantised(f, &data, 1, k);
+            let exact = f64_product(&w, 1, k, &x, 1)[0];
+            let magnitude: f64 = w.iter().map(|v| v.abs() as f64).sum();
+            for isa in IntIsa::available() {
+                let mut got = [0f32];
+                row_dots(isa, f, &data, &a, 0, &mut got);
+                assert!((got[0] as f64 - exact).abs() <= 1e-5 * magnitude.max(1.0), "{f:?} {fill:#x} {scale} {isa:?}: {} vs {exact}", got[0]);
+            }
+        }
+    }
+}
+
+#[test]
 fn activations_round_to_their_block_grid_and_specials_poison_their_block() {
     let k = 64;
-    let mut x = inputs(1, k);
+    let x = inputs(1, k);
     let a = Q8Rows::quantise(&x, k);
     for b in 0..2 {
         let (q, d, ds) = a.block(0, b);
@@ -217,14 +294,21 @@ fn activations_round_to_their_block_grid_and_specials_poison_their_block() {
     assert_eq!((zeros.d[0], zeros.ds[0]), (0.0, 0.0));
     assert!(zeros.qs.iter().all(|q| *q == 0));
     // a NaN or an infinity makes every product of its row non-finite, as the f32 product does
-    let data = random_blocks(QFormat::Q4_1, 1, k, 9);
-    for special in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-        x[40] = special;
-        let a = Q8Rows::quantise(&x, k);
-        for isa in IntIsa::available() {
-            let mut got = [0f32];
-            row_dots(isa, QFormat::Q4_1, &data, &a, 0, &mut got);
-            assert!(!got[0].is_finite(), "{special} {isa:?}: {}", got[0]);
+    let k = 256;
+    let mut x = inputs(1, k);
+    for f in QUANTISED {
+        let data = random_blocks(f, 1, k, 9);
+        for special in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            x[40] = special;
+            let a = Q8Rows::quantise(&x, k);
+            for isa in IntIsa::available() {
+                let mut got = [0f32];
+                row_dots(isa, f, &data, &a, 0, &mut got);
+                assert!(!got[0].is_finite(), "{f:?} {special} {isa:?}: {}", got[0]);
+                let mut four = [0f32; 4];
+                rows4_dots(isa, f, [&data[..], &data[..], &data[..], &data[..]], &a, 0, &mut four);
+                assert!(four.iter().all(|v| !v.is_finite()), "{f:?} {special} {isa:?}: {four:?}");
+            }
         }
     }
 }
@@ -267,11 +351,12 @@ fn thread_cpu_ns() -> u128 {
 #[test]
 #[ignore]
 fn quant_kernel_timing() {
-    for (f, rows) in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0].into_iter().flat_map(|f| [(f, 1536), (f, 65536)]) {
-        let k = 576;
+    for (f, rows) in QUANTISED.into_iter().flat_map(|f| [(f, 1536), (f, 65536)]) {
+        // SmolLM2's widths: 576, and 1536 (its down projection) for the k-quants
+        let k = if f.block_values() > BLOCK { 1536 } else { 576 };
         println!("{f:?} [{rows}, {k}]:");
         let data = random_blocks(f, rows, k, 5);
-        let row_bytes = k / BLOCK * f.block_bytes();
+        let row_bytes = k / f.block_values() * f.block_bytes();
         for m in [1, 4] {
             let x = inputs(m, k);
             let a = Q8Rows::quantise(&x, k);
@@ -292,7 +377,8 @@ fn quant_kernel_timing() {
                 std::hint::black_box(&out);
                 (thread_cpu_ns() - t0) as f64 / (reps * rows * k / BLOCK) as f64
             };
-            let fl = time(None);
+            // f32 activations decode the 32-value formats of old only
+            let fl = if matches!(f, QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q8_0) { time(None) } else { f64::NAN };
             if m == 1 {
                 let fours: Vec<String> = IntIsa::available()
                     .into_iter()
