@@ -27,9 +27,9 @@ pub(crate) fn linear_f32(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> 
     }
     let level = simd();
     let threads = rayon::current_num_threads().max(1);
-    // blocks that fit in L2, and at least four a thread where `n` allows, so threads end together
-    let fit = BLOCK_BYTES / (4 * k).max(1);
-    let block = fit.min(n.div_ceil(4 * threads)).max(8).next_multiple_of(8).min(n);
+    // blocks that fit in L2, and at least eight a thread where `n` allows, so threads end together
+    let fit = BLOCK_BYTES / (4 * k.min(KC)).max(1);
+    let block = fit.min(n.div_ceil(8 * threads)).max(12).next_multiple_of(12).min(n);
     let tasks = n.div_ceil(block);
     let base = SharedMut(out.as_mut_ptr());
     let task = |t: usize| {
@@ -93,29 +93,50 @@ unsafe fn scalar_block(w: &[f32], x: &[f32], k: usize, m: usize, n: usize, j0: u
     }
 }
 
+/// Columns of `x` and `W` a tile's pass covers before the next tile's: the two tiles' rows of
+/// that many columns stay in L1 (rows of thousands of values would not). The accumulators are
+/// kept between passes, so the sums' order does not change.
+const KC: usize = 512;
+
 /// The tile driver both x86 levels share: `MR` rows of `x` by `NR` rows of `W` a tile, `x`'s tile
-/// outside (it stays in L1), `W`'s inside (the block stays in L2). Short tiles at the edges reuse
-/// their last row, computed again and not stored, so every output runs through the same code.
+/// outside (it stays in L1), `W`'s inside (the block stays in L2), `KC` columns a pass. Short
+/// tiles at the edges reuse their last row, computed again and not stored, so every output runs
+/// through the same code.
 macro_rules! tiled {
-    ($features:literal, $mr:expr, $nr:expr, $tile:ident) => {
+    ($features:literal) => {
         #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)]
         pub(super) unsafe fn block(w: *const f32, x: *const f32, k: usize, m: usize, n: usize, j0: usize, j1: usize, out: *mut f32) {
+            let tiles = (j1 - j0).div_ceil(NR);
+            let mut accs: Vec<Acc> = vec![zero(); tiles];
             let mut i = 0;
             while i < m {
-                let mr = (m - i).min($mr);
-                let xs: [*const f32; $mr] = std::array::from_fn(|r| x.add((i + r.min(mr - 1)) * k));
-                let mut j = j0;
-                while j < j1 {
-                    let nr = (j1 - j).min($nr);
-                    let ws: [*const f32; $nr] = std::array::from_fn(|c| w.add((j + c.min(nr - 1)) * k));
-                    let sums = $tile(xs, ws, k);
+                let mr = (m - i).min(MR);
+                let xs: [*const f32; MR] = std::array::from_fn(|r| x.add((i + r.min(mr - 1)) * k));
+                let ws = |t: usize| -> [*const f32; NR] {
+                    let (j, nr) = (j0 + t * NR, (j1 - j0 - t * NR).min(NR));
+                    std::array::from_fn(|c| w.add((j + c.min(nr - 1)) * k))
+                };
+                accs.iter_mut().for_each(|a| *a = zero());
+                let mut c0 = 0;
+                loop {
+                    let c1 = (c0 + KC).min(k);
+                    for (t, acc) in accs.iter_mut().enumerate() {
+                        step(xs, ws(t), c0, c1, acc);
+                    }
+                    if c1 == k {
+                        break;
+                    }
+                    c0 = c1;
+                }
+                for (t, acc) in accs.iter().enumerate() {
+                    let (j, nr) = (j0 + t * NR, (j1 - j0 - t * NR).min(NR));
+                    let sums = finish_tile(xs, ws(t), k, acc);
                     for r in 0..mr {
                         for c in 0..nr {
                             *out.add((i + r) * n + j + c) = sums[r][c];
                         }
                     }
-                    j += nr;
                 }
                 i += mr;
             }
@@ -125,70 +146,105 @@ macro_rules! tiled {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{finish, LANES};
+    use super::{finish, KC, LANES};
     use std::arch::x86_64::*;
 
-    const MR: usize = 4;
-    const NR: usize = 3;
+    const MR: usize = 6;
+    const NR: usize = 2;
+    type Acc = [[__m256; NR]; MR];
 
-    /// `MR × NR` sums of `k` products: twelve accumulators, three `W` vectors, one `x` vector
-    /// (the sixteen registers).
     #[inline(always)]
-    unsafe fn tile(xs: [*const f32; MR], ws: [*const f32; NR], k: usize) -> [[f32; NR]; MR] {
-        let full = k - k % LANES;
-        let mut acc = [[_mm256_setzero_ps(); NR]; MR];
-        let mut c = 0;
+    unsafe fn zero() -> Acc {
+        [[_mm256_setzero_ps(); NR]; MR]
+    }
+
+    /// The products of columns `c0..c1` (a multiple of eight, or `k`) into an `MR × NR` tile:
+    /// twelve accumulators, two `W` vectors, one `x` vector (fifteen of the sixteen registers).
+    #[inline(always)]
+    unsafe fn step(xs: [*const f32; MR], ws: [*const f32; NR], c0: usize, c1: usize, acc: &mut Acc) {
+        let full = c1 - (c1 - c0) % LANES;
+        let mut a = *acc;
+        let mut c = c0;
         while c < full {
-            let wv = [_mm256_loadu_ps(ws[0].add(c)), _mm256_loadu_ps(ws[1].add(c)), _mm256_loadu_ps(ws[2].add(c))];
+            let wv = [_mm256_loadu_ps(ws[0].add(c)), _mm256_loadu_ps(ws[1].add(c))];
             for r in 0..MR {
                 let xv = _mm256_loadu_ps(xs[r].add(c));
                 for j in 0..NR {
-                    acc[r][j] = _mm256_fmadd_ps(xv, wv[j], acc[r][j]);
+                    a[r][j] = _mm256_fmadd_ps(xv, wv[j], a[r][j]);
                 }
             }
             c += LANES;
         }
+        *acc = a;
+    }
+
+    /// Each accumulator's lanes in `finish`'s tree (the same adds in vector registers), then
+    /// the columns past the last eight.
+    #[inline(always)]
+    unsafe fn finish_tile(xs: [*const f32; MR], ws: [*const f32; NR], k: usize, acc: &Acc) -> [[f32; NR]; MR] {
+        let full = k - k % LANES;
         let mut sums = [[0f32; NR]; MR];
         for r in 0..MR {
-            let xt = std::slice::from_raw_parts(xs[r].add(full), k - full);
             for j in 0..NR {
-                let mut lanes = [0f32; LANES];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][j]);
-                sums[r][j] = finish(lanes, xt, std::slice::from_raw_parts(ws[j].add(full), k - full));
+                let v = acc[r][j];
+                let s = if full == k {
+                    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+                } else {
+                    let mut lanes = [0f32; LANES];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+                    finish(lanes, std::slice::from_raw_parts(xs[r].add(full), k - full), std::slice::from_raw_parts(ws[j].add(full), k - full))
+                };
+                sums[r][j] = s;
             }
         }
         sums
     }
 
-    tiled!("avx2,fma", MR, NR, tile);
+    tiled!("avx2,fma");
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{finish, LANES};
+    use super::{finish, KC, LANES};
     use std::arch::x86_64::*;
 
     const MR: usize = 6;
     const NR: usize = 4;
+    type Acc = [[__m512; NR]; MR];
 
-    /// AVX2's tile at twice the width: sixteen lanes over the columns `c ≡ l (mod 16)`, folded
-    /// to eight (`l` and `l + 8`) before a last eight columns, when `k` leaves them, and the tree.
     #[inline(always)]
-    unsafe fn tile(xs: [*const f32; MR], ws: [*const f32; NR], k: usize) -> [[f32; NR]; MR] {
-        let full = k - k % LANES;
-        let wide = full - full % (2 * LANES);
-        let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-        let mut c = 0;
+    unsafe fn zero() -> Acc {
+        [[_mm512_setzero_ps(); NR]; MR]
+    }
+
+    /// AVX2's step at twice the width: sixteen lanes over the columns `c ≡ l (mod 16)` (`KC` is
+    /// a multiple of sixteen, so every pass keeps the lanes' columns).
+    #[inline(always)]
+    unsafe fn step(xs: [*const f32; MR], ws: [*const f32; NR], c0: usize, c1: usize, acc: &mut Acc) {
+        let wide = c1 - (c1 - c0) % (2 * LANES);
+        let mut a = *acc;
+        let mut c = c0;
         while c < wide {
             let wv = [_mm512_loadu_ps(ws[0].add(c)), _mm512_loadu_ps(ws[1].add(c)), _mm512_loadu_ps(ws[2].add(c)), _mm512_loadu_ps(ws[3].add(c))];
             for r in 0..MR {
                 let xv = _mm512_loadu_ps(xs[r].add(c));
                 for j in 0..NR {
-                    acc[r][j] = _mm512_fmadd_ps(xv, wv[j], acc[r][j]);
+                    a[r][j] = _mm512_fmadd_ps(xv, wv[j], a[r][j]);
                 }
             }
             c += 2 * LANES;
         }
+        *acc = a;
+    }
+
+    /// The sixteen lanes folded to eight (`l` and `l + 8`), a last eight columns when `k` leaves
+    /// them, then `finish`'s tree and the columns past those.
+    #[inline(always)]
+    unsafe fn finish_tile(xs: [*const f32; MR], ws: [*const f32; NR], k: usize, acc: &Acc) -> [[f32; NR]; MR] {
+        let full = k - k % LANES;
+        let wide = full - full % (2 * LANES);
         let mut sums = [[0f32; NR]; MR];
         for r in 0..MR {
             let xt = std::slice::from_raw_parts(xs[r].add(full), k - full);
@@ -205,7 +261,7 @@ mod avx512 {
         sums
     }
 
-    tiled!("avx512f,avx512dq,avx2,fma", MR, NR, tile);
+    tiled!("avx512f,avx512dq,avx2,fma");
 }
 
 #[cfg(test)]
