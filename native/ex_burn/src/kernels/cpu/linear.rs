@@ -15,7 +15,7 @@ const BLOCK_BYTES: usize = 192 << 10;
 /// Multiply-adds below which one thread does it all.
 const PAR_WORK: usize = 1 << 16;
 
-/// Accumulator lanes every level sums in (AVX-512 keeps two of these per 512-bit register).
+/// Accumulator lanes every level ends with (AVX-512 sums in sixteen, then folds them to eight).
 const LANES: usize = 8;
 
 /// `x @ Wᵀ` for `w` of `n` rows of `k` values and `x` of `m` rows of `k`: `m` rows of `n`.
@@ -99,46 +99,60 @@ unsafe fn scalar_block(w: &[f32], x: &[f32], k: usize, m: usize, n: usize, j0: u
 const KC: usize = 512;
 
 /// The tile driver both x86 levels share: `MR` rows of `x` by `NR` rows of `W` a tile, `x`'s tile
-/// outside (it stays in L1), `W`'s inside (the block stays in L2), `KC` columns a pass. Short
-/// tiles at the edges reuse their last row, computed again and not stored, so every output runs
-/// through the same code.
+/// outside (it stays in L1), `W`'s inside (the block stays in L2), `KC` columns a pass. The last
+/// rows of `x` take a tile of their own count; a short tile of `W` at a block's end reuses its
+/// last row, computed again and not stored. Every output runs through the same sums.
 macro_rules! tiled {
     ($features:literal) => {
         #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)]
         pub(super) unsafe fn block(w: *const f32, x: *const f32, k: usize, m: usize, n: usize, j0: usize, j1: usize, out: *mut f32) {
-            let tiles = (j1 - j0).div_ceil(NR);
-            let mut accs: Vec<Acc> = vec![zero(); tiles];
             let mut i = 0;
-            while i < m {
-                let mr = (m - i).min(MR);
-                let xs: [*const f32; MR] = std::array::from_fn(|r| x.add((i + r.min(mr - 1)) * k));
-                let ws = |t: usize| -> [*const f32; NR] {
-                    let (j, nr) = (j0 + t * NR, (j1 - j0 - t * NR).min(NR));
-                    std::array::from_fn(|c| w.add((j + c.min(nr - 1)) * k))
-                };
-                accs.iter_mut().for_each(|a| *a = zero());
-                let mut c0 = 0;
-                loop {
-                    let c1 = (c0 + KC).min(k);
-                    for (t, acc) in accs.iter_mut().enumerate() {
-                        step(xs, ws(t), c0, c1, acc);
-                    }
-                    if c1 == k {
-                        break;
-                    }
-                    c0 = c1;
+            while i + MR <= m {
+                rows::<MR>(w, x, k, i, n, j0, j1, out);
+                i += MR;
+            }
+            match m - i {
+                0 => {}
+                1 => rows::<1>(w, x, k, i, n, j0, j1, out),
+                2 => rows::<2>(w, x, k, i, n, j0, j1, out),
+                3 => rows::<3>(w, x, k, i, n, j0, j1, out),
+                4 => rows::<4>(w, x, k, i, n, j0, j1, out),
+                5 => rows::<5>(w, x, k, i, n, j0, j1, out),
+                r => unreachable!("{r} rows left of a tile of {MR}"),
+            }
+        }
+
+        /// Rows `i..i + M` of `x` against the block.
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn rows<const M: usize>(w: *const f32, x: *const f32, k: usize, i: usize, n: usize, j0: usize, j1: usize, out: *mut f32) {
+            let tiles = (j1 - j0).div_ceil(NR);
+            let mut accs: Vec<[[V; NR]; M]> = vec![zero::<M>(); tiles];
+            let xs: [*const f32; M] = std::array::from_fn(|r| x.add((i + r) * k));
+            let ws = |t: usize| -> [*const f32; NR] {
+                let (j, nr) = (j0 + t * NR, (j1 - j0 - t * NR).min(NR));
+                std::array::from_fn(|c| w.add((j + c.min(nr - 1)) * k))
+            };
+            let mut c0 = 0;
+            loop {
+                let c1 = (c0 + KC).min(k);
+                for (t, acc) in accs.iter_mut().enumerate() {
+                    step::<M>(xs, ws(t), c0, c1, acc);
                 }
-                for (t, acc) in accs.iter().enumerate() {
-                    let (j, nr) = (j0 + t * NR, (j1 - j0 - t * NR).min(NR));
-                    let sums = finish_tile(xs, ws(t), k, acc);
-                    for r in 0..mr {
-                        for c in 0..nr {
-                            *out.add((i + r) * n + j + c) = sums[r][c];
-                        }
+                if c1 == k {
+                    break;
+                }
+                c0 = c1;
+            }
+            for (t, acc) in accs.iter().enumerate() {
+                let (j, nr) = (j0 + t * NR, (j1 - j0 - t * NR).min(NR));
+                let sums = finish_tile::<M>(xs, ws(t), k, acc);
+                for r in 0..M {
+                    for c in 0..nr {
+                        *out.add((i + r) * n + j + c) = sums[r][c];
                     }
                 }
-                i += mr;
             }
         }
     };
@@ -151,23 +165,23 @@ mod avx2 {
 
     const MR: usize = 6;
     const NR: usize = 2;
-    type Acc = [[__m256; NR]; MR];
+    type V = __m256;
 
     #[inline(always)]
-    unsafe fn zero() -> Acc {
-        [[_mm256_setzero_ps(); NR]; MR]
+    unsafe fn zero<const M: usize>() -> [[V; NR]; M] {
+        [[_mm256_setzero_ps(); NR]; M]
     }
 
     /// The products of columns `c0..c1` (a multiple of eight, or `k`) into an `MR × NR` tile:
     /// twelve accumulators, two `W` vectors, one `x` vector (fifteen of the sixteen registers).
     #[inline(always)]
-    unsafe fn step(xs: [*const f32; MR], ws: [*const f32; NR], c0: usize, c1: usize, acc: &mut Acc) {
+    unsafe fn step<const M: usize>(xs: [*const f32; M], ws: [*const f32; NR], c0: usize, c1: usize, acc: &mut [[V; NR]; M]) {
         let full = c1 - (c1 - c0) % LANES;
         let mut a = *acc;
         let mut c = c0;
         while c < full {
             let wv = [_mm256_loadu_ps(ws[0].add(c)), _mm256_loadu_ps(ws[1].add(c))];
-            for r in 0..MR {
+            for r in 0..M {
                 let xv = _mm256_loadu_ps(xs[r].add(c));
                 for j in 0..NR {
                     a[r][j] = _mm256_fmadd_ps(xv, wv[j], a[r][j]);
@@ -181,10 +195,10 @@ mod avx2 {
     /// Each accumulator's lanes in `finish`'s tree (the same adds in vector registers), then
     /// the columns past the last eight.
     #[inline(always)]
-    unsafe fn finish_tile(xs: [*const f32; MR], ws: [*const f32; NR], k: usize, acc: &Acc) -> [[f32; NR]; MR] {
+    unsafe fn finish_tile<const M: usize>(xs: [*const f32; M], ws: [*const f32; NR], k: usize, acc: &[[V; NR]; M]) -> [[f32; NR]; M] {
         let full = k - k % LANES;
-        let mut sums = [[0f32; NR]; MR];
-        for r in 0..MR {
+        let mut sums = [[0f32; NR]; M];
+        for r in 0..M {
             for j in 0..NR {
                 let v = acc[r][j];
                 let s = if full == k {
@@ -212,23 +226,23 @@ mod avx512 {
 
     const MR: usize = 6;
     const NR: usize = 4;
-    type Acc = [[__m512; NR]; MR];
+    type V = __m512;
 
     #[inline(always)]
-    unsafe fn zero() -> Acc {
-        [[_mm512_setzero_ps(); NR]; MR]
+    unsafe fn zero<const M: usize>() -> [[V; NR]; M] {
+        [[_mm512_setzero_ps(); NR]; M]
     }
 
     /// AVX2's step at twice the width: sixteen lanes over the columns `c ≡ l (mod 16)` (`KC` is
     /// a multiple of sixteen, so every pass keeps the lanes' columns).
     #[inline(always)]
-    unsafe fn step(xs: [*const f32; MR], ws: [*const f32; NR], c0: usize, c1: usize, acc: &mut Acc) {
+    unsafe fn step<const M: usize>(xs: [*const f32; M], ws: [*const f32; NR], c0: usize, c1: usize, acc: &mut [[V; NR]; M]) {
         let wide = c1 - (c1 - c0) % (2 * LANES);
         let mut a = *acc;
         let mut c = c0;
         while c < wide {
             let wv = [_mm512_loadu_ps(ws[0].add(c)), _mm512_loadu_ps(ws[1].add(c)), _mm512_loadu_ps(ws[2].add(c)), _mm512_loadu_ps(ws[3].add(c))];
-            for r in 0..MR {
+            for r in 0..M {
                 let xv = _mm512_loadu_ps(xs[r].add(c));
                 for j in 0..NR {
                     a[r][j] = _mm512_fmadd_ps(xv, wv[j], a[r][j]);
@@ -242,11 +256,11 @@ mod avx512 {
     /// The sixteen lanes folded to eight (`l` and `l + 8`), a last eight columns when `k` leaves
     /// them, then `finish`'s tree and the columns past those.
     #[inline(always)]
-    unsafe fn finish_tile(xs: [*const f32; MR], ws: [*const f32; NR], k: usize, acc: &Acc) -> [[f32; NR]; MR] {
+    unsafe fn finish_tile<const M: usize>(xs: [*const f32; M], ws: [*const f32; NR], k: usize, acc: &[[V; NR]; M]) -> [[f32; NR]; M] {
         let full = k - k % LANES;
         let wide = full - full % (2 * LANES);
-        let mut sums = [[0f32; NR]; MR];
-        for r in 0..MR {
+        let mut sums = [[0f32; NR]; M];
+        for r in 0..M {
             let xt = std::slice::from_raw_parts(xs[r].add(full), k - full);
             for j in 0..NR {
                 let mut v = _mm256_add_ps(_mm512_castps512_ps256(acc[r][j]), _mm512_extractf32x8_ps(acc[r][j], 1));
