@@ -88,6 +88,26 @@ defmodule ExBurn.Pretrained.EmbeddingTest do
         end
       end
 
+      test "a text among texts of its token count embeds to the same bits as alone", %{models: models} do
+        m = models[unquote(engine)]
+        words = ~w(red blue green cat dog house tree car sun moon river book)
+
+        # 32 texts of ten one-piece words: 12 tokens each with [CLS] and [SEP], 384 rows a call
+        texts =
+          for i <- 0..31 do
+            Enum.map_join(0..9, " ", fn j -> Enum.at(words, rem(i * 7 + j * 5 + i * j, 12)) end)
+          end
+
+        {:ok, ids} = Embedding.tokenize(m, texts)
+        assert Enum.uniq(Enum.map(ids, &length/1)) == [12]
+        {:ok, together} = Embedding.embed(m, texts)
+
+        for i <- [0, 13, 31] do
+          {:ok, alone} = Embedding.embed(m, Enum.at(texts, i))
+          assert alone == Enum.at(together, i), "text #{i} differs alone and among the others"
+        end
+      end
+
       test "as: :tensor gives an {n, dim} f32 tensor", %{models: models, cases: cases} do
         {:ok, t} = Embedding.embed(models[unquote(engine)], ["a", "b", "c"], as: :tensor)
         assert ExBurn.Tensor.shape(t) == {3, 384}

@@ -10,17 +10,12 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use serde::Deserialize;
 
 use super::encoder_family::{mpnet_position_bias, Family, MODEL_TYPES};
-use super::qmatmul::matmul_f32;
 use super::weights::{f32_tensor, Safetensors};
 use super::{Encoder, TokenBatch};
 use crate::device::DeviceRef;
 use crate::error::{catch, ExError, ExResult};
+use crate::kernels::cpu::linear::linear_f32;
 use crate::kernels::cpu::vector::flex_f32;
-
-/// Up to this many rows a dense layer runs on the host (`Dense::host_forward`): one pass over the
-/// weights beats gemm's packing of them for a few rows, and loses beyond about two dozen
-/// (guides/pretrained.md has the timings).
-const HOST_ROWS: usize = 24;
 
 /// The fields of a Hugging Face BERT `config.json` the forward pass needs.
 #[derive(Clone, Debug, Deserialize)]
@@ -133,22 +128,21 @@ impl Dense {
 
     /// `x @ W^T + b` on `[rows, in]`.
     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let [m, _] = x.dims();
-        if m <= HOST_ROWS {
-            if let Some(y) = self.host_forward(&x) {
-                return y;
-            }
+        if let Some(y) = self.host_forward(&x) {
+            return y;
         }
         x.matmul(self.wt.clone()) + self.b.clone().unsqueeze::<2>()
     }
 
-    /// The same on the host for a few rows on the CPU: one pass over `W` in its stored `[out, in]`
-    /// layout, where gemm would first pack all of `W` again on every call; `None` elsewhere.
+    /// The same on the host on the CPU, whatever the number of rows: `linear_f32` sums each row
+    /// in one order at any row count, so a text's embedding does not depend on the texts sharing
+    /// its call, and reads `W` in its stored `[out, in]` layout, where gemm would first pack all
+    /// of it again on every call; `None` elsewhere.
     fn host_forward(&self, x: &Tensor<2>) -> Option<Tensor<2>> {
         let ([m, k], [_, n]) = (x.dims(), self.wt.dims());
         let (xp, wp, bp) = (x.clone().into_dispatch(), self.wt.clone().transpose().into_dispatch(), self.b.clone().into_dispatch());
         let (xs, ws, bs) = (flex_f32(&xp)?, flex_f32(&wp)?, flex_f32(&bp)?);
-        let mut y = matmul_f32(ws, n, k, xs, m)?;
+        let mut y = linear_f32(ws, n, k, xs, m);
         for row in y.chunks_exact_mut(n) {
             row.iter_mut().zip(bs).for_each(|(v, b)| *v += b);
         }

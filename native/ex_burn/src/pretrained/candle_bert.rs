@@ -23,7 +23,14 @@ enum Model {
 struct CandleBert {
     model: Model,
     hidden: usize,
+    /// The fewest outputs a dense layer has (`min(hidden, intermediate)`).
+    narrowest: usize,
 }
+
+/// gemm (under candle's matmul) computes a product of at most this many outputs with another
+/// kernel, which sums in another order; candle's dense layers multiply all the batch's tokens at
+/// once, so a short text of a narrow model could take it alone and not in a batch.
+const GEMM_SMALL_OUTPUTS: usize = 16 * 16;
 
 fn engine_err(e: candle_core::Error) -> crate::error::ExError {
     errors::engine("candle", e)
@@ -35,6 +42,17 @@ impl Encoder for CandleBert {
     }
 
     fn hidden_states(&self, batch: &TokenBatch) -> ExResult<Vec<f32>> {
+        // where one text's dense products may take gemm's small kernel, each text runs alone, so
+        // its embedding never depends on the texts that share the call
+        if batch.batch > 1 && batch.seq * self.narrowest <= GEMM_SMALL_OUTPUTS {
+            let mut out = Vec::with_capacity(batch.batch * batch.seq * self.hidden);
+            for i in 0..batch.batch {
+                let row = |v: &[u32]| v[i * batch.seq..(i + 1) * batch.seq].to_vec();
+                let one = TokenBatch { ids: row(&batch.ids), type_ids: row(&batch.type_ids), mask: row(&batch.mask), batch: 1, seq: batch.seq };
+                out.extend(self.hidden_states(&one)?);
+            }
+            return Ok(out);
+        }
         let shape = (batch.batch, batch.seq);
         let ids = Tensor::from_slice(&batch.ids, shape, &Device::Cpu).map_err(engine_err)?;
         let types = Tensor::from_slice(&batch.type_ids, shape, &Device::Cpu).map_err(engine_err)?;
@@ -120,15 +138,15 @@ pub fn load(dir: &Path, device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
             vec![errors::path_detail(&weights), ("reason", Detail::Text(e.to_string()))],
         )
     };
-    let (model, hidden) = match family {
+    let (model, hidden, intermediate) = match family {
         Family::XlmRoberta => {
             let cfg: XlmRobertaConfig = config(dir, raw)?;
-            (Model::XlmRoberta(XLMRobertaModel::new(&cfg, vb).map_err(mismatch)?), cfg.hidden_size)
+            (Model::XlmRoberta(XLMRobertaModel::new(&cfg, vb).map_err(mismatch)?), cfg.hidden_size, cfg.intermediate_size)
         }
         _ => {
             let cfg: Config = config(dir, raw)?;
-            (Model::Bert(BertModel::load(vb, &cfg).map_err(mismatch)?), cfg.hidden_size)
+            (Model::Bert(BertModel::load(vb, &cfg).map_err(mismatch)?), cfg.hidden_size, cfg.intermediate_size)
         }
     };
-    Ok(Box::new(CandleBert { model, hidden }))
+    Ok(Box::new(CandleBert { model, hidden, narrowest: hidden.min(intermediate) }))
 }

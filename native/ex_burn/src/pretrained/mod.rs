@@ -31,6 +31,8 @@ mod reference_tests;
 mod load_tests;
 #[cfg(test)]
 mod batch_tests;
+#[cfg(test)]
+mod embed_batch_tests;
 pub mod tokenizer;
 pub mod weights;
 
