@@ -594,7 +594,7 @@ pub struct BurnLlamaSession {
 }
 
 impl BurnLlamaSession {
-    /// Whether `tokens` at `pos` may run on this session.
+    /// Whether `tokens` at `pos` may run next.
     fn check(&self, tokens: &[u32], pos: usize) -> ExResult<()> {
         let cfg = &self.w.cfg;
         if self.failed {
