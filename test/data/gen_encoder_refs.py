@@ -204,17 +204,24 @@ def token_ids(model, texts):
     return [ids[i][mask[i].bool()].tolist() for i in range(len(texts))]
 
 
+def fresh_dirs(name, seed):
+    """Empty `<name>.raw` (the transformers save) and `<name>` (the output) directories, and the
+    torch seed the model's random weights are drawn with."""
+    raw = os.path.join(OUT_DIR, name + ".raw")
+    out = os.path.join(OUT_DIR, name)
+    shutil.rmtree(raw, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    torch.manual_seed(seed)
+    return raw, out
+
+
 def embedding_model(name, arch, tokenizer, pooling, dense=None, normalize=True, legacy_pooling=None, seed=0):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
     from transformers import AutoModel
 
     tok, specials = tokenizer
-    raw = os.path.join(OUT_DIR, name + ".raw")
-    out = os.path.join(OUT_DIR, name)
-    shutil.rmtree(raw, ignore_errors=True)
-    shutil.rmtree(out, ignore_errors=True)
-    torch.manual_seed(seed)
+    raw, out = fresh_dirs(name, seed)
     model = widen(AutoModel.from_config(config(arch, tok.get_vocab_size())), seed)
     model.save_pretrained(raw)
     save_tokenizer(tok, raw, specials)
@@ -297,11 +304,7 @@ def reranker(name, arch, tokenizer, seed):
     from transformers import AutoModelForSequenceClassification
 
     tok, specials = tokenizer
-    raw = os.path.join(OUT_DIR, name + ".raw")
-    out = os.path.join(OUT_DIR, name)
-    shutil.rmtree(raw, ignore_errors=True)
-    shutil.rmtree(out, ignore_errors=True)
-    torch.manual_seed(seed)
+    raw, out = fresh_dirs(name, seed)
     model = widen(AutoModelForSequenceClassification.from_config(config(arch, tok.get_vocab_size(), num_labels=1)), seed)
     with torch.no_grad():
         # a head wide enough that the documents' scores spread over the sigmoid

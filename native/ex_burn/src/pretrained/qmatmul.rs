@@ -3,7 +3,7 @@
 //! registers. Formats other than Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K, and other devices,
 //! keep the dequantised f32 tensors.
 
-use crate::kernels::cpu::quant::{matmul_rows, BLOCK};
+use crate::kernels::cpu::quant::matmul_rows;
 pub use crate::kernels::cpu::quant::{dequantise_row, QFormat};
 
 /// A row-major `[rows, cols]` matrix in GGML blocks (PyTorch's `[out_features, in_features]`).
@@ -106,17 +106,6 @@ impl QStack {
     }
 }
 
-/// `x @ Wᵀ` for f32 `w` of `rows` rows of `cols` values (PyTorch's `[out, in]`, row-major) and
-/// `x` of `m` rows: `m` rows of `rows` values; `None` unless `cols` is a multiple of 32.
-pub fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], m: usize) -> Option<Vec<f32>> {
-    if !cols.is_multiple_of(BLOCK) || w.len() != rows * cols {
-        return None;
-    }
-    let bytes: &[u8] = bytemuck::cast_slice(w);
-    let row_bytes = cols * 4;
-    Some(matmul_rows(rows, cols, x, m, false, |r| (QFormat::F32, &bytes[r * row_bytes..(r + 1) * row_bytes])))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,24 +172,6 @@ mod tests {
             }
             col += r;
         }
-    }
-
-    #[test]
-    fn f32_rows_equal_an_f64_product_and_refuse_other_widths() {
-        for (rows, cols, m) in [(1, 32, 1), (384, 384, 16), (1536, 384, 7), (5, 1536, 33)] {
-            let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.1).collect();
-            let x = inputs(m, cols);
-            let got = matmul_f32(&w, rows, cols, &x, m).unwrap();
-            for i in 0..m {
-                for j in 0..rows {
-                    let want: f64 = (0..cols).map(|c| w[j * cols + c] as f64 * x[i * cols + c] as f64).sum();
-                    let g = got[i * rows + j] as f64;
-                    assert!((g - want).abs() <= 1e-5 * (1.0 + want.abs()) * (cols as f64).sqrt(), "{rows}x{cols} m={m} [{i},{j}]: {g} vs {want}");
-                }
-            }
-        }
-        assert!(matmul_f32(&[0.0; 48], 1, 48, &[0.0; 48], 1).is_none());
-        assert!(matmul_f32(&[0.0; 64], 1, 32, &[0.0; 32], 1).is_none());
     }
 
     #[test]

@@ -49,9 +49,8 @@ pub enum QFormat {
     Q4_1,
     /// `d: f16, qs: [i8; 32]`, `w = d·q`.
     Q8_0,
-    /// Plain f32 rows (blocks of 32 values, nothing to decode): the same kernel serves f32
-    /// weights where few activation rows make a general matmul's packing of the weights its
-    /// main cost (`matmul_f32`).
+    /// Plain f32 rows (blocks of 32 values, nothing to decode): a stack's f32 parts run through
+    /// the same driver as its quantised ones.
     F32,
     /// `d: f16, qh: u32, qs: [u8; 16]`, `w = d·(q − 16)` with 5-bit `q` (bit `i` of `qh` is value
     /// `i`'s fifth bit).
