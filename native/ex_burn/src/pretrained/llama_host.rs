@@ -171,12 +171,12 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mu
     let f = cfg.ffn;
     let gu = b.gate_up.matmul(&rms_norm(x, b.ffn_norm, cfg.rms_eps), s);
     let mut act = vec![0f32; s * f];
-    for (row, a) in gu.chunks_exact(2 * f).zip(act.chunks_exact_mut(f)) {
-        let (gate, up) = row.split_at(f);
+    par_chunks_for(&mut act, f, 8 * s * f, |t, a| {
+        let (gate, up) = gu[2 * f * t..2 * f * (t + 1)].split_at(f);
         for ((a, g), u) in a.iter_mut().zip(gate).zip(up) {
             *a = g / (1.0 + (-g).exp()) * u;
         }
-    }
+    });
     for (x, d) in x.iter_mut().zip(b.down.matmul(&act, s)) {
         *x += d;
     }

@@ -3,36 +3,80 @@
 //! registers. Formats other than Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K, and other devices,
 //! keep the dequantised f32 tensors.
 
-use crate::kernels::cpu::quant::matmul_rows;
+use crate::kernels::cpu::quant::packed::{self, LANES};
+use crate::kernels::cpu::quant::{matmul_units, Rows};
 pub use crate::kernels::cpu::quant::{dequantise_row, QFormat};
 
-/// A row-major `[rows, cols]` matrix in GGML blocks (PyTorch's `[out_features, in_features]`).
+/// A `[rows, cols]` matrix in GGML blocks (PyTorch's `[out_features, in_features]`): rows in
+/// groups of eight where the kernels take the format so (`packed`), else row-major.
 pub struct QMatrix {
     pub format: QFormat,
     pub rows: usize,
     pub cols: usize,
+    grouped: bool,
     data: Vec<u8>,
 }
 
 impl QMatrix {
     /// `None` when the bytes do not hold `rows` rows of `cols / format.block_values()` blocks.
     pub fn new(format: QFormat, rows: usize, cols: usize, data: Vec<u8>) -> Option<QMatrix> {
+        let mut at = 0;
+        QMatrix::read(format, rows, cols, |buf| {
+            let end = at + buf.len();
+            buf.copy_from_slice(data.get(at..end).ok_or(())?);
+            at = end;
+            Ok::<(), ()>(())
+        })
+        .ok()
+        .filter(|_| at == data.len())
+    }
+
+    /// The matrix from `read`, which fills each buffer it is given with the next GGML bytes:
+    /// eight rows at a time where they are regrouped, so that a load holds one copy of the
+    /// weights. `Err` when the columns are not whole blocks, or from `read`.
+    pub fn read<E>(format: QFormat, rows: usize, cols: usize, mut read: impl FnMut(&mut [u8]) -> Result<(), E>) -> Result<QMatrix, Option<E>> {
         let per = format.block_values();
-        (cols % per == 0 && data.len() == rows * (cols / per) * format.block_bytes()).then_some(QMatrix { format, rows, cols, data })
+        if cols % per != 0 {
+            return Err(None);
+        }
+        let row_bytes = cols / per * format.block_bytes();
+        if !packed::packs(format) {
+            let mut data = vec![0u8; rows * row_bytes];
+            read(&mut data).map_err(Some)?;
+            return Ok(QMatrix { format, rows, cols, grouped: false, data });
+        }
+        let group = packed::group_bytes(format, cols);
+        let (mut data, mut raw) = (vec![0u8; rows.div_ceil(LANES) * group], vec![0u8; LANES * row_bytes]);
+        for (g, out) in data.chunks_exact_mut(group).enumerate() {
+            let n = (rows - g * LANES).min(LANES);
+            read(&mut raw[..n * row_bytes]).map_err(Some)?;
+            packed::pack(format, n, cols, &raw[..n * row_bytes], out);
+        }
+        Ok(QMatrix { format, rows, cols, grouped: true, data })
     }
 
-    fn row_bytes(&self) -> usize {
-        self.cols / self.format.block_values() * self.format.block_bytes()
-    }
-
-    fn row(&self, r: usize) -> &[u8] {
-        let n = self.row_bytes();
-        &self.data[r * n..(r + 1) * n]
+    /// Rows `first..first + 8` (fewer at the end): a unit of the matmul.
+    fn unit(&self, first: usize) -> Rows<'_> {
+        let rows = (self.rows - first).min(LANES);
+        if self.grouped {
+            let n = packed::group_bytes(self.format, self.cols);
+            let g = first / LANES;
+            Rows::Grouped { format: self.format, group: &self.data[g * n..(g + 1) * n], rows }
+        } else {
+            let n = self.cols / self.format.block_values() * self.format.block_bytes();
+            Rows::Plain { format: self.format, data: &self.data[first * n..(first + rows) * n], rows }
+        }
     }
 
     /// Row `r` dequantised into `out` (`cols` values): an embedding lookup.
     pub fn dequantise_row(&self, r: usize, out: &mut [f32]) {
-        dequantise_row(self.format, self.row(r), out)
+        match self.unit(r - r % LANES) {
+            Rows::Grouped { group, .. } => packed::dequantise_lane(self.format, group, r % LANES, out),
+            Rows::Plain { data, rows, .. } => {
+                let n = data.len() / rows;
+                dequantise_row(self.format, &data[r % LANES * n..(r % LANES + 1) * n], out)
+            }
+        }
     }
 
     pub fn bytes(&self) -> usize {
@@ -46,13 +90,16 @@ pub struct QStack {
     parts: Vec<QMatrix>,
     cols: usize,
     rows: usize,
+    /// Each unit's part and first row: eight rows a unit, fewer at the end of a part.
+    units: Vec<(usize, usize)>,
 }
 
 impl QStack {
     /// `None` when the parts' columns differ or there are none.
     pub fn new(parts: Vec<QMatrix>) -> Option<QStack> {
         let cols = parts.first()?.cols;
-        parts.iter().all(|p| p.cols == cols).then(|| QStack { rows: parts.iter().map(|p| p.rows).sum(), cols, parts })
+        let units = parts.iter().enumerate().flat_map(|(i, p)| (0..p.rows).step_by(LANES).map(move |r| (i, r))).collect();
+        parts.iter().all(|p| p.cols == cols).then(|| QStack { rows: parts.iter().map(|p| p.rows).sum(), cols, parts, units })
     }
 
     pub fn rows(&self) -> usize {
@@ -72,9 +119,9 @@ impl QStack {
     /// `x @ Wᵀ` for `x` of `m` rows of `cols` values: `m` rows of `rows` values.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         let quantised = self.parts.iter().any(|p| p.format != QFormat::F32);
-        matmul_rows(self.rows, self.cols, x, m, quantised, |r| {
-            let (w, row) = self.locate(r);
-            (w.format, w.row(row))
+        matmul_units(self.rows, self.cols, x, m, quantised, self.units.len(), |u| {
+            let (part, first) = self.units[u];
+            self.parts[part].unit(first)
         })
     }
 

@@ -319,12 +319,15 @@ impl Gguf {
         if !cols.is_multiple_of(info.ggml_dtype.block_size()) {
             return Ok(None);
         }
-        let mut raw = vec![0u8; Self::byte_len(info.ggml_dtype, rows * cols)];
         let start = self.content.tensor_data_offset + info.offset;
         let read_err = |e: std::io::Error| errors::io(&self.path, e);
         self.file.seek(SeekFrom::Start(start)).map_err(read_err)?;
-        self.file.read_exact(&mut raw).map_err(read_err)?;
-        Ok(QMatrix::new(format, rows, cols, raw))
+        let file = &mut self.file;
+        match QMatrix::read(format, rows, cols, |buf| file.read_exact(buf)) {
+            Ok(m) => Ok(Some(m)),
+            Err(Some(e)) => Err(read_err(e)),
+            Err(None) => Ok(None),
+        }
     }
 }
 

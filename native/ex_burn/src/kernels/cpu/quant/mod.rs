@@ -5,10 +5,11 @@
 //! bandwidth and holds several times its file's size in memory (guides/pretrained.md).
 //!
 //! Quantised rows take llama.cpp's route: each activation row is quantised to 8 bits per block of
-//! 32 (`q8`), and a block's products are summed in integers (`int_dots`: `maddubs` on AVX2 and
-//! AVX-512BW, `dpbusd` with VNNI), then scaled once per block. The activations' rounding adds at
-//! most `amax/254` per value of a block (`amax` its largest magnitude), the bound the tests check
-//! against an f64 product of the dequantised weights.
+//! 32 (`q8`), and a block's products are summed in integers (`maddubs` on AVX2, `dpbusd` with
+//! VNNI), then scaled once per block. The weights are kept with eight rows interleaved
+//! (`packed`), so a block gives eight rows' sums in one register. The activations' rounding adds
+//! at most `amax/254` per value of a block (`amax` its largest magnitude), the bound the tests
+//! check against an f64 product of the dequantised weights.
 //!
 //! The k-quants' super-blocks of 256 hold sub-blocks of 32 (Q4_K: own 6-bit scale and min) or 16
 //! (Q6_K: own 8-bit scale) that start on the activations' 32-blocks, so each activation block
@@ -21,17 +22,17 @@
 //! than the product when the activations are a few rows.
 
 mod f32_dots;
-mod int_dots;
+mod isa;
+pub mod packed;
 #[cfg(target_arch = "x86_64")]
-mod int_avx2;
-#[cfg(target_arch = "x86_64")]
-mod int_avx512;
+mod packed_avx2;
 mod q8;
 
 use burn::tensor::f16;
 use candle_core::quantized::GgmlDType;
 
 use crate::kernels::cpu::vector::{par_chunks_for, simd};
+use packed::LANES;
 pub use q8::Q8Rows;
 
 /// Values per GGML block, and per sub-block of the k-quants' super-blocks: the unit of every
@@ -187,15 +188,9 @@ impl QFormat {
                 (0..BLOCK).for_each(|j| out[j] = ((qs[j] >> shift) & 0x0f) as i32);
             }
             QFormat::Q6_K => {
-                // sub-block `s` of the half `s / 4`: low nibbles of `ql` (the half's first or
-                // second 32 bytes, low or high nibble) and two bits of `qh`
-                let (half, c) = (s / 4, s % 4);
-                let ql = &b[64 * half + 32 * (c % 2)..];
-                let qh = &b[128 + 32 * half..];
-                let scales = &b[192 + 8 * half + 2 * c..];
-                for j in 0..BLOCK {
-                    let q = ((ql[j] >> (4 * (c / 2))) & 0x0f) | (((qh[j] >> (2 * c)) & 3) << 4);
-                    out[j] = scales[j / 16] as i8 as i32 * (q as i32 - 32);
+                for (j, o) in out.iter_mut().enumerate() {
+                    let (sc, q) = q6_k_quant(b, s, j);
+                    *o = sc * (q as i32 - 32);
                 }
             }
             QFormat::F32 => unreachable!("f32 rows take f32_dots"),
@@ -226,6 +221,17 @@ impl QFormat {
             _ => unreachable!("f32 activations meet Q4_0, Q4_1, Q8_0 and f32 rows only"),
         }
     }
+}
+
+/// Q6_K's value `j` of sub-block `s`: its scale (one per 16 values) and 6-bit quant. Sub-block
+/// `s` of the half `s / 4` takes the low or high nibbles of the half's first or second 32 bytes
+/// of `ql`, and two bits of `qh`.
+#[inline(always)]
+pub(super) fn q6_k_quant(b: &[u8], s: usize, j: usize) -> (i32, u8) {
+    let (half, c) = (s / 4, s % 4);
+    let low = (b[64 * half + 32 * (c % 2) + j] >> (4 * (c / 2))) & 0x0f;
+    let high = (b[128 + 32 * half + j] >> (2 * c)) & 3;
+    (b[192 + 2 * s + j / 16] as i8 as i32, low | high << 4)
 }
 
 #[inline(always)]
@@ -263,61 +269,80 @@ pub fn dequantise_row(format: QFormat, row: &[u8], out: &mut [f32]) {
     }
 }
 
-/// `x @ Wᵀ` for `x` of `m` rows of `k` values and `n` weight rows of `k` values, row `r` as
-/// `row(r)`'s format and bytes: `m` rows of `n` values. `quantised` says whether any row is in a
-/// quantised format (then the activations are quantised once, for all of them).
-pub fn matmul_rows<'a>(n: usize, k: usize, x: &[f32], m: usize, quantised: bool, row: impl Fn(usize) -> (QFormat, &'a [u8]) + Sync) -> Vec<f32> {
+/// Up to eight weight rows of one format: the unit `matmul_units` hands to a task.
+#[derive(Clone, Copy)]
+pub enum Rows<'a> {
+    /// A group in `packed`'s layout, of which the first `rows` lanes are rows.
+    Grouped { format: QFormat, group: &'a [u8], rows: usize },
+    /// `rows` GGML rows, one after another: f32 rows, which meet f32 activations.
+    Plain { format: QFormat, data: &'a [u8], rows: usize },
+}
+
+impl Rows<'_> {
+    pub fn rows(&self) -> usize {
+        match self {
+            Rows::Grouped { rows, .. } | Rows::Plain { rows, .. } => *rows,
+        }
+    }
+}
+
+/// `x @ Wᵀ` for `x` of `m` rows of `k` values and `n` weight rows of `k` values given as `units`
+/// units of up to eight rows (`unit(u)`, in order): `m` rows of `n` values. `quantised` says
+/// whether any row is in a quantised format (then the activations are quantised once, for all
+/// of them).
+pub fn matmul_units<'a>(n: usize, k: usize, x: &[f32], m: usize, quantised: bool, units: usize, unit: impl Fn(usize) -> Rows<'a> + Sync) -> Vec<f32> {
     assert_eq!(x.len(), m * k, "qmatmul: x holds {} values, not {m} rows of {k}", x.len());
     if m == 0 || n == 0 {
         return vec![0.0; m * n];
     }
-    let (level, isa) = (simd(), int_dots::IntIsa::best());
+    let (level, isa) = (simd(), isa::IntIsa::best());
     let acts = quantised.then(|| Q8Rows::quantise(x, k));
-    // computed transposed, `[n, m]`, so each task owns a run of weight rows. Tasks of about
-    // 128K multiply-adds: fewer hand-offs between the threads than smaller ones, and larger
+    // computed transposed, eight rows `[8, m]` a unit, so each task owns a run of units. Tasks of
+    // about 128K multiply-adds: fewer hand-offs between the threads than smaller ones, and larger
     // ones gain nothing (guides/pretrained.md)
-    let mut out_t = vec![0f32; n * m];
-    let tile = ((1 << 17) / (k * m).max(1)).clamp(1, 256);
-    par_chunks_for(&mut out_t, tile * m, n * k * m.min(f32_dots::ROWS), |t, piece| {
-        let first = t * tile;
-        let mut done = 0;
-        // one activation row (a decoding step): four 4-bit weight rows a call where they share a
-        // format. Q8_0's blocks are twice the bytes, and read from memory four rows at a time
-        // they measure slower than one row at a time (bench: `quant_kernel_timing`).
-        if let (1, Some(a)) = (m, &acts) {
-            while done + 4 <= piece.len() {
-                let rows = [row(first + done), row(first + done + 1), row(first + done + 2), row(first + done + 3)];
-                let f = rows[0].0;
-                if !matches!(f, QFormat::Q4_0 | QFormat::Q4_1) || rows.iter().any(|r| r.0 != f) {
-                    break;
+    let mut out_t = vec![0f32; units * LANES * m];
+    let tile = ((1 << 17) / (k * m * LANES).max(1)).clamp(1, 32);
+    par_chunks_for(&mut out_t, tile * LANES * m, n * k * m.min(f32_dots::ROWS), |t, piece| {
+        for (u, dst) in piece.chunks_exact_mut(LANES * m).enumerate() {
+            match unit(t * tile + u) {
+                Rows::Grouped { format, group, .. } => {
+                    let a = acts.as_ref().expect("grouped rows are quantised");
+                    let mut sums = [[0f32; LANES]; packed::ROWS];
+                    let mut r = 0;
+                    while r < m {
+                        let take = (m - r).min(packed::ROWS);
+                        packed::group_dots(isa, format, group, a, r, &mut sums[..take]);
+                        for (i, lanes) in sums[..take].iter().enumerate() {
+                            for (lane, v) in lanes.iter().enumerate() {
+                                dst[lane * m + r + i] = *v;
+                            }
+                        }
+                        r += take;
+                    }
                 }
-                int_dots::rows4_dots(isa, f, rows.map(|r| r.1), a, 0, &mut piece[done..done + 4]);
-                done += 4;
-            }
-        }
-        for (i, dst) in piece[done * m..].chunks_exact_mut(m).enumerate() {
-            let i = i + done;
-            let (format, w) = row(first + i);
-            let group = if format == QFormat::F32 { f32_dots::ROWS } else { int_dots::ROWS };
-            let mut r = 0;
-            while r < m {
-                let take = (m - r).min(group);
-                match &acts {
-                    Some(a) if format != QFormat::F32 => int_dots::row_dots(isa, format, w, a, r, &mut dst[r..r + take]),
-                    _ => f32_dots::row_dots(level, format, w, &x[r * k..(r + take) * k], k, &mut dst[r..r + take]),
+                Rows::Plain { format, data, rows } => {
+                    for (w, dst) in data.chunks_exact(data.len() / rows).zip(dst.chunks_exact_mut(m)) {
+                        for (r, dst) in (0..m).step_by(f32_dots::ROWS).zip(dst.chunks_mut(f32_dots::ROWS)) {
+                            f32_dots::row_dots(level, format, w, &x[r * k..(r + dst.len()) * k], k, dst);
+                        }
+                    }
                 }
-                r += take;
             }
         }
     });
-    if m == 1 {
+    if m == 1 && n == units * LANES {
         return out_t;
     }
     let mut out = vec![0f32; m * n];
-    for (j, col) in out_t.chunks_exact(m).enumerate() {
-        for (i, v) in col.iter().enumerate() {
-            out[i * n + j] = *v;
+    let mut col = 0;
+    for (u, lanes) in out_t.chunks_exact(LANES * m).enumerate() {
+        let rows = unit(u).rows();
+        for (l, values) in lanes.chunks_exact(m).take(rows).enumerate() {
+            for (i, v) in values.iter().enumerate() {
+                out[i * n + col + l] = *v;
+            }
         }
+        col += rows;
     }
     out
 }

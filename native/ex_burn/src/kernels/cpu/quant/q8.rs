@@ -2,6 +2,7 @@
 //! `d = amax/127` and `q = round(x/d)` in `-127..=127` (never -128, so a sign flip stays in i8).
 
 use super::BLOCK;
+use crate::kernels::cpu::vector::{par_chunks_for, simd, SharedMut, Simd};
 
 /// `rows` rows of `k` values (`k` a multiple of 32), quantised per block.
 pub struct Q8Rows {
@@ -19,24 +20,21 @@ impl Q8Rows {
     pub fn quantise(x: &[f32], k: usize) -> Q8Rows {
         assert!(k % BLOCK == 0 && x.len() % k.max(1) == 0, "q8: {} values are not rows of {k}, a multiple of {BLOCK}", x.len());
         let blocks = x.len() / BLOCK;
-        let (mut qs, mut d, mut ds) = (vec![0i8; x.len()], Vec::with_capacity(blocks), Vec::with_capacity(blocks));
-        for (xs, q) in x.chunks_exact(BLOCK).zip(qs.chunks_exact_mut(BLOCK)) {
-            let (mut amax, mut nan) = (0f32, false);
-            for v in xs {
-                amax = amax.max(v.abs());
-                nan |= v.is_nan();
+        let (mut qs, mut scales) = (vec![0i8; x.len()], vec![(0f32, 0f32); blocks]);
+        let avx2 = simd() >= Simd::Avx2;
+        let base = SharedMut(qs.as_mut_ptr());
+        // tasks of 1024 blocks
+        let per = 1024;
+        par_chunks_for(&mut scales, per, x.len(), |t, scales| {
+            let first = t * per;
+            // SAFETY: task `t` alone takes the quants of blocks `first..first + scales.len()`,
+            // inside `qs`, which outlives `par_chunks_for`.
+            let qs = unsafe { std::slice::from_raw_parts_mut(base.get().add(first * BLOCK), scales.len() * BLOCK) };
+            for (i, (q, s)) in qs.chunks_exact_mut(BLOCK).zip(scales.iter_mut()).enumerate() {
+                *s = quantise_block(&x[(first + i) * BLOCK..(first + i + 1) * BLOCK], q, avx2);
             }
-            let scale = if nan { f32::NAN } else { amax / 127.0 };
-            let inv = if scale > 0.0 && scale.is_finite() { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for (v, q) in xs.iter().zip(q.iter_mut()) {
-                let r = ((v * inv).round_ties_even() as i32).clamp(-127, 127);
-                *q = r as i8;
-                sum += r;
-            }
-            d.push(scale);
-            ds.push(scale * sum as f32);
-        }
+        });
+        let (d, ds) = scales.into_iter().unzip();
         Q8Rows { k, qs, d, ds }
     }
 
@@ -50,4 +48,51 @@ impl Q8Rows {
         let i = r * (self.k / BLOCK) + b;
         (&self.qs[i * BLOCK..(i + 1) * BLOCK], self.d[i], self.ds[i])
     }
+}
+
+/// One block's quants into `q`; its `d` and `d·Σq`.
+#[inline(always)]
+pub(super) fn quantise_block(xs: &[f32], q: &mut [i8], avx2: bool) -> (f32, f32) {
+    let (mut amax, mut nan) = (0f32, false);
+    for v in xs {
+        amax = amax.max(v.abs());
+        nan |= v.is_nan();
+    }
+    let scale = if nan { f32::NAN } else { amax / 127.0 };
+    let inv = if scale > 0.0 && scale.is_finite() { 1.0 / scale } else { 0.0 };
+    #[cfg(target_arch = "x86_64")]
+    if avx2 && inv > 0.0 {
+        // SAFETY: AVX2 was detected (`simd`); the block's values are finite, so the rounding
+        // and conversion meet no NaN or overflow and give the scalar loop's quants.
+        let sum = unsafe { avx2_block(xs, inv, q) };
+        return (scale, scale * sum as f32);
+    }
+    let _ = avx2;
+    let mut sum = 0i32;
+    for (v, q) in xs.iter().zip(q.iter_mut()) {
+        let r = ((v * inv).round_ties_even() as i32).clamp(-127, 127);
+        *q = r as i8;
+        sum += r;
+    }
+    (scale, scale * sum as f32)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn avx2_block(xs: &[f32], inv: f32, q: &mut [i8]) -> i32 {
+    use std::arch::x86_64::*;
+    let (mut sum, mut out) = (_mm256_setzero_si256(), [0i32; BLOCK]);
+    for j in 0..BLOCK / 8 {
+        let v = _mm256_mul_ps(_mm256_loadu_ps(xs.as_ptr().add(8 * j)), _mm256_set1_ps(inv));
+        let r = _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v));
+        let r = _mm256_max_epi32(_mm256_min_epi32(r, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+        sum = _mm256_add_epi32(sum, r);
+        _mm256_storeu_si256(out.as_mut_ptr().add(8 * j) as *mut __m256i, r);
+    }
+    for (q, r) in q.iter_mut().zip(out) {
+        *q = r as i8;
+    }
+    let mut lanes = [0i32; 8];
+    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum);
+    lanes.iter().sum()
 }

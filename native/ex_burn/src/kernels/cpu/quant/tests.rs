@@ -5,7 +5,8 @@
 use burn::tensor::f16;
 use candle_core::quantized::{ggml_file, GgmlDType};
 
-use super::int_dots::{row_dots, row_dots_scalar, rows4_dots, IntIsa, ROWS};
+use super::isa::IntIsa;
+use super::packed::{self, group_dots, group_dots_scalar, LANES};
 use super::{q8::Q8Rows, QFormat, BLOCK};
 use crate::kernels::cpu::vector::{simd, Simd};
 
@@ -117,166 +118,6 @@ fn rows_dequantise_to_candles_values() {
 }
 
 #[test]
-fn every_isa_path_equals_the_scalar_kernel_and_the_bound_holds() {
-    for f in QUANTISED {
-        // block counts odd and even (the AVX-512 pairs and the AVX2 tail), 1 to ROWS rows;
-        // super-blocks of 256 for the k-quants
-        let cases = [(3, 32, 1), (5, 64, 2), (4, 96, 3), (7, 128, 4), (2, 576, 4), (3, 1536, 1), (2, 160, 3), (3, 256, 2), (2, 768, 3), (5, 512, 4)];
-        for (rows, k, m) in cases.into_iter().filter(|c| c.1 % f.block_values() == 0) {
-            let data = random_blocks(f, rows, k, (rows * 131 + k + m) as u64);
-            let w = candle_dequantised(f, &data, rows, k);
-            let x = inputs(m, k);
-            let exact = f64_product(&w, rows, k, &x, m);
-            let a = Q8Rows::quantise(&x, k);
-            let row_bytes = k / f.block_values() * f.block_bytes();
-            for j in 0..rows {
-                let wr = &data[j * row_bytes..(j + 1) * row_bytes];
-                let mut want = vec![0f32; m];
-                row_dots_scalar(f, wr, &a, 0, &mut want);
-                for i in 0..m {
-                    let e = exact[i * rows + j];
-                    let bound = q8_bound(&w[j * k..(j + 1) * k], &x[i * k..(i + 1) * k]);
-                    assert!((want[i] as f64 - e).abs() <= bound, "{f:?} {rows}x{k} row {j} x{i}: {} vs {e} (bound {bound})", want[i]);
-                }
-                for isa in IntIsa::available() {
-                    for first in 0..m {
-                        let n = (m - first).min(ROWS);
-                        let mut got = vec![0f32; n];
-                        row_dots(isa, f, wr, &a, first, &mut got);
-                        for (i, g) in got.iter().enumerate() {
-                            let s = want[first + i];
-                            let scale: f64 = w[j * k..(j + 1) * k].iter().zip(&x[(first + i) * k..]).map(|(w, x)| (w * x).abs() as f64).sum();
-                            assert!((*g as f64 - s as f64).abs() <= 1e-5 * (1.0 + scale), "{f:?} {isa:?} {rows}x{k} row {j} x{}: {g} vs {s}", first + i);
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-#[test]
-fn four_weight_rows_at_once_equal_the_scalar_kernel() {
-    for f in QUANTISED {
-        for k in [32, 64, 96, 576, 256, 768].into_iter().filter(|k| k % f.block_values() == 0) {
-            let data = random_blocks(f, 4, k, k as u64 + 1);
-            let row_bytes = k / f.block_values() * f.block_bytes();
-            let ws: [&[u8]; 4] = std::array::from_fn(|j| &data[j * row_bytes..(j + 1) * row_bytes]);
-            let x = inputs(3, k);
-            let a = Q8Rows::quantise(&x, k);
-            let w = candle_dequantised(f, &data, 4, k);
-            for row in 0..3 {
-                // the sums' magnitude: f32 rounding scales with it where terms cancel
-                let scale: [f32; 4] = std::array::from_fn(|j| (0..k).map(|c| (w[j * k + c] * x[row * k + c]).abs()).sum());
-                let mut want = [0f32; 4];
-                for j in 0..4 {
-                    row_dots_scalar(f, ws[j], &a, row, &mut want[j..j + 1]);
-                }
-                for isa in IntIsa::available() {
-                    let mut got = [0f32; 4];
-                    rows4_dots(isa, f, ws, &a, row, &mut got);
-                    // the same bits as the one-row kernel of the same path, alone or with others
-                    for j in 0..4 {
-                        let (mut one, mut among) = ([0f32], [0f32; 3]);
-                        row_dots(isa, f, ws[j], &a, row, &mut one);
-                        row_dots(isa, f, ws[j], &a, 0, &mut among);
-                        assert_eq!(got[j], one[0], "{f:?} {isa:?} k={k} x{row} w{j}: four-row kernel against one row");
-                        assert_eq!(got[j], among[row], "{f:?} {isa:?} k={k} x{row} w{j}: four-row kernel against three rows");
-                    }
-                    for j in 0..4 {
-                        assert!((got[j] - want[j]).abs() <= 1e-5 * (1.0 + scale[j]), "{f:?} {isa:?} k={k} x{row} w{j}: {} vs {}", got[j], want[j]);
-                    }
-                }
-            }
-        }
-    }
-}
-
-#[test]
-fn extreme_bytes_do_not_saturate() {
-    // Q8_0 weights of -128 and 127 against activations of ±127: the largest pair sums the i16
-    // step of `maddubs` meets
-    let k = 64;
-    let x: Vec<f32> = (0..k).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
-    let a = Q8Rows::quantise(&x, k);
-    assert!(a.qs.iter().all(|q| q.abs() == 127));
-    for fill in [0x80u8, 0x7f, 0xff] {
-        let mut data = Vec::new();
-        for _ in 0..k / BLOCK {
-            data.extend(f16::from_f32(0.5).to_bits().to_le_bytes());
-            data.extend(std::iter::repeat(fill).take(BLOCK));
-        }
-        let mut want = [0f32];
-        row_dots_scalar(QFormat::Q8_0, &data, &a, 0, &mut want);
-        let q = fill as i8 as f64;
-        let exact: f64 = x.iter().map(|v| 0.5 * q * (*v as f64) * (127.0 / 127.0)).sum();
-        assert!((want[0] as f64 - exact).abs() <= 1e-3 * exact.abs().max(1.0), "fill {fill:#x}: {} vs {exact}", want[0]);
-        for isa in IntIsa::available() {
-            let mut got = [0f32];
-            row_dots(isa, QFormat::Q8_0, &data, &a, 0, &mut got);
-            assert_eq!(got[0], want[0], "fill {fill:#x} {isa:?}");
-        }
-    }
-    // Q4 nibbles of 15 against +127 everywhere
-    let x = vec![1.0f32; k];
-    let a = Q8Rows::quantise(&x, k);
-    let mut data = Vec::new();
-    for _ in 0..k / BLOCK {
-        data.extend(f16::from_f32(1.0).to_bits().to_le_bytes());
-        data.extend(f16::from_f32(0.0).to_bits().to_le_bytes());
-        data.extend(std::iter::repeat(0xffu8).take(16));
-    }
-    for isa in IntIsa::available() {
-        let mut got = [0f32];
-        row_dots(isa, QFormat::Q4_1, &data, &a, 0, &mut got);
-        assert_eq!(got[0], 15.0 * k as f32, "{isa:?}");
-    }
-}
-
-#[test]
-fn extreme_quants_and_scales_do_not_saturate() {
-    // every quant at its largest, scales at both ends, against activations of ±127
-    let k = 512;
-    let x: Vec<f32> = (0..k).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
-    let a = Q8Rows::quantise(&x, k);
-    for f in [QFormat::Q5_0, QFormat::Q5_1, QFormat::Q4_K, QFormat::Q6_K] {
-        for (fill, scale) in [(0xffu8, 1.0f32), (0xff, -1.0), (0x00, 1.0), (0x55, -0.5)] {
-            let mut data = Vec::new();
-            for _ in 0..k / f.block_values() {
-                let mut block = vec![fill; f.block_bytes()];
-                let d = f16::from_f32(scale).to_bits().to_le_bytes();
-                match f {
-                    QFormat::Q6_K => {
-                        block[192..208].fill(if scale < 0.0 { 0x80 } else { 0x7f });
-                        block[208..].copy_from_slice(&d);
-                    }
-                    QFormat::Q4_K => {
-                        block[..2].copy_from_slice(&d);
-                        block[2..4].copy_from_slice(&f16::from_f32(-scale).to_bits().to_le_bytes());
-                        block[4..16].fill(0xff);
-                    }
-                    _ => {
-                        block[..2].copy_from_slice(&d);
-                        if f == QFormat::Q5_1 {
-                            block[2..4].copy_from_slice(&f16::from_f32(-scale).to_bits().to_le_bytes());
-                        }
-                    }
-                }
-                data.extend(block);
-            }
-            let w = candle_dequantised(f, &data, 1, k);
-            let exact = f64_product(&w, 1, k, &x, 1)[0];
-            let magnitude: f64 = w.iter().map(|v| v.abs() as f64).sum();
-            for isa in IntIsa::available() {
-                let mut got = [0f32];
-                row_dots(isa, f, &data, &a, 0, &mut got);
-                assert!((got[0] as f64 - exact).abs() <= 1e-5 * magnitude.max(1.0), "{f:?} {fill:#x} {scale} {isa:?}: {} vs {exact}", got[0]);
-            }
-        }
-    }
-}
-
-#[test]
 fn activations_round_to_their_block_grid_and_specials_poison_their_block() {
     let k = 64;
     let x = inputs(1, k);
@@ -301,15 +142,42 @@ fn activations_round_to_their_block_grid_and_specials_poison_their_block() {
         for special in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             x[40] = special;
             let a = Q8Rows::quantise(&x, k);
+            let group = grouped(f, 1, k, &data);
             for isa in IntIsa::available() {
-                let mut got = [0f32];
-                row_dots(isa, f, &data, &a, 0, &mut got);
-                assert!(!got[0].is_finite(), "{f:?} {special} {isa:?}: {}", got[0]);
-                let mut four = [0f32; 4];
-                rows4_dots(isa, f, [&data[..], &data[..], &data[..], &data[..]], &a, 0, &mut four);
-                assert!(four.iter().all(|v| !v.is_finite()), "{f:?} {special} {isa:?}: {four:?}");
+                let mut out = [[0f32; LANES]];
+                group_dots(isa, f, &group, &a, 0, &mut out);
+                assert!(!out[0][0].is_finite(), "{f:?} {special} {isa:?}: {}", out[0][0]);
             }
         }
+    }
+}
+
+#[test]
+fn activations_round_alike_on_every_path_and_in_parallel() {
+    // ties at every half step of the grid, both signs, zeros, and ordinary values
+    let mut x: Vec<f32> = (0..64 * BLOCK).map(|i| ((i as f32) * 0.731).sin() * 3.0).collect();
+    for b in 0..8 {
+        let block = &mut x[b * BLOCK..(b + 1) * BLOCK];
+        block[0] = 127.0;
+        for (j, v) in block.iter_mut().enumerate().skip(1) {
+            *v = (j as f32 - 16.0) + 0.5 * (b % 2) as f32;
+        }
+    }
+    x[9 * BLOCK..10 * BLOCK].fill(0.0);
+    for b in 0..64 {
+        let xs = &x[b * BLOCK..(b + 1) * BLOCK];
+        let (mut scalar, mut simd_q) = ([0i8; BLOCK], [0i8; BLOCK]);
+        let want = super::q8::quantise_block(xs, &mut scalar, false);
+        let got = super::q8::quantise_block(xs, &mut simd_q, simd() >= Simd::Avx2);
+        assert_eq!((scalar, want.0.to_bits(), want.1.to_bits()), (simd_q, got.0.to_bits(), got.1.to_bits()), "block {b}");
+    }
+    // many rows (the parallel split) give each block's own quants
+    let many: Vec<f32> = (0..300 * 576).map(|i| ((i as f32) * 0.123).cos() * 5.0).collect();
+    let a = Q8Rows::quantise(&many, 576);
+    for b in (0..many.len() / BLOCK).step_by(97) {
+        let mut q = [0i8; BLOCK];
+        let (d, ds) = super::q8::quantise_block(&many[b * BLOCK..(b + 1) * BLOCK], &mut q, false);
+        assert_eq!((&a.qs[b * BLOCK..(b + 1) * BLOCK], a.d[b], a.ds[b]), (&q[..], d, ds), "block {b}");
     }
 }
 
@@ -354,53 +222,166 @@ fn quant_kernel_timing() {
     for (f, rows) in QUANTISED.into_iter().flat_map(|f| [(f, 1536), (f, 65536)]) {
         // SmolLM2's widths: 576, and 1536 (its down projection) for the k-quants
         let k = if f.block_values() > BLOCK { 1536 } else { 576 };
-        println!("{f:?} [{rows}, {k}]:");
         let data = random_blocks(f, rows, k, 5);
+        let (g, gb) = (grouped(f, rows, k, &data), packed::group_bytes(f, k));
         let row_bytes = k / f.block_values() * f.block_bytes();
         for m in [1, 4] {
             let x = inputs(m, k);
             let a = Q8Rows::quantise(&x, k);
-            let mut out = vec![0f32; m];
-            let mut time = |isa: Option<IntIsa>| {
-                let reps = (40 * 1536 / rows).max(2);
+            let reps = (40 * 1536 / rows).max(2);
+            let per_block = |t0: u128| (thread_cpu_ns() - t0) as f64 / (reps * rows * k / BLOCK) as f64;
+            // f32 activations decode the 32-value formats of old only
+            let fl = if matches!(f, QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q8_0) {
+                let mut out = vec![0f32; m];
                 let t0 = thread_cpu_ns();
                 for _ in 0..reps {
-                    for j in 0..rows {
-                        let w = &data[j * row_bytes..(j + 1) * row_bytes];
-                        if let Some(isa) = isa {
-                            row_dots(isa, f, w, &a, 0, &mut out);
-                        } else {
-                            super::f32_dots::row_dots(simd(), f, w, &x, k, &mut out);
-                        }
+                    for w in data.chunks_exact(row_bytes) {
+                        super::f32_dots::row_dots(simd(), f, w, &x, k, &mut out);
                     }
                 }
                 std::hint::black_box(&out);
-                (thread_cpu_ns() - t0) as f64 / (reps * rows * k / BLOCK) as f64
+                per_block(t0)
+            } else {
+                f64::NAN
             };
-            // f32 activations decode the 32-value formats of old only
-            let fl = if matches!(f, QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q8_0) { time(None) } else { f64::NAN };
-            if m == 1 {
-                let fours: Vec<String> = IntIsa::available()
-                    .into_iter()
-                    .skip(1)
-                    .map(|isa| {
-                        let reps = (40 * 1536 / rows).max(2);
-                        let mut out4 = [0f32; 4];
-                        let t0 = thread_cpu_ns();
-                        for _ in 0..reps {
-                            for j in (0..rows).step_by(4) {
-                                let ws: [&[u8]; 4] = std::array::from_fn(|i| &data[(j + i) * row_bytes..(j + i + 1) * row_bytes]);
-                                rows4_dots(isa, f, ws, &a, 0, &mut out4);
+            let ints: Vec<String> = IntIsa::available()
+                .into_iter()
+                .map(|isa| {
+                    let mut sums = [[0f32; LANES]; 4];
+                    let t0 = thread_cpu_ns();
+                    for _ in 0..reps {
+                        for group in g.chunks_exact(gb) {
+                            group_dots(isa, f, group, &a, 0, &mut sums[..m]);
+                        }
+                    }
+                    std::hint::black_box(&sums);
+                    format!("{isa:?} {:.2}", per_block(t0))
+                })
+                .collect();
+            println!("{f:?} [{rows}, {k}] m={m}: ns per weight block: f32 activations ({:?}) {fl:.2}; grouped q8 integer {}; layers use {:?}", simd(), ints.join(", "), IntIsa::best());
+        }
+    }
+}
+
+/// `rows` GGML rows in groups of eight.
+pub(crate) fn grouped(f: QFormat, rows: usize, cols: usize, data: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; rows.div_ceil(LANES) * packed::group_bytes(f, cols)];
+    packed::pack(f, rows, cols, data, &mut out);
+    out
+}
+
+/// The formats kept in groups.
+fn grouped_formats() -> Vec<QFormat> {
+    QUANTISED.into_iter().filter(|f| packed::packs(*f)).collect()
+}
+
+#[test]
+fn grouped_rows_hold_the_ggml_rows() {
+    for f in grouped_formats() {
+        // 13 rows: a second group with three rows and five zero lanes
+        let (rows, k) = (13, 512);
+        let data = random_blocks(f, rows, k, 41);
+        let g = grouped(f, rows, k, &data);
+        let (gb, row_bytes, subs) = (packed::group_bytes(f, k), k / f.block_values() * f.block_bytes(), f.sub_blocks());
+        let want = candle_dequantised(f, &data, rows, k);
+        let (mut q, mut pq) = ([0i32; BLOCK], [0i32; BLOCK]);
+        let mut row = vec![0f32; k];
+        for r in 0..2 * LANES {
+            let group = &g[r / LANES * gb..(r / LANES + 1) * gb];
+            packed::dequantise_lane(f, group, r % LANES, &mut row);
+            if r >= rows {
+                assert!(row.iter().all(|v| *v == 0.0), "{f:?} padding lane {r}");
+                continue;
+            }
+            assert_eq!(row, want[r * k..(r + 1) * k], "{f:?} row {r}");
+            for (b, (blk, src)) in group.chunks_exact(packed::block_bytes(f)).zip(data[r * row_bytes..].chunks_exact(f.block_bytes())).enumerate() {
+                for s in 0..subs {
+                    assert_eq!(packed::sub_header(f, blk, r % LANES, s), f.sub_header(src, s), "{f:?} row {r} block {b}.{s}");
+                    packed::int_quants(f, blk, r % LANES, s, &mut pq);
+                    f.int_quants(src, s, &mut q);
+                    assert_eq!(pq, q, "{f:?} row {r} block {b}.{s}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn grouped_kernels_give_the_scalar_bits_on_every_path_and_the_bound_holds() {
+    for f in grouped_formats() {
+        let cases = [(8, 32, 1), (13, 64, 2), (5, 96, 3), (16, 128, 4), (8, 576, 4), (3, 1536, 1), (9, 256, 2), (8, 768, 3), (11, 512, 4)];
+        for (rows, k, m) in cases.into_iter().filter(|c| c.1 % f.block_values() == 0) {
+            let data = random_blocks(f, rows, k, (rows * 7 + k + m) as u64);
+            let g = grouped(f, rows, k, &data);
+            let gb = packed::group_bytes(f, k);
+            let w = candle_dequantised(f, &data, rows, k);
+            let x = inputs(m, k);
+            let exact = f64_product(&w, rows, k, &x, m);
+            let a = Q8Rows::quantise(&x, k);
+            for (gi, group) in g.chunks_exact(gb).enumerate() {
+                let mut want = vec![[0f32; LANES]; m];
+                group_dots_scalar(f, group, &a, 0, &mut want);
+                for (i, lanes) in want.iter().enumerate() {
+                    for (lane, v) in lanes.iter().enumerate().take(rows - gi * LANES) {
+                        let j = gi * LANES + lane;
+                        let e = exact[i * rows + j];
+                        let bound = q8_bound(&w[j * k..(j + 1) * k], &x[i * k..(i + 1) * k]);
+                        assert!((*v as f64 - e).abs() <= bound, "{f:?} {rows}x{k} row {j} x{i}: {v} vs {e} (bound {bound})");
+                    }
+                }
+                for isa in IntIsa::available() {
+                    // every count of activation rows from every first row: the same bits
+                    for first in 0..m {
+                        for n in 1..=(m - first).min(packed::ROWS) {
+                            let mut got = vec![[0f32; LANES]; n];
+                            group_dots(isa, f, group, &a, first, &mut got);
+                            for (i, lanes) in got.iter().enumerate() {
+                                assert_eq!(lanes.map(f32::to_bits), want[first + i].map(f32::to_bits), "{f:?} {isa:?} {rows}x{k} group {gi} x{}", first + i);
                             }
                         }
-                        std::hint::black_box(&out4);
-                        format!("{isa:?} {:.2}", (thread_cpu_ns() - t0) as f64 / (reps * rows * k / BLOCK) as f64)
-                    })
-                    .collect();
-                println!("{f:?} m=1, four weight rows a call: {}", fours.join(", "));
+                    }
+                }
             }
-            let ints: Vec<String> = IntIsa::available().into_iter().skip(1).map(|isa| format!("{isa:?} {:.2}", time(Some(isa)))).collect();
-            println!("{f:?} m={m}: ns per weight block: f32 activations ({:?}) {fl:.2}; q8 integer {}; layers use {:?}", simd(), ints.join(", "), IntIsa::best());
+        }
+    }
+}
+
+#[test]
+fn grouped_extremes_do_not_saturate() {
+    // every byte of the blocks at 0x00, 0x80, 0x7f or 0xff (scales aside), against activations
+    // of ±127: the largest i16 sums `maddubs` and the word sums meet
+    let k = 512;
+    for x in [vec![1.0f32; k], (0..k).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect()] {
+        let a = Q8Rows::quantise(&x, k);
+        for f in grouped_formats() {
+            for (fill, scale) in [(0xffu8, 1.0f32), (0x80, -1.0), (0x7f, 0.5), (0x00, 1.0)] {
+                let mut data = Vec::new();
+                for _ in 0..LANES * k / f.block_values() {
+                    let mut block = vec![fill; f.block_bytes()];
+                    if f == QFormat::Q6_K {
+                        block[192..208].fill(if scale < 0.0 { 0x80 } else { 0x7f });
+                        block[208..].copy_from_slice(&f16::from_f32(scale).to_bits().to_le_bytes());
+                        data.extend(block);
+                        continue;
+                    }
+                    block[..2].copy_from_slice(&f16::from_f32(scale).to_bits().to_le_bytes());
+                    if matches!(f, QFormat::Q4_1 | QFormat::Q5_1 | QFormat::Q4_K) {
+                        block[2..4].copy_from_slice(&f16::from_f32(-scale).to_bits().to_le_bytes());
+                    }
+                    data.extend(block);
+                }
+                let g = grouped(f, LANES, k, &data);
+                let w = candle_dequantised(f, &data, LANES, k);
+                let exact = f64_product(&w, LANES, k, &x, 1);
+                for isa in IntIsa::available() {
+                    let mut got = [[0f32; LANES]];
+                    group_dots(isa, f, &g, &a, 0, &mut got);
+                    for j in 0..LANES {
+                        let magnitude: f64 = w[j * k..(j + 1) * k].iter().map(|v| v.abs() as f64).sum();
+                        assert!((got[0][j] as f64 - exact[j]).abs() <= 1e-5 * magnitude.max(1.0), "{f:?} {fill:#x} {scale} {isa:?} row {j}: {} vs {}", got[0][j], exact[j]);
+                    }
+                }
+            }
         }
     }
 }
