@@ -7,7 +7,7 @@
 //! The same arithmetic as the tensor path (`burn_llama`), which the tests hold it to.
 
 use super::qmatmul::QStack;
-use crate::kernels::cpu::vector::par_chunks_for;
+use crate::kernels::cpu::vector::{exp_slice, par_chunks_for};
 
 /// The sizes a layer needs (from the model's `LlamaConfig`).
 pub(super) struct Shape {
@@ -144,20 +144,18 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mu
     par_chunks_for(&mut ctx, nh * dh, work, |t, ctx_t| {
         let (i, p) = at[t];
         let (kv, seen) = (kvs[i], p + 1);
-        let mut scores = Vec::with_capacity(seen);
+        let (mut scores, mut weights) = (Vec::with_capacity(seen), vec![0f32; seen]);
         for head in 0..nh {
             let (keys, values) = (&kv.k[head / group], &kv.v[head / group]);
             let qh = &q[(t * nh + head) * dh..(t * nh + head + 1) * dh];
             scores.clear();
             scores.extend(keys.chunks_exact(dh).take(seen).map(|k| dot(qh, k) * scale));
             let max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
-            let mut total = 0f32;
-            for v in scores.iter_mut() {
-                *v = (*v - max).exp();
-                total += *v;
-            }
+            scores.iter_mut().for_each(|v| *v -= max);
+            exp_slice(&scores, &mut weights);
+            let total = weights.iter().fold(0f32, |t, v| t + v);
             let out = &mut ctx_t[head * dh..(head + 1) * dh];
-            for (p, vrow) in scores.iter().zip(values.chunks_exact(dh)) {
+            for (p, vrow) in weights.iter().zip(values.chunks_exact(dh)) {
                 let w = p / total;
                 for (o, v) in out.iter_mut().zip(vrow) {
                     *o += w * v;
@@ -173,8 +171,10 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mu
     let mut act = vec![0f32; s * f];
     par_chunks_for(&mut act, f, 8 * s * f, |t, a| {
         let (gate, up) = gu[2 * f * t..2 * f * (t + 1)].split_at(f);
+        let minus: Vec<f32> = gate.iter().map(|g| -g).collect();
+        exp_slice(&minus, a);
         for ((a, g), u) in a.iter_mut().zip(gate).zip(up) {
-            *a = g / (1.0 + (-g).exp()) * u;
+            *a = g / (1.0 + *a) * u;
         }
     });
     for (x, d) in x.iter_mut().zip(b.down.matmul(&act, s)) {

@@ -90,15 +90,17 @@ pub struct QStack {
     parts: Vec<QMatrix>,
     cols: usize,
     rows: usize,
-    /// Each unit's part and first row: eight rows a unit, fewer at the end of a part.
-    units: Vec<(usize, usize)>,
+    /// Each unit's part, first row, and first row in the stack: eight rows a unit, fewer at
+    /// the end of a part.
+    units: Vec<(usize, usize, usize)>,
 }
 
 impl QStack {
     /// `None` when the parts' columns differ or there are none.
     pub fn new(parts: Vec<QMatrix>) -> Option<QStack> {
         let cols = parts.first()?.cols;
-        let units = parts.iter().enumerate().flat_map(|(i, p)| (0..p.rows).step_by(LANES).map(move |r| (i, r))).collect();
+        let starts = parts.iter().scan(0, |at, p| Some(std::mem::replace(at, *at + p.rows)));
+        let units = parts.iter().zip(starts).enumerate().flat_map(|(i, (p, at))| (0..p.rows).step_by(LANES).map(move |r| (i, r, at + r))).collect();
         parts.iter().all(|p| p.cols == cols).then(|| QStack { rows: parts.iter().map(|p| p.rows).sum(), cols, parts, units })
     }
 
@@ -120,8 +122,8 @@ impl QStack {
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         let quantised = self.parts.iter().any(|p| p.format != QFormat::F32);
         matmul_units(self.rows, self.cols, x, m, quantised, self.units.len(), |u| {
-            let (part, first) = self.units[u];
-            self.parts[part].unit(first)
+            let (part, first, col) = self.units[u];
+            (self.parts[part].unit(first), col)
         })
     }
 

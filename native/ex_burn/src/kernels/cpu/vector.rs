@@ -929,6 +929,19 @@ fn exp_replica_ok() -> bool {
     })
 }
 
+/// `out = exp(xs)` on the calling thread with f32::exp's bits: the vectorised replica where it
+/// gives them (`exp_replica_ok`), else std's exp.
+pub(crate) fn exp_slice(xs: &[f32], out: &mut [f32]) {
+    assert_eq!(xs.len(), out.len(), "exp_slice: {} inputs, {} outputs", xs.len(), out.len());
+    if !exp_replica_ok() {
+        out.iter_mut().zip(xs).for_each(|(o, x)| *o = x.exp());
+        return;
+    }
+    // SAFETY: f32 and MaybeUninit<f32> share their layout, and only f32 values are written.
+    let out = unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) };
+    exp_f32_into(simd(), xs, out)
+}
+
 /// A float unary op of `std_unary`'s list over a large contiguous f32/f64 flex tensor, split
 /// over rayon's pool. Small tensors stay on flex's own (single-threaded) loop, but for f32 exp,
 /// whose vectorised kernel gives the same bits and pays at any length.

@@ -31,7 +31,7 @@ mod q8;
 use burn::tensor::f16;
 use candle_core::quantized::GgmlDType;
 
-use crate::kernels::cpu::vector::{par_chunks_for, simd};
+use crate::kernels::cpu::vector::{par_tasks, simd, SharedMut, PAR_MIN};
 use packed::LANES;
 pub use q8::Q8Rows;
 
@@ -278,71 +278,63 @@ pub enum Rows<'a> {
     Plain { format: QFormat, data: &'a [u8], rows: usize },
 }
 
-impl Rows<'_> {
-    pub fn rows(&self) -> usize {
-        match self {
-            Rows::Grouped { rows, .. } | Rows::Plain { rows, .. } => *rows,
-        }
-    }
-}
-
 /// `x @ Wᵀ` for `x` of `m` rows of `k` values and `n` weight rows of `k` values given as `units`
-/// units of up to eight rows (`unit(u)`, in order): `m` rows of `n` values. `quantised` says
-/// whether any row is in a quantised format (then the activations are quantised once, for all
-/// of them).
-pub fn matmul_units<'a>(n: usize, k: usize, x: &[f32], m: usize, quantised: bool, units: usize, unit: impl Fn(usize) -> Rows<'a> + Sync) -> Vec<f32> {
+/// units of up to eight rows (`unit(u)`: the rows and the column of the output where they go):
+/// `m` rows of `n` values. `quantised` says whether any row is in a quantised format (then the
+/// activations are quantised once, for all of them).
+pub fn matmul_units<'a>(n: usize, k: usize, x: &[f32], m: usize, quantised: bool, units: usize, unit: impl Fn(usize) -> (Rows<'a>, usize) + Sync) -> Vec<f32> {
     assert_eq!(x.len(), m * k, "qmatmul: x holds {} values, not {m} rows of {k}", x.len());
+    let mut out = vec![0f32; m * n];
     if m == 0 || n == 0 {
-        return vec![0.0; m * n];
+        return out;
     }
     let (level, isa) = (simd(), isa::IntIsa::best());
     let acts = quantised.then(|| Q8Rows::quantise(x, k));
-    // computed transposed, eight rows `[8, m]` a unit, so each task owns a run of units. Tasks of
-    // about 128K multiply-adds: fewer hand-offs between the threads than smaller ones, and larger
-    // ones gain nothing (guides/pretrained.md)
-    let mut out_t = vec![0f32; units * LANES * m];
+    let base = SharedMut(out.as_mut_ptr());
+    // `vals` into row `i` of the output from column `col`
+    let put = |i: usize, col: usize, vals: &[f32]| {
+        debug_assert!(i < m && col + vals.len() <= n);
+        // SAFETY: inside `out` (checked above), which outlives the tasks; each unit owns its
+        // columns, and each unit is run by one task.
+        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), base.get().add(i * n + col), vals.len()) }
+    };
+    // each task owns a run of units. Tasks of about 128K multiply-adds: fewer hand-offs between
+    // the threads than smaller ones, and larger ones gain nothing (guides/pretrained.md)
     let tile = ((1 << 17) / (k * m * LANES).max(1)).clamp(1, 32);
-    par_chunks_for(&mut out_t, tile * LANES * m, n * k * m.min(f32_dots::ROWS), |t, piece| {
-        for (u, dst) in piece.chunks_exact_mut(LANES * m).enumerate() {
-            match unit(t * tile + u) {
-                Rows::Grouped { format, group, .. } => {
+    let task = |t: usize| {
+        for u in t * tile..units.min((t + 1) * tile) {
+            match unit(u) {
+                (Rows::Grouped { format, group, rows }, col) => {
                     let a = acts.as_ref().expect("grouped rows are quantised");
                     let mut sums = [[0f32; LANES]; packed::ROWS];
-                    let mut r = 0;
-                    while r < m {
+                    for r in (0..m).step_by(packed::ROWS) {
                         let take = (m - r).min(packed::ROWS);
                         packed::group_dots(isa, format, group, a, r, &mut sums[..take]);
                         for (i, lanes) in sums[..take].iter().enumerate() {
-                            for (lane, v) in lanes.iter().enumerate() {
-                                dst[lane * m + r + i] = *v;
+                            put(r + i, col, &lanes[..rows]);
+                        }
+                    }
+                }
+                (Rows::Plain { format, data, rows }, col) => {
+                    let mut column = [0f32; f32_dots::ROWS];
+                    for (j, w) in data.chunks_exact(data.len() / rows).enumerate() {
+                        for r in (0..m).step_by(f32_dots::ROWS) {
+                            let take = (m - r).min(f32_dots::ROWS);
+                            f32_dots::row_dots(level, format, w, &x[r * k..(r + take) * k], k, &mut column[..take]);
+                            for (i, v) in column[..take].iter().enumerate() {
+                                put(r + i, col + j, std::slice::from_ref(v));
                             }
                         }
-                        r += take;
-                    }
-                }
-                Rows::Plain { format, data, rows } => {
-                    for (w, dst) in data.chunks_exact(data.len() / rows).zip(dst.chunks_exact_mut(m)) {
-                        for (r, dst) in (0..m).step_by(f32_dots::ROWS).zip(dst.chunks_mut(f32_dots::ROWS)) {
-                            f32_dots::row_dots(level, format, w, &x[r * k..(r + dst.len()) * k], k, dst);
-                        }
                     }
                 }
             }
         }
-    });
-    if m == 1 && n == units * LANES {
-        return out_t;
-    }
-    let mut out = vec![0f32; m * n];
-    let mut col = 0;
-    for (u, lanes) in out_t.chunks_exact(LANES * m).enumerate() {
-        let rows = unit(u).rows();
-        for (l, values) in lanes.chunks_exact(m).take(rows).enumerate() {
-            for (i, v) in values.iter().enumerate() {
-                out[i * n + col + l] = *v;
-            }
-        }
-        col += rows;
+    };
+    let tasks = units.div_ceil(tile);
+    if n * k * m.min(f32_dots::ROWS) < PAR_MIN {
+        (0..tasks).for_each(task);
+    } else {
+        par_tasks(tasks, &task);
     }
     out
 }
