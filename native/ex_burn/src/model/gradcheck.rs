@@ -7,6 +7,7 @@
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
+use super::init::SeededRng;
 use super::net::{build, Act, Net};
 use super::spec::{Activation, LayerSpec, Padding};
 
@@ -172,7 +173,7 @@ fn check(specs: Vec<LayerSpec>, input: &[usize], check_input: bool) {
 
 fn check_at(specs: Vec<LayerSpec>, input: &[usize], check_input: bool, precision: Precision) {
     let dev = device();
-    let (net, _) = build(&specs, &input[1..], false, &dev).unwrap();
+    let (net, _) = build(&specs, &input[1..], false, &dev, &mut SeededRng::new(1)).unwrap();
     let (net, h) = match precision {
         Precision::F64 => (net.map(&mut ToF64), H),
         Precision::F32 => (net, 1e-3),
@@ -262,7 +263,8 @@ fn embedding_weights() {
     let dev = device();
     // Burn's embedding kernel is f32-only on flex; the probe loss is linear in the weights, so
     // f32 central differences with a large step are exact up to rounding.
-    let (net, _) = build(&[LayerSpec::Embedding { vocab_size: 5, embedding_size: 3 }, LayerSpec::Flatten], &[2], true, &dev).unwrap();
+    let specs = [LayerSpec::Embedding { vocab_size: 5, embedding_size: 3 }, LayerSpec::Flatten];
+    let (net, _) = build(&specs, &[2], true, &dev, &mut SeededRng::new(1)).unwrap();
     const H: f64 = 1e-2;
     let tokens = || Act::I2(Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 4, 4, 0], [2, 2]), &dev));
     let grads = probe_loss(&net, tokens()).backward();
@@ -283,9 +285,10 @@ fn dropout_gradient_is_the_kept_mask_scaled() {
     // Dropout is random, so finite differences cannot see it; its gradient must be exactly
     // out / x: zero where dropped, 1 / keep where kept.
     let dev = device();
-    let (net, _) = build(&[LayerSpec::Dropout { rate: 0.5 }], &[8], false, &dev).unwrap();
+    let mut rng = SeededRng::new(1);
+    let (net, _) = build(&[LayerSpec::Dropout { rate: 0.5 }], &[8], false, &dev, &mut rng).unwrap();
     let x = require_grad(input_act(&[4, 8], 3, Precision::F32));
-    let out = net.forward(x.clone()).unwrap();
+    let out = net.forward_train(x.clone(), &mut rng).unwrap();
     let Act::F2(out_t) = out else { unreachable!() };
     let out_v = values(out_t.clone().inner());
     let grads = out_t.sum().backward();

@@ -11,6 +11,7 @@ use burn::nn::{
 use burn::tensor::activation as act;
 use burn::tensor::{Device, Int, Tensor};
 
+use super::init::SeededRng;
 use super::spec::{Activation, LayerSpec, Padding};
 use crate::error::{ExError, ExResult};
 
@@ -207,11 +208,15 @@ impl Layer {
         }
     }
 
-    pub fn forward(&self, x: Act) -> ExResult<Act> {
+    /// Dropout draws its masks from `rng` and is the identity without one (inference, shape probes).
+    pub fn forward(&self, x: Act, rng: Option<&mut SeededRng>) -> ExResult<Act> {
         let name = self.name();
         Ok(match self {
             Layer::Dense(l) => any_float_rank!(x, name, |t| l.forward(t)),
-            Layer::Dropout(l) => any_float_rank!(x, name, |t| l.forward(t)),
+            Layer::Dropout(l) => match rng {
+                Some(rng) => any_float_rank!(x, name, |t| dropout(l, t, rng)),
+                None => any_float_rank!(x, name, |t| t),
+            },
             Layer::LayerNorm(l) => any_float_rank!(x, name, |t| l.forward(t)),
             Layer::Activation(l) => any_float_rank!(x, name, |t| l.apply(t)),
             Layer::Conv1d(l) => channels_first_1d(name, x, |t| l.forward(t))?,
@@ -265,6 +270,16 @@ impl Layer {
     }
 }
 
+/// Burn's `Dropout::forward` with the mask drawn from the model's generator.
+fn dropout<const D: usize>(l: &Dropout, t: Tensor<D>, rng: &mut SeededRng) -> Tensor<D> {
+    if !l.training.is_enabled() || !t.device().is_autodiff() || l.prob == 0.0 {
+        return t;
+    }
+    let keep = 1.0 - l.prob;
+    let mask = rng.keep_mask(&t, keep);
+    t * mask * (1.0 / keep)
+}
+
 fn last_or_all(seq: Tensor<3>, all: bool) -> Act {
     if all {
         return Act::F3(seq);
@@ -274,8 +289,14 @@ fn last_or_all(seq: Tensor<3>, all: bool) -> Act {
 }
 
 impl Net {
+    /// The forward pass without dropout.
     pub fn forward(&self, x: Act) -> ExResult<Act> {
-        self.layers.iter().try_fold(x, |acc, layer| layer.forward(acc))
+        self.layers.iter().try_fold(x, |acc, layer| layer.forward(acc, None))
+    }
+
+    /// The training forward pass: dropout (on an autodiff device) draws its masks from `rng`.
+    pub fn forward_train(&self, x: Act, rng: &mut SeededRng) -> ExResult<Act> {
+        self.layers.iter().try_fold(x, |acc, layer| layer.forward(acc, Some(&mut *rng)))
     }
 
     /// The activation of the last layer, which decides how losses read the output.
@@ -304,7 +325,7 @@ fn per_axis(v: &[usize], n: usize) -> ExResult<Vec<usize>> {
     }
 }
 
-fn make_layer(spec: &LayerSpec, input: &[usize], device: &Device) -> ExResult<Layer> {
+fn make_layer(spec: &LayerSpec, input: &[usize], device: &Device, rng: &mut SeededRng) -> ExResult<Layer> {
     let last = *input.last().unwrap_or(&0);
     let spatial = input.len().saturating_sub(2);
     let wrong_input = || {
@@ -314,14 +335,14 @@ fn make_layer(spec: &LayerSpec, input: &[usize], device: &Device) -> ExResult<La
         )
     };
     Ok(match spec {
-        LayerSpec::Dense { units, use_bias } => Layer::Dense(LinearConfig::new(last, *units).with_bias(*use_bias).init(device)),
+        LayerSpec::Dense { units, use_bias } => Layer::Dense(rng.linear(&LinearConfig::new(last, *units).with_bias(*use_bias), device)?),
         LayerSpec::Conv1d { filters, kernel_size, strides, padding } => {
             let pad = match padding {
                 Padding::Valid => PaddingConfig1d::Valid,
                 Padding::Same => PaddingConfig1d::Same,
             };
             let (k, s) = (per_axis(kernel_size, 1)?[0], per_axis(strides, 1)?[0]);
-            Layer::Conv1d(Conv1dConfig::new(last, *filters, k).with_stride(s).with_padding(pad).init(device))
+            Layer::Conv1d(rng.conv1d(&Conv1dConfig::new(last, *filters, k).with_stride(s).with_padding(pad), device)?)
         }
         LayerSpec::Conv2d { filters, kernel_size, strides, padding } => {
             let pad = match padding {
@@ -329,7 +350,7 @@ fn make_layer(spec: &LayerSpec, input: &[usize], device: &Device) -> ExResult<La
                 Padding::Same => PaddingConfig2d::Same,
             };
             let (k, s) = (per_axis(kernel_size, 2)?, per_axis(strides, 2)?);
-            Layer::Conv2d(Conv2dConfig::new([last, *filters], [k[0], k[1]]).with_stride([s[0], s[1]]).with_padding(pad).init(device))
+            Layer::Conv2d(rng.conv2d(&Conv2dConfig::new([last, *filters], [k[0], k[1]]).with_stride([s[0], s[1]]).with_padding(pad), device)?)
         }
         LayerSpec::MaxPool { kernel_size: kernel, strides: stride } | LayerSpec::AvgPool { kernel_size: kernel, strides: stride } => {
             let max = matches!(spec, LayerSpec::MaxPool { .. });
@@ -366,22 +387,25 @@ fn make_layer(spec: &LayerSpec, input: &[usize], device: &Device) -> ExResult<La
             Layer::BatchNorm(BatchNormConfig::new(last).with_epsilon(*epsilon).with_momentum(*momentum).init(device))
         }
         LayerSpec::LayerNorm { epsilon } => Layer::LayerNorm(LayerNormConfig::new(last).with_epsilon(*epsilon).init(device)),
-        LayerSpec::Embedding { vocab_size, embedding_size } => Layer::Embedding(EmbeddingConfig::new(*vocab_size, *embedding_size).init(device)),
+        LayerSpec::Embedding { vocab_size, embedding_size } => {
+            Layer::Embedding(rng.embedding(&EmbeddingConfig::new(*vocab_size, *embedding_size), device)?)
+        }
         LayerSpec::Lstm { units, return_sequences } => Layer::Lstm(Recurrent {
-            cell: LstmConfig::new(last, *units, true).init(device),
+            cell: rng.lstm(&LstmConfig::new(last, *units, true), device)?,
             return_sequences: *return_sequences,
         }),
         LayerSpec::Gru { units, return_sequences } => Layer::Gru(Recurrent {
-            cell: GruConfig::new(last, *units, true).init(device),
+            cell: rng.gru(&GruConfig::new(last, *units, true), device)?,
             return_sequences: *return_sequences,
         }),
         LayerSpec::Activation(a) => Layer::Activation(ActivationLayer::new(*a)),
     })
 }
 
-/// Builds the network for inputs of `input` shape (batch excluded). Each layer's input size is
-/// read off a probe forward pass of one zero sample, so shape rules live in Burn alone.
-pub fn build(specs: &[LayerSpec], input: &[usize], int_input: bool, device: &Device) -> ExResult<(Net, Vec<LayerInfo>)> {
+/// Builds the network for inputs of `input` shape (batch excluded), its weights drawn from `rng`.
+/// Each layer's input size is read off a probe forward pass of one zero sample, so shape rules
+/// live in Burn alone.
+pub fn build(specs: &[LayerSpec], input: &[usize], int_input: bool, device: &Device, rng: &mut SeededRng) -> ExResult<(Net, Vec<LayerInfo>)> {
     if specs.is_empty() {
         return Err(ExError::invalid("a model needs at least one layer"));
     }
@@ -391,8 +415,8 @@ pub fn build(specs: &[LayerSpec], input: &[usize], int_input: bool, device: &Dev
     let mut layers = Vec::with_capacity(specs.len());
     let mut infos = Vec::with_capacity(specs.len());
     for spec in specs {
-        let layer = make_layer(spec, &probe.dims(), device)?;
-        probe = crate::error::catch(|| layer.forward(probe.clone())).map_err(|e| match e {
+        let layer = make_layer(spec, &probe.dims(), device, rng)?;
+        probe = crate::error::catch(|| layer.forward(probe.clone(), None)).map_err(|e| match e {
             ExError::Panic { message, .. } => ExError::invalid_with(
                 format!("layer {} does not fit its input: {message}", spec.name()),
                 vec![("layer", crate::error::Detail::Text(spec.name().into())), ("input", crate::error::Detail::Dims(probe.dims()))],
