@@ -34,8 +34,13 @@ defmodule ExBurn.ServerTest.Support do
 
   @doc "A fresh empty directory (a models directory without models)."
   def empty_dir do
-    dir = Path.join(System.tmp_dir!(), "exburn_server_test_#{System.unique_integer([:positive])}")
+    # the OS pid too: unique_integer repeats across VMs, and a folder left by another run may
+    # hold models
+    name = "exburn_server_test_#{System.pid()}_#{System.unique_integer([:positive])}"
+    dir = Path.join(System.tmp_dir!(), name)
+    File.rm_rf!(dir)
     File.mkdir_p!(dir)
+    ExUnit.Callbacks.on_exit(fn -> File.rm_rf(dir) end)
     dir
   end
 
