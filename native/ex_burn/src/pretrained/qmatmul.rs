@@ -5,6 +5,7 @@
 
 use crate::kernels::cpu::quant::packed::{self, LANES};
 use crate::kernels::cpu::quant::{matmul_units, Rows};
+use crate::kernels::cpu::vector::par_chunks_for;
 pub use crate::kernels::cpu::quant::{dequantise_row, QFormat};
 
 /// A `[rows, cols]` matrix in GGML blocks (PyTorch's `[out_features, in_features]`): rows in
@@ -45,12 +46,18 @@ impl QMatrix {
             read(&mut data).map_err(Some)?;
             return Ok(QMatrix { format, rows, cols, grouped: false, data });
         }
+        // read a few hundred rows at a time and regroup them in parallel
+        const GROUPS: usize = 64;
         let group = packed::group_bytes(format, cols);
-        let (mut data, mut raw) = (vec![0u8; rows.div_ceil(LANES) * group], vec![0u8; LANES * row_bytes]);
-        for (g, out) in data.chunks_exact_mut(group).enumerate() {
-            let n = (rows - g * LANES).min(LANES);
+        let (mut data, mut raw) = (vec![0u8; rows.div_ceil(LANES) * group], vec![0u8; GROUPS * LANES * row_bytes]);
+        for (c, out) in data.chunks_mut(GROUPS * group).enumerate() {
+            let n = (rows - c * GROUPS * LANES).min(GROUPS * LANES);
             read(&mut raw[..n * row_bytes]).map_err(Some)?;
-            packed::pack(format, n, cols, &raw[..n * row_bytes], out);
+            par_chunks_for(out, group, n * row_bytes * 8, |g, out| {
+                let first = g * LANES;
+                let n = (n - first).min(LANES);
+                packed::pack(format, n, cols, &raw[first * row_bytes..(first + n) * row_bytes], out);
+            });
         }
         Ok(QMatrix { format, rows, cols, grouped: true, data })
     }
