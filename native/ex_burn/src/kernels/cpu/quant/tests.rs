@@ -225,7 +225,7 @@ fn quant_kernel_timing() {
         let data = random_blocks(f, rows, k, 5);
         let (g, gb) = (grouped(f, rows, k, &data), packed::group_bytes(f, k));
         let row_bytes = k / f.block_values() * f.block_bytes();
-        for m in [1, 4] {
+        for m in [1, 4, 8] {
             let x = inputs(m, k);
             let a = Q8Rows::quantise(&x, k);
             let reps = (40 * 1536 / rows).max(2);
@@ -247,11 +247,14 @@ fn quant_kernel_timing() {
             let ints: Vec<String> = IntIsa::available()
                 .into_iter()
                 .map(|isa| {
-                    let mut sums = [[0f32; LANES]; 4];
+                    let mut sums = [[0f32; LANES]; 8];
                     let t0 = thread_cpu_ns();
                     for _ in 0..reps {
                         for group in g.chunks_exact(gb) {
-                            group_dots(isa, f, group, &a, 0, &mut sums[..m]);
+                            for r in (0..m).step_by(packed::ROWS) {
+                                let n = (m - r).min(packed::ROWS);
+                                group_dots(isa, f, group, &a, r, &mut sums[..n]);
+                            }
                         }
                     }
                     std::hint::black_box(&sums);
