@@ -1,5 +1,5 @@
 //! Llama-family decoder on the Burn engine, from a GGUF file. On the CPU the linear layers and
-//! the embedding keep the file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K blocks (`qmatmul`); elsewhere,
+//! the embedding keep the file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks (`qmatmul`); elsewhere,
 //! and for other formats, tensors are dequantised to f32 at load.
 //!
 //! llama.cpp's converter permutes the rows of Q and K so that GGUF Llama models use the
@@ -802,10 +802,11 @@ mod tests {
         }
     }
 
-    /// SmolLM2 requantised by llama.cpp as Q4_K_M (Q5_0 and Q8_0 where rows of 576 are no
-    /// multiple of 256, Q4_K and Q6_K elsewhere), where it has been downloaded for benchmarks.
-    fn smollm_q4_k_m_path() -> Option<std::path::PathBuf> {
-        let p = std::path::PathBuf::from(std::env::var("HOME").ok()?).join(".cache/ex_burn/bench/SmolLM2-135M-Instruct.Q4_K_M.gguf");
+    /// SmolLM2 requantised by llama.cpp (`llama-quantize --allow-requantize` of the Q4_1 file) as
+    /// `kind`, where it has been made for benchmarks. Q4_K_M: Q5_0 and Q8_0 where rows of 576 are
+    /// no multiple of 256, Q4_K and Q6_K elsewhere; Q5_K_M: Q5_1 and Q8_0, Q5_K and Q6_K.
+    fn smollm_requantised_path(kind: &str) -> Option<std::path::PathBuf> {
+        let p = std::path::PathBuf::from(std::env::var("HOME").ok()?).join(format!(".cache/ex_burn/bench/SmolLM2-135M-Instruct.{kind}.gguf"));
         if p.is_file() {
             Some(p)
         } else {
@@ -814,18 +815,25 @@ mod tests {
         }
     }
 
-    /// Q4_K_M keeps every layer in its blocks (the host path), follows the dequantised model's
-    /// greedy tokens up to near ties, and gives a prompt's logits with the same bits fed at once
-    /// or token by token.
+    /// Q4_K_M and Q5_K_M keep every layer in its blocks (the host path), follow the dequantised
+    /// model's greedy tokens up to near ties, and give a prompt's logits with the same bits fed at
+    /// once or token by token.
     #[test]
     fn pretrained_burn_llama_k_quants_stay_quantised() {
-        let Some(path) = smollm_q4_k_m_path() else { return };
+        for (kind, want) in [("Q4_K_M", ["Q4_K", "Q5_0", "Q6_K", "Q8_0"]), ("Q5_K_M", ["Q5_1", "Q5_K", "Q6_K", "Q8_0"])] {
+            if let Some(path) = smollm_requantised_path(kind) {
+                k_quants_stay_quantised(&path, kind, &want);
+            }
+        }
+    }
+
+    fn k_quants_stay_quantised(path: &std::path::Path, kind: &str, want: &[&str]) {
         let dev = crate::testing::device();
         if dev.kind != DeviceKind::Cpu {
             return;
         }
-        let quant = BurnLlama::load_with(&path, &dev, true, true).unwrap();
-        println!("burn llama Q4_K_M: peak RSS after the quantised load {:.0} MiB", peak_rss_mib());
+        let quant = BurnLlama::load_with(path, &dev, true, true).unwrap();
+        println!("burn llama {kind}: peak RSS after the quantised load {:.0} MiB", peak_rss_mib());
         assert!(quant.w.host.is_some(), "every layer quantised");
         let formats: std::collections::BTreeSet<String> = quant
             .w
@@ -835,7 +843,7 @@ mod tests {
             .flat_map(|l| quant_stack(l).unwrap().formats())
             .map(|f| format!("{f:?}"))
             .collect();
-        assert_eq!(formats.into_iter().collect::<Vec<_>>(), ["Q4_K", "Q5_0", "Q6_K", "Q8_0"]);
+        assert_eq!(formats.into_iter().collect::<Vec<_>>(), want, "{kind}");
 
         let prompt: Vec<u32> = vec![1, 504, 3458, 282, 4649, 314, 253, 1345, 28, 216, 506, 4491, 30, 2];
         let batched = quant.session().unwrap().forward(&prompt, 0).unwrap();
@@ -854,14 +862,14 @@ mod tests {
             let (a, b) = (q.forward(&tokens, pos).unwrap(), d.forward(&tokens, pos).unwrap());
             let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
             let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-            assert!(diff < greedy_check::Q8_LOGIT_DRIFT * scale.max(1.0), "{diff} at position {pos}");
+            assert!(diff < greedy_check::Q8_LOGIT_DRIFT * scale.max(1.0), "{kind}: {diff} at position {pos}");
             let (pick, want) = (argmax(&a) as usize, argmax(&b) as usize);
-            assert!(pick == want || b[want] - b[pick] < greedy_check::NEAR_TIE as f32, "picked {pick}, not {want}, at position {pos}");
+            assert!(pick == want || b[want] - b[pick] < greedy_check::NEAR_TIE as f32, "{kind}: picked {pick}, not {want}, at position {pos}");
             same += (pick == want) as usize;
             pos += tokens.len();
             tokens = vec![want as u32];
         }
-        println!("burn llama Q4_K_M: {same} of 12 greedy picks equal to the dequantised model's");
+        println!("burn llama {kind}: {same} of 12 greedy picks equal to the dequantised model's");
     }
 
     /// Prefill and decode speed on SmolLM2, printed (bench/rust_timings.sh runs it).

@@ -28,8 +28,9 @@ pub const NEAR_TIE: f64 = 0.3;
 /// How far an engine that rounds activations to 8 bits per block (llama.cpp's Q8_0/Q8_1, the
 /// quantised layers of both engines) may move logits from the same model with f32 activations,
 /// as a fraction of the largest logit: the rounding of each layer's inputs compounds over the
-/// layers, while a wrong layer, mask or table moves logits by a large part of their range.
-pub const Q8_LOGIT_DRIFT: f32 = 0.06;
+/// layers, while a wrong layer, mask or table moves logits by a large part of their range. Both
+/// engines come closest on SmolLM2's Q5_K_M requantisation (guides/pretrained.md).
+pub const Q8_LOGIT_DRIFT: f32 = 0.07;
 
 pub fn argmax(v: &[f32]) -> u32 {
     let mut best = 0;

@@ -1,6 +1,6 @@
 //! GGUF-quantised linear layers for the Burn engine on the CPU: the weights stay in their GGML
 //! blocks and `x @ Wᵀ` runs on the block kernels of `kernels::cpu::quant`, which decode them in
-//! registers. Formats other than Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K, and other devices,
+//! registers. Formats other than Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, and other devices,
 //! keep the dequantised f32 tensors.
 
 use crate::kernels::cpu::quant::packed::{self, LANES};

@@ -1,4 +1,4 @@
-//! GGML's block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the k-quants Q4_K and Q6_K, and plain
+//! GGML's block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the k-quants Q4_K, Q5_K and Q6_K, and plain
 //! f32 rows) and `x @ Wᵀ` with W's rows kept in their blocks.
 //!
 //! Why: decoding one token reads every weight once, so a dequantised model is bound by memory
@@ -11,7 +11,7 @@
 //! at most `amax/254` per value of a block (`amax` its largest magnitude), the bound the tests
 //! check against an f64 product of the dequantised weights.
 //!
-//! The k-quants' super-blocks of 256 hold sub-blocks of 32 (Q4_K: own 6-bit scale and min) or 16
+//! The k-quants' super-blocks of 256 hold sub-blocks of 32 (Q4_K, Q5_K: own 6-bit scale and min) or 16
 //! (Q6_K: own 8-bit scale) that start on the activations' 32-blocks, so each activation block
 //! meets one weight scale and offset (Q6_K: two scales, applied in integers): the same products as
 //! Q4_1's, against the same Q8 blocks. llama.cpp quantises the activations per 256 for these
@@ -65,6 +65,9 @@ pub enum QFormat {
     /// Super-blocks of 256: `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16`;
     /// `w = d·sc·(q − 32)` with 6-bit `q` and one scale per 16 values.
     Q6_K,
+    /// Q4_K's super-blocks with a fifth bit: `d, dmin: f16, scales: [u8; 12], qh: [u8; 32],
+    /// qs: [u8; 128]`; bit `s` of `qh[j]` is value `j`'s fifth bit in sub-block `s`.
+    Q5_K,
 }
 
 impl QFormat {
@@ -77,6 +80,7 @@ impl QFormat {
             GgmlDType::Q5_1 => Some(QFormat::Q5_1),
             GgmlDType::Q4K => Some(QFormat::Q4_K),
             GgmlDType::Q6K => Some(QFormat::Q6_K),
+            GgmlDType::Q5K => Some(QFormat::Q5_K),
             _ => None,
         }
     }
@@ -92,6 +96,7 @@ impl QFormat {
             5 => QFormat::Q5_1,
             6 => QFormat::Q4_K,
             7 => QFormat::Q6_K,
+            8 => QFormat::Q5_K,
             _ => QFormat::F32,
         }
     }
@@ -99,7 +104,7 @@ impl QFormat {
     /// Values per block: 256 for the k-quants' super-blocks, else 32.
     pub const fn block_values(self) -> usize {
         match self {
-            QFormat::Q4_K | QFormat::Q6_K => 256,
+            QFormat::Q4_K | QFormat::Q5_K | QFormat::Q6_K => 256,
             _ => BLOCK,
         }
     }
@@ -126,6 +131,7 @@ impl QFormat {
             QFormat::Q5_1 => 24,
             QFormat::Q4_K => 144,
             QFormat::Q6_K => 210,
+            QFormat::Q5_K => 176,
         }
     }
 
@@ -146,7 +152,7 @@ impl QFormat {
                 (d, -16.0 * d, 6)
             }
             QFormat::Q5_1 => (half(0), half(2), 8),
-            QFormat::Q4_K | QFormat::Q6_K => unreachable!("super-blocks take `sub_header`"),
+            QFormat::Q4_K | QFormat::Q5_K | QFormat::Q6_K => unreachable!("super-blocks take `sub_header`"),
         }
     }
 
@@ -155,7 +161,7 @@ impl QFormat {
     #[inline(always)]
     pub(super) fn sub_header(self, b: &[u8], s: usize) -> (f32, f32) {
         match self {
-            QFormat::Q4_K => {
+            QFormat::Q4_K | QFormat::Q5_K => {
                 let (sc, mn) = scale_min_k4(s, &b[4..16]);
                 (f16_at(b, 0) * sc as f32, -(f16_at(b, 2) * mn as f32))
             }
@@ -182,10 +188,15 @@ impl QFormat {
                 }
             }
             QFormat::Q8_0 => (0..BLOCK).for_each(|j| out[j] = b[2 + j] as i8 as i32),
-            QFormat::Q4_K => {
-                let qs = &b[16 + 32 * (s / 2)..16 + 32 * (s / 2) + 32];
+            QFormat::Q4_K | QFormat::Q5_K => {
+                // Q5_K: `qh` between the scales and the nibbles
+                let at = if self == QFormat::Q4_K { 16 } else { 48 };
+                let qs = &b[at + 32 * (s / 2)..at + 32 * (s / 2) + 32];
                 let shift = 4 * (s % 2);
-                (0..BLOCK).for_each(|j| out[j] = ((qs[j] >> shift) & 0x0f) as i32);
+                for (j, o) in out.iter_mut().enumerate() {
+                    let fifth = if self == QFormat::Q5_K { ((b[16 + j] >> s) & 1) << 4 } else { 0 };
+                    *o = (((qs[j] >> shift) & 0x0f) | fifth) as i32;
+                }
             }
             QFormat::Q6_K => {
                 for (j, o) in out.iter_mut().enumerate() {

@@ -5,10 +5,10 @@
 //!
 //! A group's block (a 32-block, or a Q4_K super-block of eight sub-blocks) holds, in order:
 //! - the eight rows' `d` as f16, then their `m` (Q4_1, Q5_1) or `dmin` (Q4_K) as f16;
-//! - Q4_K only: each sub-block's eight 6-bit scales, then its eight mins, one byte each;
+//! - Q4_K and Q5_K: each sub-block's eight 6-bit scales, then its eight mins, one byte each;
 //!   Q6_K only: its 16 scales of 16 values, eight bytes each;
-//! - Q5 only: 32 bytes of fifth bits, byte `4·lane + t` bit `g` for value `4g + t`;
-//! - each sub-block's quants in lane order: the 4-bit formats in 4 × 32 bytes, where byte
+//! - for each sub-block: the 5-bit formats' 32 bytes of fifth bits, byte `4·lane + t` bit `g`
+//!   for value `4g + t`; then its quants in lane order: the 4-bit formats in 4 × 32 bytes, where byte
 //!   `32p + 4·lane + t` holds value `4p + t` in its low nibble and value `16 + 4p + t` in its
 //!   high nibble; Q6_K likewise, then 2 × 32 bytes of its high two bits, byte
 //!   `32·(g / 4) + 4·lane + t` bits `2·(g % 4)..` for value `4g + t`; Q8_0 in 8 × 32 bytes, byte
@@ -41,7 +41,7 @@ pub fn packs(f: QFormat) -> bool {
 pub(super) const fn header_bytes(f: QFormat) -> usize {
     match f {
         QFormat::Q4_1 | QFormat::Q5_1 => 32,
-        QFormat::Q4_K => 32 + 2 * 8 * LANES,
+        QFormat::Q4_K | QFormat::Q5_K => 32 + 2 * 8 * LANES,
         QFormat::Q6_K => 16 + 16 * LANES,
         _ => 16,
     }
@@ -57,15 +57,21 @@ pub(super) const fn quant_bytes(f: QFormat) -> usize {
     }
 }
 
-/// Where sub-block `s`'s quants start in a group's block.
+/// Where sub-block `s`'s quants start in a group's block (after its fifth bits, if any).
 #[inline(always)]
 pub(super) const fn quants_at(f: QFormat, s: usize) -> usize {
-    header_bytes(f) + fifth_bit_bytes(f) + s * quant_bytes(f)
+    fifth_bits_at(f, s) + fifth_bit_bytes(f)
+}
+
+/// Where sub-block `s`'s fifth bits start in a group's block.
+#[inline(always)]
+pub(super) const fn fifth_bits_at(f: QFormat, s: usize) -> usize {
+    header_bytes(f) + s * (fifth_bit_bytes(f) + quant_bytes(f))
 }
 
 #[inline(always)]
 const fn fifth_bit_bytes(f: QFormat) -> usize {
-    if matches!(f, QFormat::Q5_0 | QFormat::Q5_1) {
+    if matches!(f, QFormat::Q5_0 | QFormat::Q5_1 | QFormat::Q5_K) {
         32
     } else {
         0
@@ -108,11 +114,11 @@ pub fn pack(f: QFormat, rows: usize, cols: usize, data: &[u8], out: &mut [u8]) {
             } else {
                 dst[2 * lane..2 * lane + 2].copy_from_slice(&src[0..2]);
             }
-            if matches!(f, QFormat::Q4_1 | QFormat::Q5_1 | QFormat::Q4_K) {
+            if matches!(f, QFormat::Q4_1 | QFormat::Q5_1 | QFormat::Q4_K | QFormat::Q5_K) {
                 dst[16 + 2 * lane..18 + 2 * lane].copy_from_slice(&src[2..4]);
             }
             for s in 0..subs {
-                if f == QFormat::Q4_K {
+                if matches!(f, QFormat::Q4_K | QFormat::Q5_K) {
                     let (sc, mn) = scale_min_k4(s, &src[4..16]);
                     dst[32 + LANES * s + lane] = sc;
                     dst[32 + LANES * subs + LANES * s + lane] = mn;
@@ -135,7 +141,7 @@ pub fn pack(f: QFormat, rows: usize, cols: usize, data: &[u8], out: &mut [u8]) {
                     }
                     dst[at + 32 * (g % 4) + 4 * lane + t] |= ((q & 0x0f) as u8) << (4 * (g / 4));
                     if fifth_bit_bytes(f) > 0 {
-                        dst[header_bytes(f) + 4 * lane + t] |= (((q >> 4) & 1) as u8) << g;
+                        dst[fifth_bits_at(f, s) + 4 * lane + t] |= (((q >> 4) & 1) as u8) << g;
                     }
                 }
             }
@@ -152,7 +158,7 @@ pub(super) fn sub_header(f: QFormat, blk: &[u8], lane: usize, s: usize) -> (f32,
         QFormat::Q4_0 => (d, -8.0 * d),
         QFormat::Q5_0 => (d, -16.0 * d),
         QFormat::Q8_0 | QFormat::Q6_K => (d, 0.0),
-        QFormat::Q4_K => {
+        QFormat::Q4_K | QFormat::Q5_K => {
             let (sc, mn) = (blk[32 + LANES * s + lane], blk[32 + LANES * (f.sub_blocks() + s) + lane]);
             (d * sc as f32, -(f16_at(blk, 16 + 2 * lane) * mn as f32))
         }
@@ -174,7 +180,7 @@ pub(super) fn int_quants(f: QFormat, blk: &[u8], lane: usize, s: usize, out: &mu
             blk[16 + LANES * (2 * s + v / 16) + lane] as i8 as i32 * ((low | high << 4) as i32 - 32)
         } else {
             let nibble = (blk[at + 32 * (g % 4) + 4 * lane + t] >> (4 * (g / 4))) & 0x0f;
-            let fifth = if fifth_bit_bytes(f) > 0 { (blk[header_bytes(f) + 4 * lane + t] >> g) & 1 } else { 0 };
+            let fifth = if fifth_bit_bytes(f) > 0 { (blk[fifth_bits_at(f, s) + 4 * lane + t] >> g) & 1 } else { 0 };
             (nibble | fifth << 4) as i32
         };
     }
@@ -220,6 +226,7 @@ pub(super) fn group_dots(isa: super::isa::IntIsa, f: QFormat, group: &[u8], a: &
                     QFormat::Q5_0 => rows!($fun, { QFormat::Q5_0 as u8 }),
                     QFormat::Q5_1 => rows!($fun, { QFormat::Q5_1 as u8 }),
                     QFormat::Q4_K => rows!($fun, { QFormat::Q4_K as u8 }),
+                    QFormat::Q5_K => rows!($fun, { QFormat::Q5_K as u8 }),
                     QFormat::Q6_K => rows!($fun, { QFormat::Q6_K as u8 }),
                     _ => rows!($fun, { QFormat::Q8_0 as u8 }),
                 }

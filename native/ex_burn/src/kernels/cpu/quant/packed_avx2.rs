@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use super::packed::{block_bytes, header_bytes, quants_at, LANES};
+use super::packed::{block_bytes, fifth_bits_at, quants_at, LANES};
 use super::{q8::Q8Rows, QFormat, BLOCK};
 
 /// Sub-block `s`'s eight scales and offsets, as `packed::sub_header` gives them.
@@ -21,7 +21,7 @@ unsafe fn headers<const F: u8>(blk: *const u8, s: usize) -> (__m256, __m256) {
         QFormat::Q4_0 => (d, _mm256_mul_ps(_mm256_set1_ps(-8.0), d)),
         QFormat::Q5_0 => (d, _mm256_mul_ps(_mm256_set1_ps(-16.0), d)),
         QFormat::Q8_0 | QFormat::Q6_K => (d, _mm256_setzero_ps()),
-        QFormat::Q4_K => {
+        QFormat::Q4_K | QFormat::Q5_K => {
             let min = _mm256_mul_ps(halves(blk, 16), bytes(blk, 32 + LANES * (f.sub_blocks() + s)));
             (_mm256_mul_ps(d, bytes(blk, 32 + LANES * s)), _mm256_xor_ps(min, _mm256_set1_ps(-0.0)))
         }
@@ -65,12 +65,12 @@ unsafe fn quant_word<const F: u8>(blk: *const u8, s: usize, g: usize) -> __m256i
         let bits = if c < 3 { _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - 2 * c as i32)) } else { _mm256_srli_epi16::<2>(h) };
         return _mm256_sub_epi8(_mm256_or_si256(w, _mm256_and_si256(bits, _mm256_set1_epi8(0x30))), _mm256_set1_epi8(32));
     }
-    if !matches!(f, QFormat::Q5_0 | QFormat::Q5_1) {
+    if !matches!(f, QFormat::Q5_0 | QFormat::Q5_1 | QFormat::Q5_K) {
         return w;
     }
     // bit `g` of each byte of fifth bits to bit 4 (16-bit shifts: what crosses from the
     // neighbouring byte lands outside bit 4)
-    let h = _mm256_loadu_si256(blk.add(header_bytes(f)) as *const __m256i);
+    let h = _mm256_loadu_si256(blk.add(fifth_bits_at(f, s)) as *const __m256i);
     let bit = if g <= 4 { _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - g as i32)) } else { _mm256_srl_epi16(h, _mm_cvtsi32_si128(g as i32 - 4)) };
     _mm256_or_si256(w, _mm256_and_si256(bit, _mm256_set1_epi8(0x10)))
 }
@@ -82,7 +82,7 @@ unsafe fn dots<const F: u8, const R: usize, const VNNI: bool>(group: &[u8], a: &
     debug_assert!(group.len() == nb / subs * pb && first + R <= a.rows() && out.len() == R);
     let ones = _mm256_set1_epi16(1);
     // quant words summed in i16 before `madd`
-    let per = if matches!(f, QFormat::Q5_0 | QFormat::Q5_1) { 4 } else { 8 };
+    let per = if matches!(f, QFormat::Q5_0 | QFormat::Q5_1 | QFormat::Q5_K) { 4 } else { 8 };
     let (mut acc, mut acc_m) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
     for b in 0..nb {
         let (blk, s) = (group.as_ptr().add(b / subs * pb), b % subs);

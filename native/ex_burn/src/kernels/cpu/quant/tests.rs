@@ -11,7 +11,7 @@ use super::{q8::Q8Rows, QFormat, BLOCK};
 use crate::kernels::cpu::vector::{simd, Simd};
 
 /// Every quantised format.
-pub(crate) const QUANTISED: [QFormat; 7] = [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q5_1, QFormat::Q8_0, QFormat::Q4_K, QFormat::Q6_K];
+pub(crate) const QUANTISED: [QFormat; 8] = [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q5_1, QFormat::Q8_0, QFormat::Q4_K, QFormat::Q5_K, QFormat::Q6_K];
 
 /// Random blocks of a format, scales of both signs included.
 pub(crate) fn random_blocks(f: QFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
@@ -36,7 +36,7 @@ pub(crate) fn random_blocks(f: QFormat, rows: usize, cols: usize, seed: u64) -> 
         if f != QFormat::Q6_K {
             half(&mut out, next());
         }
-        if matches!(f, QFormat::Q4_1 | QFormat::Q5_1 | QFormat::Q4_K) {
+        if matches!(f, QFormat::Q4_1 | QFormat::Q5_1 | QFormat::Q4_K | QFormat::Q5_K) {
             half(&mut out, next());
         }
         let n = f.block_bytes() - out.len() % f.block_bytes() - 2 * (f == QFormat::Q6_K) as usize;
@@ -61,6 +61,7 @@ pub(crate) fn candle_dequantised(f: QFormat, data: &[u8], rows: usize, cols: usi
         QFormat::Q5_1 => GgmlDType::Q5_1,
         QFormat::Q4_K => GgmlDType::Q4K,
         QFormat::Q6_K => GgmlDType::Q6K,
+        QFormat::Q5_K => GgmlDType::Q5K,
     };
     let dev = candle_core::Device::Cpu;
     let w = ggml_file::qtensor_from_ggml(dtype, data, vec![rows, cols], &dev).unwrap().dequantize(&dev).unwrap();
@@ -368,7 +369,7 @@ fn grouped_extremes_do_not_saturate() {
                         continue;
                     }
                     block[..2].copy_from_slice(&f16::from_f32(scale).to_bits().to_le_bytes());
-                    if matches!(f, QFormat::Q4_1 | QFormat::Q5_1 | QFormat::Q4_K) {
+                    if matches!(f, QFormat::Q4_1 | QFormat::Q5_1 | QFormat::Q4_K | QFormat::Q5_K) {
                         block[2..4].copy_from_slice(&f16::from_f32(-scale).to_bits().to_le_bytes());
                     }
                     data.extend(block);
