@@ -18,7 +18,7 @@
 #          rss_child KIND ENGINE`, and `python3 bench/pretrained_peer.py rss KIND`): VmHWM after
 #          the load minus VmRSS before it (VmHWM reset through /proc/self/clear_refs), over the
 #          weight file's size.
-#   llamabench  (only when named) llama.cpp's own tool as the peer, on the SmolLM2 Q4_1, Q4_K_M and Q5_K_M
+#   llamabench  (only when named) llama.cpp's own tool as the peer, on the SmolLM2 Q4_1, Q4_K_M, Q5_K_M and F16
 #          GGUFs: `llama-bench -m FILE -t THREADS -p 128 -n 64 -r 3` (pp128: the prefill of 128
 #          tokens; tg64: 64 decode steps), and the same two tests on ExBurn: the prefill of a prompt
 #          of exactly 128 tokens (generate with max_tokens 1: the prompt's forward and one sampled
@@ -33,7 +33,7 @@
 #          -DLLAMA_OPENSSL=OFF && cmake --build build -j2 --target llama-bench llama-quantize`.
 #          Only the Q4_1 file ships; the Q4_K_M and Q5_K_M ones are made from it into
 #          ~/.cache/ex_burn/bench/: `llama-quantize --allow-requantize SmolLM2-135M-Instruct.Q4_1.gguf
-#          ~/.cache/ex_burn/bench/SmolLM2-135M-Instruct.Q4_K_M.gguf Q4_K_M`, and likewise Q5_K_M (a
+#          ~/.cache/ex_burn/bench/SmolLM2-135M-Instruct.Q4_K_M.gguf Q4_K_M`, and likewise Q5_K_M and F16 (a
 #          speed peer, not a quality one: its weights went through Q4_1 first; rows of 576 are no
 #          multiple of 256, so llama-quantize falls back to Q5_0 or Q5_1, and Q8_0, for most tensors
 #          and only ffn_down gets Q4_K or Q5_K, and Q6_K). A file that is missing is skipped with a note.
@@ -482,7 +482,7 @@ rss =
 llamabench =
   if "llamabench" in sections do
     {pp, tg, reps} = {128, 64, 3}
-    files = for q <- ["Q4_1", "Q4_K_M", "Q5_K_M"], do: {q, B.smol(q)}
+    files = for q <- ["Q4_1", "Q4_K_M", "Q5_K_M", "F16"], do: {q, B.smol(q)}
     {present, absent} = Enum.split_with(files, fn {_, f} -> File.exists?(f) end)
 
     ours =

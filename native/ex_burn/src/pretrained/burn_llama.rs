@@ -804,7 +804,7 @@ mod tests {
 
     /// SmolLM2 requantised by llama.cpp (`llama-quantize --allow-requantize` of the Q4_1 file) as
     /// `kind`, where it has been made for benchmarks. Q4_K_M: Q5_0 and Q8_0 where rows of 576 are
-    /// no multiple of 256, Q4_K and Q6_K elsewhere; Q5_K_M: Q5_1 and Q8_0, Q5_K and Q6_K.
+    /// no multiple of 256, Q4_K and Q6_K elsewhere; Q5_K_M: Q5_1 and Q8_0, Q5_K and Q6_K; F16.
     fn smollm_requantised_path(kind: &str) -> Option<std::path::PathBuf> {
         let p = std::path::PathBuf::from(std::env::var("HOME").ok()?).join(format!(".cache/ex_burn/bench/SmolLM2-135M-Instruct.{kind}.gguf"));
         if p.is_file() {
@@ -815,14 +815,15 @@ mod tests {
         }
     }
 
-    /// Q4_K_M and Q5_K_M keep every layer in its blocks (the host path), follow the dequantised
-    /// model's greedy tokens up to near ties, and give a prompt's logits with the same bits fed at
-    /// once or token by token.
+    /// Q4_K_M, Q5_K_M and F16 keep every layer in its blocks (the host path), follow the
+    /// dequantised model's greedy tokens up to near ties, and give a prompt's logits with the same
+    /// bits fed at once or token by token.
     #[test]
     fn pretrained_burn_llama_k_quants_stay_quantised() {
-        for (kind, want) in [("Q4_K_M", ["Q4_K", "Q5_0", "Q6_K", "Q8_0"]), ("Q5_K_M", ["Q5_1", "Q5_K", "Q6_K", "Q8_0"])] {
+        let files: [(&str, &[&str]); 3] = [("Q4_K_M", &["Q4_K", "Q5_0", "Q6_K", "Q8_0"]), ("Q5_K_M", &["Q5_1", "Q5_K", "Q6_K", "Q8_0"]), ("F16", &["F16"])];
+        for (kind, want) in files {
             if let Some(path) = smollm_requantised_path(kind) {
-                k_quants_stay_quantised(&path, kind, &want);
+                k_quants_stay_quantised(&path, kind, want);
             }
         }
     }

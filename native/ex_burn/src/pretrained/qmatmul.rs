@@ -1,6 +1,6 @@
 //! GGUF-quantised linear layers for the Burn engine on the CPU: the weights stay in their GGML
 //! blocks and `x @ Wᵀ` runs on the block kernels of `kernels::cpu::quant`, which decode them in
-//! registers. Formats other than Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, and other devices,
+//! registers. Formats other than F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, and other devices,
 //! keep the dequantised f32 tensors.
 
 use crate::kernels::cpu::quant::packed::{self, LANES};
@@ -127,7 +127,7 @@ impl QStack {
 
     /// `x @ Wᵀ` for `x` of `m` rows of `cols` values: `m` rows of `rows` values.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let quantised = self.parts.iter().any(|p| p.format != QFormat::F32);
+        let quantised = self.parts.iter().any(|p| !matches!(p.format, QFormat::F32 | QFormat::F16));
         matmul_units(self.rows, self.cols, x, m, quantised, self.units.len(), |u| {
             let (part, first, col) = self.units[u];
             (self.parts[part].unit(first), col)
@@ -173,7 +173,7 @@ mod tests {
 
     #[test]
     fn quantised_matmul_equals_candles_dequantised_product() {
-        for f in QUANTISED.into_iter().chain([QFormat::F32]) {
+        for f in QUANTISED.into_iter().chain([QFormat::F32, QFormat::F16]) {
             // odd row counts (tiles and the row groups end part-way), m from 1 to 23; widths of
             // super-blocks for the k-quants
             let cases = [(1, 32, 1), (7, 64, 1), (33, 96, 2), (300, 576, 3), (5, 128, 4), (61, 160, 5), (1000, 64, 9), (17, 96, 8), (40, 64, 23)];
@@ -188,7 +188,7 @@ mod tests {
                 for (idx, e) in want.iter().enumerate() {
                     let (i, j) = (idx / rows, idx % rows);
                     let tol = match f {
-                        QFormat::F32 => 1e-5 * (1.0 + e.abs()) * (cols as f64).sqrt(),
+                        QFormat::F32 | QFormat::F16 => 1e-5 * (1.0 + e.abs()) * (cols as f64).sqrt(),
                         _ => q8_bound(&w[j * cols..(j + 1) * cols], &x[i * cols..(i + 1) * cols]),
                     };
                     assert!((got[idx] as f64 - e).abs() <= tol, "{f:?} {rows}x{cols} m={m} [{idx}]: {} vs {e} (tol {tol})", got[idx]);
@@ -250,7 +250,7 @@ mod tests {
 
     #[test]
     fn a_row_gives_the_same_bits_alone_and_among_others() {
-        for f in QUANTISED.into_iter().chain([QFormat::F32]) {
+        for f in QUANTISED.into_iter().chain([QFormat::F32, QFormat::F16]) {
             let (rows, cols, m) = (37, if f.block_values() > 32 { 768 } else { 576 }, 11);
             let q = QStack::new(vec![QMatrix::new(f, rows, cols, random_blocks(f, rows, cols, 3)).unwrap()]).unwrap();
             let x = inputs(m, cols);

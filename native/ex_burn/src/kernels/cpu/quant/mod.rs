@@ -17,7 +17,8 @@
 //! Q4_1's, against the same Q8 blocks. llama.cpp quantises the activations per 256 for these
 //! (Q8_K); per 32 is the finer grid of the two, so the bound above holds unchanged.
 //!
-//! F32 rows keep f32 activations
+//! F16 rows are regrouped too, and converted to f32 in registers against f32 activations
+//! (`packed_f16`). F32 rows keep f32 activations
 //! (`f32_dots`): nothing to decode, and a general matmul's packing of the weights would cost more
 //! than the product when the activations are a few rows.
 
@@ -26,6 +27,7 @@ mod isa;
 pub mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_avx2;
+mod packed_f16;
 mod q8;
 
 use burn::tensor::f16;
@@ -68,6 +70,8 @@ pub enum QFormat {
     /// Q4_K's super-blocks with a fifth bit: `d, dmin: f16, scales: [u8; 12], qh: [u8; 32],
     /// qs: [u8; 128]`; bit `s` of `qh[j]` is value `j`'s fifth bit in sub-block `s`.
     Q5_K,
+    /// Plain f16 rows: converted to f32 in registers, against f32 activations.
+    F16,
 }
 
 impl QFormat {
@@ -81,6 +85,7 @@ impl QFormat {
             GgmlDType::Q4K => Some(QFormat::Q4_K),
             GgmlDType::Q6K => Some(QFormat::Q6_K),
             GgmlDType::Q5K => Some(QFormat::Q5_K),
+            GgmlDType::F16 => Some(QFormat::F16),
             _ => None,
         }
     }
@@ -97,6 +102,7 @@ impl QFormat {
             6 => QFormat::Q4_K,
             7 => QFormat::Q6_K,
             8 => QFormat::Q5_K,
+            9 => QFormat::F16,
             _ => QFormat::F32,
         }
     }
@@ -118,7 +124,7 @@ impl QFormat {
     /// Whether the weights have an offset (`m_w ≠ 0`) that the activations' sums multiply.
     #[inline(always)]
     pub(super) const fn has_offset(self) -> bool {
-        !matches!(self, QFormat::Q8_0 | QFormat::Q6_K | QFormat::F32)
+        !matches!(self, QFormat::Q8_0 | QFormat::Q6_K | QFormat::F32 | QFormat::F16)
     }
 
     pub const fn block_bytes(self) -> usize {
@@ -132,6 +138,7 @@ impl QFormat {
             QFormat::Q4_K => 144,
             QFormat::Q6_K => 210,
             QFormat::Q5_K => 176,
+            QFormat::F16 => 2 * BLOCK,
         }
     }
 
@@ -153,6 +160,7 @@ impl QFormat {
             }
             QFormat::Q5_1 => (half(0), half(2), 8),
             QFormat::Q4_K | QFormat::Q5_K | QFormat::Q6_K => unreachable!("super-blocks take `sub_header`"),
+            QFormat::F16 => unreachable!("f16 rows meet f32 activations"),
         }
     }
 
@@ -204,7 +212,7 @@ impl QFormat {
                     *o = sc * (q as i32 - 32);
                 }
             }
-            QFormat::F32 => unreachable!("f32 rows take f32_dots"),
+            QFormat::F32 | QFormat::F16 => unreachable!("f32 and f16 rows meet f32 activations"),
         }
     }
 
@@ -268,6 +276,10 @@ pub fn dequantise_row(format: QFormat, row: &[u8], out: &mut [f32]) {
         out.iter_mut().zip(row.chunks_exact(4)).for_each(|(o, b)| *o = f32::from_le_bytes(b.try_into().unwrap()));
         return;
     }
+    if format == QFormat::F16 {
+        out.iter_mut().zip(row.chunks_exact(2)).for_each(|(o, b)| *o = f16_at(b, 0));
+        return;
+    }
     let mut q = [0i32; BLOCK];
     for (b, values) in row.chunks_exact(format.block_bytes()).zip(out.chunks_exact_mut(format.block_values())) {
         for (s, chunk) in values.chunks_exact_mut(BLOCK).enumerate() {
@@ -315,6 +327,16 @@ pub fn matmul_units<'a>(n: usize, k: usize, x: &[f32], m: usize, quantised: bool
     let task = |t: usize| {
         for u in t * tile..units.min((t + 1) * tile) {
             match unit(u) {
+                (Rows::Grouped { format: QFormat::F16, group, rows }, col) => {
+                    let mut sums = [[0f32; LANES]; packed::ROWS];
+                    for r in (0..m).step_by(packed::ROWS) {
+                        let take = (m - r).min(packed::ROWS);
+                        packed_f16::group_dots(level, group, x, k, r, &mut sums[..take]);
+                        for (i, lanes) in sums[..take].iter().enumerate() {
+                            put(r + i, col, &lanes[..rows]);
+                        }
+                    }
+                }
                 (Rows::Grouped { format, group, rows }, col) => {
                     let a = acts.as_ref().expect("grouped rows are quantised");
                     let mut sums = [[0f32; LANES]; packed::ROWS];

@@ -18,6 +18,8 @@
 //! activations `4g..4g + 4` of the block, one broadcast 32-bit word. The same number of bytes as
 //! the GGML rows, but Q4_K's 12 packed scale bytes a row become 16.
 //!
+//! F16 rows: value `v` of the eight rows as eight f16 at `16v` (`packed_f16`).
+//!
 //! Every path sums a row the same way: per block the exact integer sum, then
 //! `acc += (d_w·d_x)·Σ` and, apart, `acc_m += m_w·(d_x·Σq_x)` with fused multiply-adds, and
 //! `acc + acc_m` at the end. So a row's result has the same bits on every path and whatever
@@ -43,6 +45,7 @@ pub(super) const fn header_bytes(f: QFormat) -> usize {
         QFormat::Q4_1 | QFormat::Q5_1 => 32,
         QFormat::Q4_K | QFormat::Q5_K => 32 + 2 * 8 * LANES,
         QFormat::Q6_K => 16 + 16 * LANES,
+        QFormat::F16 => 0,
         _ => 16,
     }
 }
@@ -52,6 +55,7 @@ pub(super) const fn header_bytes(f: QFormat) -> usize {
 pub(super) const fn quant_bytes(f: QFormat) -> usize {
     match f {
         QFormat::Q8_0 => BLOCK * LANES,
+        QFormat::F16 => 2 * BLOCK * LANES,
         QFormat::Q6_K => BLOCK * LANES * 3 / 4,
         _ => BLOCK * LANES / 2,
     }
@@ -105,6 +109,12 @@ pub fn pack(f: QFormat, rows: usize, cols: usize, data: &[u8], out: &mut [u8]) {
         for b in 0..blocks {
             let src = &data[(r * blocks + b) * bb..(r * blocks + b + 1) * bb];
             let dst = &mut out[(group * blocks + b) * pb..(group * blocks + b + 1) * pb];
+            if f == QFormat::F16 {
+                for v in 0..BLOCK {
+                    dst[2 * (LANES * v + lane)..2 * (LANES * v + lane) + 2].copy_from_slice(&src[2 * v..2 * v + 2]);
+                }
+                continue;
+            }
             // f16 scales copied as they are; Q4_K's scales and mins unpacked to a byte each
             if f == QFormat::Q6_K {
                 dst[2 * lane..2 * lane + 2].copy_from_slice(&src[208..210]);
@@ -188,6 +198,12 @@ pub(super) fn int_quants(f: QFormat, blk: &[u8], lane: usize, s: usize, out: &mu
 
 /// Row `lane` of a group (`group`: its blocks, one after another) dequantised into `out`.
 pub fn dequantise_lane(f: QFormat, group: &[u8], lane: usize, out: &mut [f32]) {
+    if f == QFormat::F16 {
+        for (v, o) in out.iter_mut().enumerate() {
+            *o = f16_at(group, 2 * (LANES * v + lane));
+        }
+        return;
+    }
     let mut q = [0i32; BLOCK];
     for (blk, values) in group.chunks_exact(block_bytes(f)).zip(out.chunks_exact_mut(f.block_values())) {
         for (s, chunk) in values.chunks_exact_mut(BLOCK).enumerate() {

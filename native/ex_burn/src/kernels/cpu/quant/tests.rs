@@ -28,6 +28,12 @@ pub(crate) fn random_blocks(f: QFormat, rows: usize, cols: usize, seed: u64) -> 
             }
             continue;
         }
+        if f == QFormat::F16 {
+            for _ in 0..BLOCK {
+                out.extend(f16::from_f32((next() % 2000) as f32 / 1000.0 - 1.0).to_bits().to_le_bytes());
+            }
+            continue;
+        }
         let half = |out: &mut Vec<u8>, r: u32| {
             let v = (r % 2000) as f32 / 1000.0 - 1.0;
             out.extend(f16::from_f32(v * 0.05).to_bits().to_le_bytes());
@@ -57,6 +63,7 @@ pub(crate) fn candle_dequantised(f: QFormat, data: &[u8], rows: usize, cols: usi
         QFormat::Q4_1 => GgmlDType::Q4_1,
         QFormat::Q8_0 => GgmlDType::Q8_0,
         QFormat::F32 => GgmlDType::F32,
+        QFormat::F16 => GgmlDType::F16,
         QFormat::Q5_0 => GgmlDType::Q5_0,
         QFormat::Q5_1 => GgmlDType::Q5_1,
         QFormat::Q4_K => GgmlDType::Q4K,
@@ -383,6 +390,45 @@ fn grouped_extremes_do_not_saturate() {
                     for j in 0..LANES {
                         let magnitude: f64 = w[j * k..(j + 1) * k].iter().map(|v| v.abs() as f64).sum();
                         assert!((got[0][j] as f64 - exact[j]).abs() <= 1e-5 * magnitude.max(1.0), "{f:?} {fill:#x} {scale} {isa:?} row {j}: {} vs {}", got[0][j], exact[j]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn grouped_f16_rows_give_the_scalar_bits_and_an_f64_products_value() {
+    let f = QFormat::F16;
+    for (rows, k, m) in [(8, 32, 1), (13, 64, 4), (5, 576, 3), (9, 1536, 2)] {
+        let data = random_blocks(f, rows, k, (rows + k) as u64);
+        let g = grouped(f, rows, k, &data);
+        let gb = packed::group_bytes(f, k);
+        let w = candle_dequantised(f, &data, rows, k);
+        let mut row = vec![0f32; k];
+        for r in 0..rows {
+            packed::dequantise_lane(f, &g[r / LANES * gb..], r % LANES, &mut row);
+            assert_eq!(row, w[r * k..(r + 1) * k], "row {r}");
+        }
+        let mut x = inputs(m, k);
+        x[k / 2] = f32::NAN;
+        let exact = f64_product(&w, rows, k, &x, m);
+        for (gi, group) in g.chunks_exact(gb).enumerate() {
+            let mut want = vec![[0f32; LANES]; m];
+            super::packed_f16::group_dots_scalar(group, &x, k, 0, &mut want);
+            for (i, lanes) in want.iter().enumerate() {
+                for (lane, v) in lanes.iter().enumerate().take(rows - gi * LANES) {
+                    let (j, e) = (gi * LANES + lane, exact[i * rows + gi * LANES + lane]);
+                    let magnitude: f64 = (0..k).map(|c| (w[j * k + c] * x[i * k + c]).abs() as f64).sum();
+                    assert!((*v as f64 - e).abs() <= 1e-6 * magnitude || (e.is_nan() && v.is_nan()), "{rows}x{k} row {j} x{i}: {v} vs {e}");
+                }
+            }
+            for level in levels() {
+                for first in 0..m {
+                    let mut got = vec![[0f32; LANES]; m - first];
+                    super::packed_f16::group_dots(level, group, &x, k, first, &mut got);
+                    for (i, lanes) in got.iter().enumerate() {
+                        assert_eq!(lanes.map(f32::to_bits), want[first + i].map(f32::to_bits), "{level:?} {rows}x{k} group {gi} x{}", first + i);
                     }
                 }
             }
