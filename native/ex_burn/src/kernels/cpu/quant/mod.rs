@@ -24,6 +24,7 @@
 
 mod f32_dots;
 mod isa;
+mod grouped;
 pub mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_avx2;
@@ -342,7 +343,7 @@ pub fn matmul_units<'a>(n: usize, k: usize, x: &[f32], m: usize, quantised: bool
                     let mut sums = [[0f32; LANES]; packed::ROWS];
                     for r in (0..m).step_by(packed::ROWS) {
                         let take = (m - r).min(packed::ROWS);
-                        packed::group_dots(isa, format, group, a, r, &mut sums[..take]);
+                        grouped::group_dots(isa, format, group, a, r, &mut sums[..take]);
                         for (i, lanes) in sums[..take].iter().enumerate() {
                             put(r + i, col, &lanes[..rows]);
                         }

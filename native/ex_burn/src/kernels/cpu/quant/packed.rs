@@ -216,52 +216,6 @@ pub fn dequantise_lane(f: QFormat, group: &[u8], lane: usize, out: &mut [f32]) {
     }
 }
 
-/// `out[i][lane] = row lane · a[first + i]` for the group's eight rows and `out.len()` (1 to
-/// `ROWS`) activation rows.
-pub(super) fn group_dots(isa: super::isa::IntIsa, f: QFormat, group: &[u8], a: &Q8Rows, first: usize, out: &mut [[f32; LANES]]) {
-    debug_assert!(packs(f) && (1..=ROWS).contains(&out.len()) && first + out.len() <= a.rows());
-    debug_assert_eq!(group.len() * f.block_values(), a.k * block_bytes(f));
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::isa::IntIsa;
-        macro_rules! rows {
-            ($fun:ident, $F:tt) => {
-                match out.len() {
-                    1 => super::packed_avx2::$fun::<$F, 1>(group, a, first, out),
-                    2 => super::packed_avx2::$fun::<$F, 2>(group, a, first, out),
-                    3 => super::packed_avx2::$fun::<$F, 3>(group, a, first, out),
-                    _ => super::packed_avx2::$fun::<$F, 4>(group, a, first, out),
-                }
-            };
-        }
-        macro_rules! formats {
-            ($fun:ident) => {
-                match f {
-                    QFormat::Q4_0 => rows!($fun, { QFormat::Q4_0 as u8 }),
-                    QFormat::Q4_1 => rows!($fun, { QFormat::Q4_1 as u8 }),
-                    QFormat::Q5_0 => rows!($fun, { QFormat::Q5_0 as u8 }),
-                    QFormat::Q5_1 => rows!($fun, { QFormat::Q5_1 as u8 }),
-                    QFormat::Q4_K => rows!($fun, { QFormat::Q4_K as u8 }),
-                    QFormat::Q5_K => rows!($fun, { QFormat::Q5_K as u8 }),
-                    QFormat::Q6_K => rows!($fun, { QFormat::Q6_K as u8 }),
-                    _ => rows!($fun, { QFormat::Q8_0 as u8 }),
-                }
-            };
-        }
-        // SAFETY: each path runs only where `IntIsa::available` found its instructions: AVX2,
-        // FMA and F16C; AVX-512 VNNI with VL for `dpbusd` on 256 bits.
-        unsafe {
-            match isa {
-                IntIsa::Scalar => {}
-                IntIsa::Avx2 => return formats!(group_dots),
-                IntIsa::Avx2Vnni => return formats!(group_dots_vnni),
-            }
-        }
-    }
-    let _ = isa;
-    group_dots_scalar(f, group, a, first, out)
-}
-
 /// The reference every ISA path gives the same bits as.
 pub(super) fn group_dots_scalar(f: QFormat, group: &[u8], a: &Q8Rows, first: usize, out: &mut [[f32; LANES]]) {
     let subs = f.sub_blocks();

@@ -6,7 +6,8 @@ use burn::tensor::f16;
 use candle_core::quantized::{ggml_file, GgmlDType};
 
 use super::isa::IntIsa;
-use super::packed::{self, group_dots, group_dots_scalar, LANES};
+use super::grouped::group_dots;
+use super::packed::{self, group_dots_scalar, LANES};
 use super::{q8::Q8Rows, QFormat, BLOCK};
 use crate::kernels::cpu::vector::{simd, Simd};
 
