@@ -27,6 +27,11 @@ tells it the pre-tokenizer is "qwen2", and that there is no SentencePiece model 
 
 LLAMA_CPP (default /work/peers/llama.cpp) must hold convert_hf_to_gguf.py, gguf-py/ and
 build/bin/llama-quantize.
+
+With `--k-quants [DIR]` (default ~/.cache/ex_burn/llm-kquants) it writes the same two models with
+hidden size 256 (rows of 256, as the k-quants' blocks need; Qwen3's heads 128 wide) as F32, F16,
+Q4_K_M and Q6_K files, and their reference.json, to DIR instead: files too large to commit,
+which the Rust tests use where they exist.
 """
 
 import json
@@ -99,6 +104,14 @@ ARCHS = {
 }
 
 
+# "tiny": the committed files. "k": rows of 256, as the k-quants' blocks need, for files too large
+# to commit (`--k-quants DIR`).
+SIZES = {
+    "tiny": dict(hidden=64, ffn=128, qwen3_head_dim=32, quants=("Q8_0",)),
+    "k": dict(hidden=256, ffn=256, qwen3_head_dim=128, quants=("Q4_K_M", "Q6_K")),
+}
+
+
 def sig(x, digits=8):
     x = float(x)
     if x == 0.0 or not math.isfinite(x):
@@ -138,17 +151,22 @@ def build_tokenizer():
                                    chat_template=CHAT_TEMPLATE, model_max_length=128)
 
 
-def build_model(arch, vocab, eos, seed):
+def build_model(arch, vocab, eos, seed, size):
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                  rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=eos, torch_dtype="float32", **ARCHS[arch])
+    extra = dict(ARCHS[arch])
+    if "head_dim" in extra:
+        extra["head_dim"] = SIZES[size]["qwen3_head_dim"]
+    common = dict(vocab_size=vocab, hidden_size=SIZES[size]["hidden"], intermediate_size=SIZES[size]["ffn"],
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=eos, torch_dtype="float32", **extra)
     if arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     else:
         model = Qwen3ForCausalLM(Qwen3Config(attention_bias=False, **common))
     g = torch.Generator().manual_seed(seed)
+    # products over wider rows grow with their square root: the same gain at every size
+    width = math.sqrt(64 / SIZES[size]["hidden"])
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -156,9 +174,9 @@ def build_model(arch, vocab, eos, seed):
             elif name.endswith("bias"):
                 v = 0.5 * torch.randn(p.shape, generator=g)
             elif "embed_tokens" in name or "lm_head" in name:
-                v = 0.6 * torch.randn(p.shape, generator=g)
+                v = 0.6 * width * torch.randn(p.shape, generator=g)
             else:
-                v = 0.15 * torch.randn(p.shape, generator=g)
+                v = 0.15 * width * torch.randn(p.shape, generator=g)
             # f16-representable, so the F16 file holds exactly these weights
             p.copy_(v.half().float())
     model.eval()
@@ -235,29 +253,41 @@ def llama_cpp_logits(path, prompts):
 
 
 def main():
-    os.makedirs(OUT_DIR, exist_ok=True)
+    if len(sys.argv) > 1 and sys.argv[1] == "--k-quants":
+        out = sys.argv[2] if len(sys.argv) > 2 else os.path.expanduser("~/.cache/ex_burn/llm-kquants")
+        write(out, "k")
+    else:
+        write(OUT_DIR, "tiny")
+
+
+def write(out_dir, size):
+    os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(0)
     tok = build_tokenizer()
     vocab = len(tok)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     reference = {"versions": versions(), "near_tie": NEAR_TIE}
+    from transformers import AutoModelForCausalLM
+
     for seed, arch in enumerate(ARCHS, start=1):
-        model = build_model(arch, vocab, eos, seed)
+        model = build_model(arch, vocab, eos, seed, size)
         scratch = tempfile.mkdtemp()
         # the converter names the model after its directory
         work = os.path.join(scratch, f"tiny-{arch}")
+        name = f"tiny-{arch}" if size == "tiny" else f"tiny-{arch}-{size}"
         try:
             model.save_pretrained(work, safe_serialization=True)
             tok.save_pretrained(work)
             files = {}
             for outtype, label in (("f32", "F32"), ("f16", "F16")):
-                path = os.path.join(OUT_DIR, f"tiny-{arch}.{label}.gguf")
+                path = os.path.join(out_dir, f"{name}.{label}.gguf")
                 convert(work, path, outtype)
                 files[label] = path
-            q8 = os.path.join(OUT_DIR, f"tiny-{arch}.Q8_0.gguf")
-            subprocess.run([QUANTIZE, files["F32"], q8, "Q8_0"], check=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-            files["Q8_0"] = q8
+            for label in SIZES[size]["quants"]:
+                path = os.path.join(out_dir, f"{name}.{label}.gguf")
+                subprocess.run([QUANTIZE, files["F32"], path, label], check=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+                files[label] = path
         finally:
             shutil.rmtree(scratch)
 
@@ -270,43 +300,43 @@ def main():
                         "prompt_ids": tok(chat_text, add_special_tokens=False)["input_ids"]})
         prompts += [{"kind": "ids", "prompt_ids": p} for p in ID_PROMPTS]
         record(arch, model, prompts, eos)
-        # The Q8_0 file's own weights, dequantised by transformers' GGUF loader: the reference a
-        # quantised engine is held to, as test/data/gen_pretrained_refs.py does for SmolLM2.
-        from transformers import AutoModelForCausalLM
-
-        # the model's own config: the loader's reading of the metadata drops Qwen3's head_dim
-        check = AutoModelForCausalLM.from_pretrained(OUT_DIR, gguf_file=os.path.basename(files["F32"]),
+        # the model's own config: the GGUF loader's reading of the metadata drops Qwen3's head_dim
+        check = AutoModelForCausalLM.from_pretrained(out_dir, gguf_file=os.path.basename(files["F32"]),
                                                      config=model.config, torch_dtype=torch.float32).eval()
         with torch.no_grad():
             same = float((check(torch.tensor([ID_PROMPTS[0]])).logits - model(torch.tensor([ID_PROMPTS[0]])).logits)
                          .abs().max())
         assert same < 1e-4, f"transformers' GGUF loader reads the F32 file as another model ({same})"
-        q8_model = AutoModelForCausalLM.from_pretrained(OUT_DIR, gguf_file=os.path.basename(files["Q8_0"]),
-                                                        config=model.config, torch_dtype=torch.float32).eval()
-        q8_prompts = [{k: v for k, v in c.items() if k in ("kind", "prompt", "messages", "prompt_ids")} for c in prompts]
-        record(f"{arch} Q8_0", q8_model, q8_prompts, eos)
-        llama = {}
-        for label, path in files.items():
-            got = llama_cpp_logits(path, [c["prompt_ids"] for c in prompts])
-            if got is not None:
-                llama[label] = got
-                refs = q8_prompts if label == "Q8_0" else prompts
-                worst = max(float(np.max(np.abs(np.array(g) - np.array(c["first_step_logits"]))))
-                            for g, c in zip(got, refs))
-                print(f"  llama.cpp {label}: first-step logits within {worst:.5f} of transformers' on its weights")
-            print(f"  {os.path.basename(path)}: {os.path.getsize(path)} bytes")
-        reference[arch] = {
+        entry = {
             "files": {label: os.path.basename(p) for label, p in files.items()},
             "config": {k: v for k, v in ARCHS[arch].items()},
             "eos_token_id": eos,
             "chat_template": CHAT_TEMPLATE,
             "tokenize": tokenize,
-            # F32 and F16 files hold the model's own weights; Q8_0's are rounded
+            # F32 and F16 files hold the model's own weights
             "generate": prompts,
-            "generate_Q8_0": q8_prompts,
-            "llama_cpp_first_step_logits": llama,
         }
-    with open(os.path.join(OUT_DIR, "reference.json"), "w") as f:
+        # A quantised file's own weights, dequantised by transformers' GGUF loader: the reference
+        # a quantised engine is held to, as test/data/gen_pretrained_refs.py does for SmolLM2.
+        for label in SIZES[size]["quants"]:
+            qmodel = AutoModelForCausalLM.from_pretrained(out_dir, gguf_file=os.path.basename(files[label]),
+                                                          config=model.config, torch_dtype=torch.float32).eval()
+            cases = [{k: v for k, v in c.items() if k in ("kind", "prompt", "messages", "prompt_ids")} for c in prompts]
+            record(f"{arch} {label}", qmodel, cases, eos)
+            entry[f"generate_{label}"] = cases
+        llama = {}
+        for label, path in files.items():
+            got = llama_cpp_logits(path, [c["prompt_ids"] for c in prompts])
+            if got is not None:
+                llama[label] = got
+                refs = entry.get(f"generate_{label}", prompts)
+                worst = max(float(np.max(np.abs(np.array(g) - np.array(c["first_step_logits"]))))
+                            for g, c in zip(got, refs))
+                print(f"  llama.cpp {label}: first-step logits within {worst:.5f} of transformers' on its weights")
+            print(f"  {os.path.basename(path)}: {os.path.getsize(path)} bytes")
+        entry["llama_cpp_first_step_logits"] = llama
+        reference[arch] = entry
+    with open(os.path.join(out_dir, "reference.json"), "w") as f:
         json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")
 

@@ -3,10 +3,14 @@
 //! `test/data/llm/`: F32, F16 and Q8_0 files of each. The files and references are committed, so
 //! a missing one fails.
 //!
+//! `gen_llm_refs.py --k-quants` writes the same models with rows of 256 as F32, F16, Q4_K_M and
+//! Q6_K files to `~/.cache/ex_burn/llm-kquants/` (too large to commit); their test skips, saying
+//! so, where they are absent.
+//!
 //! Qwen2 has Q/K/V biases and an untied output projection; Qwen3 has per-head Q/K norms, heads
 //! of 32 with hidden 64 and 4 heads, and a tied output; both rotate halves (`RopeStyle::Halves`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 
@@ -33,14 +37,22 @@ fn llm_dir() -> PathBuf {
     crate::process::env::reference_dir().parent().expect("reference dir has a parent").join("llm")
 }
 
-fn reference() -> Json {
-    let path = llm_dir().join("reference.json");
+fn reference_in(dir: &Path) -> Json {
+    let path = dir.join("reference.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reference {}: {e}", path.display()));
     serde_json::from_str(&text).expect("reference JSON")
 }
 
+fn reference() -> Json {
+    reference_in(&llm_dir())
+}
+
+fn file_in(dir: &Path, r: &Json, arch: &str, label: &str) -> PathBuf {
+    dir.join(r[arch]["files"][label].as_str().unwrap())
+}
+
 fn file(r: &Json, arch: &str, label: &str) -> PathBuf {
-    llm_dir().join(r[arch]["files"][label].as_str().unwrap())
+    file_in(&llm_dir(), r, arch, label)
 }
 
 fn floats(v: &Json) -> Vec<f64> {
@@ -85,12 +97,30 @@ fn engines(path: &std::path::Path) -> Vec<(&'static str, Box<dyn CausalLm>, bool
 
 #[test]
 fn qwen_gguf_engines_match_transformers() {
-    let r = reference();
+    println!("{}", check_engines(&llm_dir(), &FILES).join("\n"));
+}
+
+/// The same with k-quant blocks (Q4_K and Q6_K, Q6_K alone), where the files have been written.
+#[test]
+fn qwen_gguf_k_quants_match_transformers() {
+    let Some(home) = std::env::var_os("HOME") else { return };
+    let dir = PathBuf::from(home).join(".cache/ex_burn/llm-kquants");
+    if !dir.join("reference.json").is_file() {
+        println!("SKIPPED: {} not found (python3 test/data/gen_llm_refs.py --k-quants writes it)", dir.display());
+        return;
+    }
+    println!("{}", check_engines(&dir, &["F32", "F16", "Q4_K_M", "Q6_K"]).join("\n"));
+}
+
+/// Every architecture x file x engine against its reference (module doc); one summary line each.
+fn check_engines(dir: &Path, files: &[&str]) -> Vec<String> {
+    let r = reference_in(dir);
     let mut summary = vec![];
     for arch in ARCHS {
         let eos = r[arch]["eos_token_id"].as_u64().unwrap() as u32;
-        for label in FILES {
-            let path = file(&r, arch, label);
+        for &label in files {
+            let quantised = label != "F32" && label != "F16";
+            let path = file_in(dir, &r, arch, label);
             // F32 and F16 files hold the transformers model's own weights; a Q8_0 file is held to
             // transformers on its weights, dequantised
             let cases = r[arch].get(format!("generate_{label}")).unwrap_or(&r[arch]["generate"]).as_array().unwrap();
@@ -111,9 +141,9 @@ fn qwen_gguf_engines_match_transformers() {
                     let want = floats(&case["first_step_logits"]);
                     let (diff, range) = distance(&forced.first, &want);
                     worst = worst.max(diff / range);
-                    if label == "Q8_0" {
-                        // 8-bit weights against transformers' f32 ones, and on the host path 8-bit
-                        // activations too (greedy_check::Q8_LOGIT_DRIFT)
+                    if quantised {
+                        // against transformers on the file's dequantised weights: activations
+                        // rounded to 8 bits on the quantised paths (greedy_check::Q8_LOGIT_DRIFT)
                         let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
                         assert!(diff < greedy_check::Q8_LOGIT_DRIFT as f64 * scale, "{case_tag}: first-step logits differ by {diff} (logits up to {scale})");
                     } else {
@@ -125,7 +155,7 @@ fn qwen_gguf_engines_match_transformers() {
                         let (d, range) = distance(&forced.first, &floats(&cpp[i]));
                         worst_cpp = worst_cpp.max(d / range);
                         // both round activations to 8 bits, each its own way, on Q8_0
-                        let bound = if label == "Q8_0" { greedy_check::Q8_LOGIT_DRIFT as f64 } else { LLAMA_CPP_FLOAT_BOUND };
+                        let bound = if quantised { greedy_check::Q8_LOGIT_DRIFT as f64 } else { LLAMA_CPP_FLOAT_BOUND };
                         assert!(d < bound * range, "{case_tag}: first-step logits differ from llama.cpp's by {d}, range {range}");
                     }
                 }
@@ -138,7 +168,7 @@ fn qwen_gguf_engines_match_transformers() {
             }
         }
     }
-    println!("{}", summary.join("\n"));
+    summary
 }
 
 /// The tokenizer built from the GGUF metadata gives transformers' ids, and the chat template
