@@ -1,11 +1,13 @@
-//! Llama-family decoder on the Burn engine, from a GGUF file. On the CPU the linear layers and
-//! the embedding keep the file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks (`qmatmul`); elsewhere,
-//! and for other formats, tensors are dequantised to f32 at load.
+//! Llama-family decoder on the Burn engine, from a GGUF file: Llama, Qwen2 and Qwen3, whose
+//! differences (Q/K/V biases, per-head Q/K norms, which pairs RoPE rotates) are a `Family` read
+//! from `general.architecture`. On the CPU the linear layers and the embedding keep the file's
+//! F16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks (`qmatmul`); elsewhere, and for other
+//! formats, tensors are dequantised to f32 at load.
 //!
 //! llama.cpp's converter permutes the rows of Q and K so that GGUF Llama models use the
 //! interleaved-pair rotary embedding (pairs `(2i, 2i+1)` rotate together), as candle's
-//! `quantized_llama` (`rope_i`) and llama.cpp itself do; Hugging Face's half-split rotation
-//! would be wrong here.
+//! `quantized_llama` (`rope_i`) and llama.cpp itself do; it leaves Qwen's rows in Hugging Face's
+//! order, where the two halves of a head rotate together (`RopeStyle`).
 
 use std::any::Any;
 use std::path::Path;
@@ -25,15 +27,59 @@ use super::{one_by_one, CausalLm, Chunk, LmSession};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::error::{catch, ExError, ExResult};
 
+/// GGUF `general.architecture` values this decoder runs (Mistral-style GGUFs say "llama" too).
+pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+
+/// Which pairs of a head's values rotate together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// `(2i, 2i+1)`: llama.cpp's converter permutes Llama's Q and K rows into this layout
+    /// (`LLAMA_ROPE_TYPE_NORM`), as candle's `rope_i` rotates.
+    Interleaved,
+    /// `(i, i + rope_dim / 2)`: Hugging Face's layout, which the converter keeps for Qwen
+    /// (`LLAMA_ROPE_TYPE_NEOX`), as candle's `rope` rotates.
+    Halves,
+}
+
+/// How a decoder family's layer departs from Llama's. Each engine reads these flags in one
+/// place per layer, so a family is a row here, not a copy of the decoder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Family {
+    /// Q, K and V projections add biases (`blk.N.attn_{q,k,v}.bias`): Qwen2.
+    pub qkv_bias: bool,
+    /// Each query and key head is RMS-normalised (`blk.N.attn_{q,k}_norm.weight`, `[head_dim]`)
+    /// before rotation: Qwen3.
+    pub qk_norm: bool,
+    pub rope: RopeStyle,
+}
+
+impl Family {
+    pub fn of(arch: &str) -> Option<Family> {
+        let (qkv_bias, qk_norm, rope) = match arch {
+            "llama" => (false, false, RopeStyle::Interleaved),
+            "qwen2" => (true, false, RopeStyle::Halves),
+            "qwen3" => (false, true, RopeStyle::Halves),
+            _ => return None,
+        };
+        Some(Family { qkv_bias, qk_norm, rope })
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
+    /// `general.architecture`, the prefix of the hyperparameters' metadata keys.
+    pub arch: String,
+    pub family: Family,
     pub block_count: usize,
     pub embedding_length: usize,
     pub feed_forward_length: usize,
     pub head_count: usize,
     pub head_count_kv: usize,
+    /// `{arch}.attention.key_length`, else `embedding_length / head_count` (Qwen3 heads may be
+    /// wider than that).
+    pub head_dim: usize,
     pub rope_freq_base: f64,
-    /// Positions are multiplied by this before rotating (`1 / llama.rope.scaling.factor` for
+    /// Positions are multiplied by this before rotating (`1 / {arch}.rope.scaling.factor` for
     /// linear scaling, else 1).
     pub rope_position_scale: f64,
     pub rms_eps: f64,
@@ -49,13 +95,13 @@ impl LlamaConfig {
     }
 
     pub fn head_dim(&self) -> usize {
-        self.embedding_length / self.head_count
+        self.head_dim
     }
 
     /// The rotary tables, cos and sin as `[context, rope_dim / 2]` row-major: θ_i =
     /// base^(-2i / rope_dim), divided by `rope_freqs.weight`'s factors where the file has them
     /// (Llama 3.1-style scaling, as llama.cpp applies them); angle = position · scale · θ_i, in f64.
-    /// Both engines rotate with these.
+    /// Both engines and both rope styles rotate with these.
     pub(crate) fn rope_tables(&self, g: &mut Gguf) -> ExResult<(Vec<f32>, Vec<f32>)> {
         let (half, ctx) = (self.rope_dim / 2, self.context_length.max(1));
         let factors = if g.contains("rope_freqs.weight") { g.values("rope_freqs.weight", &[half])? } else { vec![1.0; half] };
@@ -68,39 +114,48 @@ impl LlamaConfig {
     }
 
     pub(crate) fn read(g: &Gguf) -> ExResult<Self> {
-        let arch = g.string("general.architecture")?;
-        if arch != "llama" {
-            return Err(super::errors::unsupported("burn", format!("unknown architecture `{arch}` in {}: the Burn engine runs `llama` GGUF models", g.path().display())));
-        }
-        let embedding_length = g.usize("llama.embedding_length")?;
-        let head_count = g.usize("llama.attention.head_count")?;
-        let head_count_kv = g.opt_usize("llama.attention.head_count_kv")?.unwrap_or(head_count);
-        if head_count == 0 || embedding_length % head_count != 0 || head_count_kv == 0 || head_count % head_count_kv != 0 {
+        let arch = g.string("general.architecture")?.to_string();
+        let Some(family) = Family::of(&arch) else {
+            return Err(super::errors::unsupported(
+                "burn",
+                format!("unknown architecture `{arch}` in {}: the Burn engine runs {} GGUF models", g.path().display(), ARCHITECTURES.join(", ")),
+            ));
+        };
+        // hyperparameters are keyed by the architecture: `llama.block_count`, `qwen2.block_count`
+        let key = |name: &str| format!("{arch}.{name}");
+        let embedding_length = g.usize(&key("embedding_length"))?;
+        let head_count = g.usize(&key("attention.head_count"))?;
+        let head_count_kv = g.opt_usize(&key("attention.head_count_kv"))?.unwrap_or(head_count);
+        let key_length = g.opt_usize(&key("attention.key_length"))?;
+        if head_count == 0
+            || (key_length.is_none() && embedding_length % head_count != 0)
+            || head_count_kv == 0
+            || head_count % head_count_kv != 0
+            || key_length == Some(0)
+        {
             return Err(ExError::invalid(format!(
                 "inconsistent attention shape in {}: embedding_length {embedding_length}, head_count {head_count}, head_count_kv {head_count_kv}",
                 g.path().display()
             )));
         }
-        let head_dim = embedding_length / head_count;
-        let rope_dim = g.opt_usize("llama.rope.dimension_count")?.unwrap_or(head_dim);
+        let head_dim = key_length.unwrap_or(embedding_length / head_count);
+        if let Some(n) = g.opt_usize(&key("attention.value_length"))? {
+            if n != head_dim {
+                return Err(super::errors::unsupported(
+                    "burn",
+                    format!("{arch}.attention.value_length {n} differs from the key length {head_dim}, which the engines do not support"),
+                ));
+            }
+        }
+        let rope_dim = g.opt_usize(&key("rope.dimension_count"))?.unwrap_or(head_dim);
         if rope_dim > head_dim || rope_dim % 2 != 0 {
             return Err(ExError::invalid(format!("rope dimension {rope_dim} does not fit heads of {head_dim}")));
         }
-        for key in ["llama.attention.key_length", "llama.attention.value_length"] {
-            if let Some(n) = g.opt_usize(key)? {
-                if n != head_dim {
-                    return Err(super::errors::unsupported(
-                        "burn",
-                        format!("{key} {n} differs from embedding_length / head_count = {head_dim}, which the Burn engine does not support"),
-                    ));
-                }
-            }
-        }
-        let rope_position_scale = match g.metadata().get("llama.rope.scaling.type") {
+        let rope_position_scale = match g.metadata().get(&key("rope.scaling.type")) {
             None => 1.0,
-            Some(_) => match g.string("llama.rope.scaling.type")? {
+            Some(_) => match g.string(&key("rope.scaling.type"))? {
                 "none" => 1.0,
-                "linear" => 1.0 / g.opt_f64("llama.rope.scaling.factor")?.unwrap_or(1.0),
+                "linear" => 1.0 / g.opt_f64(&key("rope.scaling.factor"))?.unwrap_or(1.0),
                 other => {
                     return Err(super::errors::unsupported("burn", format!("unsupported rope scaling `{other}` (the Burn engine supports none and linear)")))
                 }
@@ -122,24 +177,58 @@ impl LlamaConfig {
                 ))
             }
         };
-        if let Some(v) = g.opt_usize("llama.vocab_size")? {
+        if let Some(v) = g.opt_usize(&key("vocab_size"))? {
             if v != vocab_size {
-                return Err(ExError::invalid(format!("llama.vocab_size {v} disagrees with token_embd.weight's {vocab_size} rows")));
+                return Err(ExError::invalid(format!("{arch}.vocab_size {v} disagrees with token_embd.weight's {vocab_size} rows")));
             }
         }
         Ok(LlamaConfig {
-            block_count: g.usize("llama.block_count")?,
+            block_count: g.usize(&key("block_count"))?,
             embedding_length,
-            feed_forward_length: g.usize("llama.feed_forward_length")?,
+            feed_forward_length: g.usize(&key("feed_forward_length"))?,
             head_count,
             head_count_kv,
-            rope_freq_base: g.opt_f64("llama.rope.freq_base")?.unwrap_or(10000.0),
+            head_dim,
+            rope_freq_base: g.opt_f64(&key("rope.freq_base"))?.unwrap_or(10000.0),
             rope_position_scale,
-            rms_eps: g.opt_f64("llama.attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
-            context_length: g.usize("llama.context_length")?,
+            rms_eps: g.opt_f64(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
+            context_length: g.usize(&key("context_length"))?,
             rope_dim,
             vocab_size,
+            arch,
+            family,
         })
+    }
+}
+
+/// A family's per-layer extras (`Family`), as host values: the concatenated Q/K/V biases and
+/// the per-head Q and K norm weights, where the family has them.
+#[derive(Clone, Default)]
+pub(crate) struct HeadExtras {
+    pub qkv_bias: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+}
+
+impl HeadExtras {
+    /// Layer `l`'s extras from the file.
+    pub(crate) fn read(g: &mut Gguf, cfg: &LlamaConfig, l: usize) -> ExResult<HeadExtras> {
+        let (dh, f) = (cfg.head_dim(), cfg.family);
+        let n = |name: &str| format!("blk.{l}.{name}");
+        let qkv_bias = if f.qkv_bias {
+            let mut b = g.values(&n("attn_q.bias"), &[cfg.head_count * dh])?;
+            b.extend(g.values(&n("attn_k.bias"), &[cfg.head_count_kv * dh])?);
+            b.extend(g.values(&n("attn_v.bias"), &[cfg.head_count_kv * dh])?);
+            Some(b)
+        } else {
+            None
+        };
+        let (q_norm, k_norm) = if f.qk_norm {
+            (Some(g.values(&n("attn_q_norm.weight"), &[dh])?), Some(g.values(&n("attn_k_norm.weight"), &[dh])?))
+        } else {
+            (None, None)
+        };
+        Ok(HeadExtras { qkv_bias, q_norm, k_norm })
     }
 }
 
@@ -205,6 +294,12 @@ struct Block {
     attn_norm: Tensor<1>,
     /// Q, K and V stacked: `(heads + 2 kv_heads) * head_dim` outputs.
     qkv: Linear,
+    /// The family's biases and Q/K norms as host values (the host paths read these) and as
+    /// tensors (`[width]` and `[head_dim]`, for the dequantised path).
+    extras: HeadExtras,
+    qkv_bias: Option<Tensor<1>>,
+    q_norm: Option<Tensor<1>>,
+    k_norm: Option<Tensor<1>>,
     out: Linear,
     ffn_norm: Tensor<1>,
     /// Gate and up stacked: `2 * ffn` outputs.
@@ -296,7 +391,10 @@ impl Weights {
             let gate_up = linear(g, &[(&n("ffn_gate"), f), (&n("ffn_up"), f)], h)?;
             let down = linear(g, &[(&n("ffn_down"), h)], f)?;
             let (attn_norm, ffn_norm) = (g.tensor(&n("attn_norm"), [h], &dev)?, g.tensor(&n("ffn_norm"), [h], &dev)?);
-            blocks.push(Block { attn_norm, qkv, out, ffn_norm, gate_up, down });
+            let extras = HeadExtras::read(g, &cfg, l)?;
+            let tensor = |v: &Option<Vec<f32>>| v.as_ref().map(|v| f32_tensor(v.clone(), [v.len()], &dev));
+            let (qkv_bias, q_norm, k_norm) = (tensor(&extras.qkv_bias), tensor(&extras.q_norm), tensor(&extras.k_norm));
+            blocks.push(Block { attn_norm, qkv, extras, qkv_bias, q_norm, k_norm, out, ffn_norm, gate_up, down });
         }
         let out_norm = g.tensor("output_norm.weight", [h], &dev)?;
         let output = if g.contains("output.weight") {
@@ -308,7 +406,14 @@ impl Weights {
         let (half, ctx) = (cfg.rope_dim / 2, cfg.context_length.max(1));
         let (cos, sin) = cfg.rope_tables(g)?;
         let pair_tables = (!quantised).then(|| {
-            let pairs = |v: &[f32], first_sign: f32| -> Vec<f32> { v.iter().flat_map(|&a| [first_sign * a, a]).collect() };
+            // each value's partner's factor, in the layout the family rotates
+            let pairs = |v: &[f32], first_sign: f32| -> Vec<f32> {
+                match cfg.family.rope {
+                    RopeStyle::Interleaved => v.iter().flat_map(|&a| [first_sign * a, a]).collect(),
+                    RopeStyle::Halves if half == 0 => Vec::new(),
+                    RopeStyle::Halves => v.chunks_exact(half).flat_map(|row| row.iter().map(move |&a| first_sign * a).chain(row.iter().copied())).collect(),
+                }
+            };
             (f32_tensor(pairs(&cos, 1.0), [ctx, 2 * half], &dev), f32_tensor(pairs(&sin, -1.0), [ctx, 2 * half], &dev))
         });
         let all_quantised = [&embed, &output].into_iter().chain(blocks.iter().flat_map(|b| [&b.qkv, &b.out, &b.gate_up, &b.down])).all(|l| quant_stack(l).is_some());
@@ -331,7 +436,16 @@ impl Weights {
         x * scale * w.clone().unsqueeze::<2>()
     }
 
-    /// Interleaved-pair rotary embedding on `[1, heads, s, head_dim]` at positions `pos..pos+s`.
+    /// Per-head RMSNorm over the last dimension of `[1, heads, s, head_dim]` (Qwen3's Q/K norms).
+    fn head_norm(&self, x: Tensor<4>, w: &Option<Tensor<1>>) -> Tensor<4> {
+        let Some(w) = w else { return x };
+        let dh = w.dims()[0];
+        let scale = x.clone().square().mean_dim(3).add_scalar(self.cfg.rms_eps).sqrt().recip();
+        x * scale * w.clone().reshape([1, 1, 1, dh])
+    }
+
+    /// Rotary embedding on `[1, heads, s, head_dim]` at positions `pos..pos+s`, in the family's
+    /// pairing.
     fn rope(&self, x: Tensor<4>, pos: usize) -> Tensor<4> {
         let [_, nh, s, dh] = x.dims();
         let rd = self.cfg.rope_dim;
@@ -348,7 +462,10 @@ impl Weights {
             Some((c, sn)) => {
                 let c: Tensor<4> = c.clone().slice([pos..pos + s, 0..rd]).reshape([1, 1, s, rd]);
                 let sn: Tensor<4> = sn.clone().slice([pos..pos + s, 0..rd]).reshape([1, 1, s, rd]);
-                let swapped: Tensor<4> = rot.clone().reshape([1, nh, s, half, 2]).flip([4]).reshape([1, nh, s, rd]);
+                let swapped: Tensor<4> = match self.cfg.family.rope {
+                    RopeStyle::Interleaved => rot.clone().reshape([1, nh, s, half, 2]).flip([4]).reshape([1, nh, s, rd]),
+                    RopeStyle::Halves => rot.clone().reshape([1, nh, s, 2, half]).flip([3]).reshape([1, nh, s, rd]),
+                };
                 rot * c + swapped * sn
             }
             None => self.rope_pairs(rot, pos),
@@ -359,47 +476,63 @@ impl Weights {
         }
     }
 
-    /// RoPE on `[1, heads, s, rope_dim]` pair by pair.
+    /// RoPE on `[1, heads, s, rope_dim]` pair by pair: each pair's values as `[.., half, 2]`
+    /// (interleaved) or `[.., 2, half]` (halves), so both styles are the same products.
     fn rope_pairs(&self, rot: Tensor<4>, pos: usize) -> Tensor<4> {
         let [_, nh, s, rd] = rot.dims();
         let half = rd / 2;
-        let pairs: Tensor<5> = rot.reshape([1, nh, s, half, 2]);
-        let x0 = pairs.clone().slice([0..1, 0..nh, 0..s, 0..half, 0..1]);
-        let x1 = pairs.slice([0..1, 0..nh, 0..s, 0..half, 1..2]);
-        let cos: Tensor<5> = self.cos.clone().slice([pos..pos + s, 0..half]).reshape([1, 1, s, half, 1]);
-        let sin: Tensor<5> = self.sin.clone().slice([pos..pos + s, 0..half]).reshape([1, 1, s, half, 1]);
+        let (shape, table, axis) = match self.cfg.family.rope {
+            RopeStyle::Interleaved => ([1, nh, s, half, 2], [1, 1, s, half, 1], 4),
+            RopeStyle::Halves => ([1, nh, s, 2, half], [1, 1, s, 1, half], 3),
+        };
+        let pairs: Tensor<5> = rot.reshape(shape);
+        let (mut first, mut second) = ([0..1, 0..nh, 0..s, 0..shape[3], 0..shape[4]], [0..1, 0..nh, 0..s, 0..shape[3], 0..shape[4]]);
+        first[axis] = 0..1;
+        second[axis] = 1..2;
+        let x0 = pairs.clone().slice(first);
+        let x1 = pairs.slice(second);
+        let cos: Tensor<5> = self.cos.clone().slice([pos..pos + s, 0..half]).reshape(table);
+        let sin: Tensor<5> = self.sin.clone().slice([pos..pos + s, 0..half]).reshape(table);
         let r0 = x0.clone() * cos.clone() - x1.clone() * sin.clone();
         let r1 = x0 * sin + x1 * cos;
-        Tensor::cat(vec![r0, r1], 4).reshape([1, nh, s, rd])
+        Tensor::cat(vec![r0, r1], axis).reshape([1, nh, s, rd])
     }
 
     /// Q, K and V as `[1, heads, s, head_dim]` from the quantised projection, laid out and
     /// rotated on the host in one pass. The same rotation as `rope` (the quantised and dequantised
     /// paths are tested against each other), without its dozen small tensor ops per call: a
     /// fifth of a decoding step's time outside the matrix products.
-    fn qkv_host(&self, w: &QStack, x: Tensor<2>, pos: usize) -> [Tensor<4>; 3] {
+    fn qkv_host(&self, w: &QStack, extras: &HeadExtras, x: Tensor<2>, pos: usize) -> [Tensor<4>; 3] {
         let cfg = &self.cfg;
         let (s, dh, nh, nkv) = (x.dims()[0], cfg.head_dim(), cfg.head_count, cfg.head_count_kv);
         let (rd, width) = (cfg.rope_dim, w.rows());
         let half = rd / 2;
-        let qkv = quant_matmul(w, x);
+        let mut qkv = quant_matmul(w, x);
+        llama_host::add_bias(&mut qkv, extras.qkv_bias.as_deref());
         let (cos, sin) = (self.cos.clone().into_dispatch(), self.sin.clone().into_dispatch());
         let tables = flex_f32(&cos).zip(flex_f32(&sin));
-        let heads = |from: usize, n: usize, rotate: bool| -> Tensor<4> {
+        let heads = |from: usize, n: usize, norm: Option<&[f32]>, rotate: bool| -> Tensor<4> {
             let mut out = vec![0f32; n * s * dh];
             for h in 0..n {
                 for t in 0..s {
                     let src = &qkv[t * width + from + h * dh..][..dh];
                     let dst = &mut out[(h * s + t) * dh..][..dh];
                     dst.copy_from_slice(src);
+                    if let Some(w) = norm {
+                        llama_host::rms_norm_in_place(dst, w, cfg.rms_eps);
+                    }
                     if let (true, Some((cos, sin))) = (rotate, tables) {
-                        llama_host::rotate(&mut dst[..2 * half], &cos[(pos + t) * half..][..half], &sin[(pos + t) * half..][..half]);
+                        llama_host::rotate(&mut dst[..2 * half], &cos[(pos + t) * half..][..half], &sin[(pos + t) * half..][..half], cfg.family.rope);
                     }
                 }
             }
             f32_tensor(out, [1, n, s, dh], &self.device)
         };
-        let (q, k, v) = (heads(0, nh, true), heads(nh * dh, nkv, true), heads((nh + nkv) * dh, nkv, false));
+        let (q, k, v) = (
+            heads(0, nh, extras.q_norm.as_deref(), true),
+            heads(nh * dh, nkv, extras.k_norm.as_deref(), true),
+            heads((nh + nkv) * dh, nkv, None, false),
+        );
         if tables.is_none() && rd > 0 {
             return [self.rope(q, pos), self.rope(k, pos), v];
         }
@@ -432,10 +565,19 @@ impl Weights {
             head_dim: cfg.head_dim(),
             ffn: cfg.feed_forward_length,
             rope_dim: cfg.rope_dim,
+            rope: cfg.family.rope,
             rms_eps: cfg.rms_eps,
         };
         for (l, (block, (attn_norm, ffn_norm))) in self.blocks.iter().zip(&hw.norms).enumerate() {
-            let b = HostBlock { attn_norm, qkv: q(&block.qkv), out: q(&block.out), ffn_norm, gate_up: q(&block.gate_up), down: q(&block.down) };
+            let b = HostBlock {
+                attn_norm,
+                qkv: q(&block.qkv),
+                extras: &block.extras,
+                out: q(&block.out),
+                ffn_norm,
+                gate_up: q(&block.gate_up),
+                down: q(&block.down),
+            };
             let mut rows: Vec<HostSeq> = seqs.iter_mut().map(|(t, pos, kv)| HostSeq { pos: *pos, len: t.len(), kv: &mut kv[l] }).collect();
             llama_host::layer(&shape, &b, &hw.cos, &hw.sin, &mut x, &mut rows);
         }
@@ -467,13 +609,21 @@ impl Weights {
         for (block, slot) in self.blocks.iter().zip(cache.iter_mut()) {
             let normed = self.rms_norm(x.clone(), &block.attn_norm);
             let [q, k, v] = match &block.qkv {
-                Linear::Quant(w) => self.qkv_host(w, normed, pos),
+                Linear::Quant(w) => self.qkv_host(w, &block.extras, normed, pos),
                 dense => {
                     let qkv = dense.forward(normed);
+                    let qkv = match &block.qkv_bias {
+                        Some(b) => qkv + b.clone().unsqueeze::<2>(),
+                        None => qkv,
+                    };
                     let split = |from: usize, heads: usize| -> Tensor<4> {
                         qkv.clone().slice([0..s, from..from + heads * dh]).reshape([1, s, heads, dh]).swap_dims(1, 2)
                     };
-                    [self.rope(split(0, nh), pos), self.rope(split(nh * dh, nkv), pos), split((nh + nkv) * dh, nkv)]
+                    [
+                        self.rope(self.head_norm(split(0, nh), &block.q_norm), pos),
+                        self.rope(self.head_norm(split(nh * dh, nkv), &block.k_norm), pos),
+                        split((nh + nkv) * dh, nkv),
+                    ]
                 }
             };
             let (k, v) = match slot.take() {
@@ -975,6 +1125,45 @@ mod tests {
         gguf_file::write(&mut std::fs::File::create(path).unwrap(), &md, &ts).unwrap();
     }
 
+    /// The dequantised path's RoPE (pair tables, four tensor ops) gives the pairwise form's bits
+    /// on the CPU, at every position and for several positions at once; GPU kernels may
+    /// contract a product and a sum into one FMA, a last-bit difference.
+    fn assert_rope_forms_agree(dense: &BurnLlama) {
+        assert!(dense.w.pair_tables.is_some());
+        let (dh, cpu) = (dense.w.cfg.head_dim(), crate::testing::device().kind == DeviceKind::Cpu);
+        for (s, pos) in [(1, 0), (1, 17), (5, 3), (3, 29)] {
+            let n = 2 * s * dh;
+            let values: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.731).sin() * 3.0).collect();
+            let x = f32_tensor(values, [1, 2, s, dh], &dense.w.device);
+            let a = dense.w.rope(x.clone(), pos).into_data().try_into_vec::<f32>().unwrap();
+            let b = dense.w.rope_pairs(x, pos).into_data().try_into_vec::<f32>().unwrap();
+            if cpu {
+                assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "s {s} pos {pos}");
+            } else {
+                assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-6 * q.abs().max(1.0)), "s {s} pos {pos}: {a:?} vs {b:?}");
+            }
+        }
+    }
+
+    /// The same for Qwen's rotation of a head's halves, and the host rotation (`llama_host`)
+    /// against the pairwise form up to last bits.
+    #[test]
+    fn pretrained_burn_llama_rope_halves() {
+        let path = crate::process::env::reference_dir().parent().unwrap().join("llm/tiny-qwen3.F32.gguf");
+        let dev = crate::testing::device();
+        let dense = BurnLlama::load_with(&path, &dev, dev.kind == DeviceKind::Cpu, false).unwrap();
+        assert_eq!(dense.w.cfg.family, Family { qkv_bias: false, qk_norm: true, rope: RopeStyle::Halves });
+        assert_eq!((dense.w.cfg.head_dim(), dense.w.cfg.rope_dim, dense.w.cfg.embedding_length), (32, 32, 64));
+        assert_rope_forms_agree(&dense);
+        let (dh, half, pos) = (32, 16, 11);
+        let x: Vec<f32> = (0..dh).map(|i| ((i as f32) * 0.37).cos() * 2.0).collect();
+        let want = dense.w.rope_pairs(f32_tensor(x.clone(), [1, 1, 1, dh], &dense.w.device), pos).into_data().try_into_vec::<f32>().unwrap();
+        let (cos, sin) = dense.w.cfg.rope_tables(&mut Gguf::open(&path).unwrap()).unwrap();
+        let mut got = x;
+        llama_host::rotate(&mut got, &cos[pos * half..][..half], &sin[pos * half..][..half], RopeStyle::Halves);
+        assert!(got.iter().zip(&want).all(|(p, q)| (p - q).abs() <= 1e-6 * q.abs().max(1.0)), "{got:?} vs {want:?}");
+    }
+
     #[test]
     fn pretrained_burn_llama_tiny_model_and_errors() {
         let dir = TempDir::new("llama");
@@ -1023,25 +1212,11 @@ mod tests {
             assert!(diff < if cpu { greedy_check::Q8_LOGIT_DRIFT * scale.max(1.0) } else { 5e-4 }, "{diff}");
         }
 
-        // The dequantised path's RoPE (pair tables, four tensor ops) gives the pairwise form's
-        // bits on the CPU, at every position and for several positions at once; GPU kernels may
-        // contract a product and a sum into one FMA, a last-bit difference.
+        // The dequantised path's RoPE agrees with the pairwise form.
         let path = dir.path().join("tinytrue.gguf");
         let dense = BurnLlama::load_with(&path, &dev, dev.kind == crate::device::DeviceKind::Cpu, false).unwrap();
-        assert!(dense.w.pair_tables.is_some());
-        let dh = dense.w.cfg.head_dim();
-        for (s, pos) in [(1, 0), (1, 17), (5, 3), (3, 29)] {
-            let n = 2 * s * dh;
-            let values: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.731).sin() * 3.0).collect();
-            let x = f32_tensor(values, [1, 2, s, dh], &dense.w.device);
-            let a = dense.w.rope(x.clone(), pos).into_data().try_into_vec::<f32>().unwrap();
-            let b = dense.w.rope_pairs(x, pos).into_data().try_into_vec::<f32>().unwrap();
-            if dev.kind == crate::device::DeviceKind::Cpu {
-                assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "s {s} pos {pos}");
-            } else {
-                assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-6 * q.abs().max(1.0)), "s {s} pos {pos}: {a:?} vs {b:?}");
-            }
-        }
+        assert_eq!(dense.w.cfg.family.rope, RopeStyle::Interleaved);
+        assert_rope_forms_agree(&dense);
 
         // Rope frequency factors of 2 rotate like linear position scaling by a factor of 2.
         let logits = |extra: Vec<(String, Value)>, freqs: bool| {
@@ -1063,8 +1238,13 @@ mod tests {
         let path = dir.path().join("yarn.gguf");
         write_tiny_with(&path, "llama", true, vec![("llama.rope.scaling.type".into(), Value::String("yarn".into()))], false);
         assert!(err_text(load(&path, &dev)).contains("unsupported rope scaling `yarn`"));
+        // heads as wide as the key length says, whatever hidden / heads is (Qwen3's layout)
         write_tiny_with(&path, "llama", true, vec![("llama.attention.key_length".into(), Value::U32(32))], false);
-        assert!(err_text(load(&path, &dev)).contains("key_length 32 differs"));
+        let e = err_text(load(&path, &dev));
+        assert!(e.contains("`blk.0.attn_q.weight`") && e.contains("expected [128, 64]"), "{e}");
+        let lengths = vec![("llama.attention.key_length".into(), Value::U32(16)), ("llama.attention.value_length".into(), Value::U32(32))];
+        write_tiny_with(&path, "llama", true, lengths, false);
+        assert!(err_text(load(&path, &dev)).contains("value_length 32 differs from the key length 16"));
         write_tiny_with(&path, "llama", true, vec![("llama.block_count".into(), Value::U32(3))], false);
         assert!(err_text(load(&path, &dev)).contains("tensor `blk.2.attn_q.weight` is missing"));
 

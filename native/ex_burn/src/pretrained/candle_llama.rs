@@ -1,4 +1,5 @@
-//! Llama-family decoder on the Candle engine (CPU), written here on `candle-core` and
+//! Llama-family decoder (Llama, Qwen2, Qwen3: `burn_llama::Family`) on the Candle engine (CPU),
+//! written here on `candle-core` and
 //! `candle-nn` ops: every projection a `QMatMul` over the GGUF's own quantised blocks, and the
 //! token embedding kept quantised too (rows dequantised on lookup by `qmatmul::dequantise_row`;
 //! a tied output projection multiplies the same blocks).
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
-use super::burn_llama::LlamaConfig;
+use super::burn_llama::{HeadExtras, LlamaConfig, RopeStyle};
 use super::candle_bert::check_cpu;
 use super::errors;
 use super::gguf::{self, Header};
@@ -23,8 +24,8 @@ use super::{CausalLm, LmSession};
 use crate::device::DeviceRef;
 use crate::error::{ExError, ExResult};
 
-/// GGUF `general.architecture` values this engine runs (Mistral-style GGUFs say "llama" too).
-pub const ARCHITECTURES: &[&str] = &["llama"];
+/// GGUF `general.architecture` values this engine runs: the Burn engine's.
+pub const ARCHITECTURES: &[&str] = super::burn_llama::ARCHITECTURES;
 
 /// GGML tensor types Candle reads: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and the
 /// K-quants Q2_K…Q8_K.
@@ -42,6 +43,11 @@ enum Embedding {
 
 struct Block {
     attn_norm: Tensor,
+    /// The family's Q, K and V biases (`[1, 1, width]`) and per-head Q and K norms
+    /// (`[head_dim]`), where it has them.
+    bias: Option<[Tensor; 3]>,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
     q: QMatMul,
     k: QMatMul,
     v: QMatMul,
@@ -116,6 +122,16 @@ impl Weights {
         let eps = cfg.rms_eps as f32;
         let (cos, sin) = (self.cos.narrow(0, pos, s)?, self.sin.narrow(0, pos, s)?);
         let heads = |t: Tensor, n: usize| t.reshape((1, s, n, dh))?.transpose(1, 2)?.contiguous();
+        let rope = |t: Tensor, norm: &Option<Tensor>| -> candle_core::Result<Tensor> {
+            let t = match norm {
+                Some(w) => candle_nn::ops::rms_norm(&t, w, eps)?,
+                None => t,
+            };
+            match cfg.family.rope {
+                RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&t, &cos, &sin),
+                RopeStyle::Halves => candle_nn::rotary_emb::rope(&t, &cos, &sin),
+            }
+        };
         // causal mask over the cache plus this chunk: query i sees keys up to pos + i
         let total = pos + s;
         let mask = (s > 1)
@@ -127,9 +143,13 @@ impl Weights {
         let mut x = self.embed(tokens)?;
         for (b, slot) in self.blocks.iter().zip(cache.iter_mut()) {
             let normed = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
-            let q = candle_nn::rotary_emb::rope_i(&heads(b.q.forward(&normed)?, nh)?, &cos, &sin)?;
-            let k = candle_nn::rotary_emb::rope_i(&heads(b.k.forward(&normed)?, nkv)?, &cos, &sin)?;
-            let v = heads(b.v.forward(&normed)?, nkv)?;
+            let (mut q, mut k, mut v) = (b.q.forward(&normed)?, b.k.forward(&normed)?, b.v.forward(&normed)?);
+            if let Some([bq, bk, bv]) = &b.bias {
+                (q, k, v) = (q.broadcast_add(bq)?, k.broadcast_add(bk)?, v.broadcast_add(bv)?);
+            }
+            let q = rope(heads(q, nh)?, &b.q_norm)?;
+            let k = rope(heads(k, nkv)?, &b.k_norm)?;
+            let v = heads(v, nkv)?;
             let (k, v) = match slot.take() {
                 None => (k, v),
                 Some((ck, cv)) => (Tensor::cat(&[&ck, &k], 2)?, Tensor::cat(&[&cv, &v], 2)?),
@@ -201,9 +221,9 @@ pub fn check_header(h: &Header, architectures: &[&str], tensor_types: &[u32]) ->
     h.check_complete()
 }
 
-/// The context length a GGUF Llama declares (`llama.context_length`), if any.
+/// The context length a GGUF model declares (`{arch}.context_length`), if any.
 pub fn declared_context(h: &Header) -> Option<usize> {
-    h.int("llama.context_length").and_then(|v| usize::try_from(v).ok()).filter(|v| *v > 0)
+    h.arch_int("context_length").and_then(|v| usize::try_from(v).ok()).filter(|v| *v > 0)
 }
 
 /// Loads a Llama-architecture GGUF file. The file's metadata (the tokenizer's vocabulary and
@@ -229,6 +249,7 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
         .map(|l| Ok((norm(&format!("blk.{l}.attn_norm.weight"))?, norm(&format!("blk.{l}.ffn_norm.weight"))?)))
         .collect::<ExResult<Vec<_>>>()?;
     let out_norm = norm("output_norm.weight")?;
+    let extras = (0..cfg.block_count).map(|l| HeadExtras::read(&mut g, &cfg, l)).collect::<ExResult<Vec<_>>>()?;
     let tied = !g.contains("output.weight");
     drop(g);
 
@@ -245,10 +266,25 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     }
     crate::process::alloc::trim();
     let mut blocks = Vec::with_capacity(cfg.block_count);
-    for (l, (attn_norm, ffn_norm)) in norms.into_iter().enumerate() {
+    let (dh, q_rows, kv_rows) = (cfg.head_dim(), cfg.head_count * cfg.head_dim(), cfg.head_count_kv * cfg.head_dim());
+    let host = |v: &[f32], shape: &[usize]| Tensor::from_slice(v, shape, &Device::Cpu).map_err(engine_err);
+    for (l, ((attn_norm, ffn_norm), x)) in norms.into_iter().zip(extras).enumerate() {
         let n = |name: &str| format!("blk.{l}.{name}.weight");
+        let bias = match &x.qkv_bias {
+            Some(b) => Some([
+                host(&b[..q_rows], &[1, 1, q_rows])?,
+                host(&b[q_rows..q_rows + kv_rows], &[1, 1, kv_rows])?,
+                host(&b[q_rows + kv_rows..], &[1, 1, kv_rows])?,
+            ]),
+            None => None,
+        };
+        let q_norm = x.q_norm.as_deref().map(|w| host(w, &[dh])).transpose()?;
+        let k_norm = x.k_norm.as_deref().map(|w| host(w, &[dh])).transpose()?;
         blocks.push(Block {
             attn_norm,
+            bias,
+            q_norm,
+            k_norm,
             q: qmat(qtensor(&n("attn_q"))?)?,
             k: qmat(qtensor(&n("attn_k"))?)?,
             v: qmat(qtensor(&n("attn_v"))?)?,
@@ -264,8 +300,8 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     }
     // tied: the output projection multiplies the embedding's own blocks
     let output = if tied { QMatMul::from_arc(Arc::clone(&token_embd)).map_err(engine_err)? } else { qmat(qtensor("output.weight")?)? };
-    let embed = match QFormat::from_ggml(token_embd.dtype()).filter(|_| h % token_embd.dtype().block_size() == 0) {
-        Some(format) => Embedding::Quant { row_bytes: h / token_embd.dtype().block_size() * format.block_bytes(), format, blocks: token_embd },
+    let embed = match QFormat::from_ggml(token_embd.dtype()).filter(|f| h % f.block_values() == 0) {
+        Some(format) => Embedding::Quant { row_bytes: h / format.block_values() * format.block_bytes(), format, blocks: token_embd },
         None => Embedding::Dense(token_embd.dequantize(&Device::Cpu).map_err(engine_err)?),
     };
     Ok(Box::new(CandleLlama { w: Arc::new(Weights { cfg, embed, blocks, out_norm, output, cos, sin }) }))

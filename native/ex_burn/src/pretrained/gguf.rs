@@ -185,6 +185,12 @@ impl Header {
         self.str("general.architecture")
     }
 
+    /// An integer hyperparameter, keyed by the architecture as GGUF writes them
+    /// (`llama.context_length`, `qwen2.context_length`).
+    pub fn arch_int(&self, name: &str) -> Option<i64> {
+        self.int(&format!("{}.{name}", self.architecture()?))
+    }
+
     /// The bytes the data section must hold: the end of the furthest tensor. `None` when a tensor's
     /// type is unknown (its size cannot be computed).
     pub fn required_size(&self) -> Option<u64> {

@@ -4,8 +4,10 @@
 //! slices. A decoding step is a few dozen small operations a layer; as tensor operations each
 //! would allocate and dispatch, which costs as much as the layer's products.
 //!
-//! The same arithmetic as the tensor path (`burn_llama`), which the tests hold it to.
+//! The same arithmetic as the tensor path (`burn_llama`), which the tests hold it to, for every
+//! family there (`burn_llama::Family`: biases, Q/K norms and rope style read from `HostBlock`).
 
+use super::burn_llama::{HeadExtras, RopeStyle};
 use super::qmatmul::QStack;
 use crate::kernels::cpu::vector::{exp_slice, par_chunks_for};
 
@@ -17,6 +19,7 @@ pub(super) struct Shape {
     pub head_dim: usize,
     pub ffn: usize,
     pub rope_dim: usize,
+    pub rope: RopeStyle,
     pub rms_eps: f64,
 }
 
@@ -24,6 +27,8 @@ pub(super) struct Shape {
 pub(super) struct HostBlock<'a> {
     pub attn_norm: &'a [f32],
     pub qkv: &'a QStack,
+    /// The family's Q/K/V biases and per-head Q/K norms, where it has them.
+    pub extras: &'a HeadExtras,
     pub out: &'a QStack,
     pub ffn_norm: &'a [f32],
     pub gate_up: &'a QStack,
@@ -57,16 +62,28 @@ impl HostKv {
 
 /// `x ⊙ w / sqrt(mean(x²) + eps)` for each row of `x`, as the tensor path computes it.
 pub(super) fn rms_norm(x: &[f32], w: &[f32], eps: f64) -> Vec<f32> {
-    let h = w.len();
-    let mut out = vec![0f32; x.len()];
-    for (row, o) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
-        let mean = row.iter().map(|v| v * v).sum::<f32>() / h as f32;
-        let scale = 1.0 / (mean + eps as f32).sqrt();
-        for ((o, v), w) in o.iter_mut().zip(row).zip(w) {
-            *o = v * scale * w;
+    let mut out = x.to_vec();
+    out.chunks_exact_mut(w.len()).for_each(|row| rms_norm_in_place(row, w, eps));
+    out
+}
+
+/// One row (or one head's values: Qwen3's Q/K norms) RMS-normalised in place.
+pub(super) fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f64) {
+    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let scale = 1.0 / (mean + eps as f32).sqrt();
+    for (v, w) in x.iter_mut().zip(w) {
+        *v = *v * scale * w;
+    }
+}
+
+/// Adds `bias` to every row of `x` (rows of `bias.len()` values); nothing without one.
+pub(super) fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+    let Some(b) = bias else { return };
+    for row in x.chunks_exact_mut(b.len()) {
+        for (v, b) in row.iter_mut().zip(b) {
+            *v += b;
         }
     }
-    out
 }
 
 /// `Σ a·b` in 16 lanes, so the compiler can keep it in vector registers (a sum in order is a
@@ -83,13 +100,18 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// Interleaved-pair rotation of one head's first `2 · cos.len()` values by a table row
-/// (`rope_tables`): the rotation both Llama paths apply on the host.
-pub(super) fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
-    for i in 0..cos.len() {
-        let (x0, x1) = (x[2 * i], x[2 * i + 1]);
-        x[2 * i] = x0 * cos[i] - x1 * sin[i];
-        x[2 * i + 1] = x0 * sin[i] + x1 * cos[i];
+/// Rotation of one head's first `2 · cos.len()` values by a table row (`rope_tables`), pairs
+/// taken in the family's style: the rotation both Llama paths apply on the host.
+pub(super) fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
+    let half = cos.len();
+    for i in 0..half {
+        let (a, b) = match style {
+            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+            RopeStyle::Halves => (i, i + half),
+        };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * cos[i] - x1 * sin[i];
+        x[b] = x0 * sin[i] + x1 * cos[i];
     }
 }
 
@@ -107,7 +129,8 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mu
     let (h, dh, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads);
     let s = x.len() / h;
     let (half, width) = (cfg.rope_dim / 2, b.qkv.rows());
-    let qkv = b.qkv.matmul(&rms_norm(x, b.attn_norm, cfg.rms_eps), s);
+    let mut qkv = b.qkv.matmul(&rms_norm(x, b.attn_norm, cfg.rms_eps), s);
+    add_bias(&mut qkv, b.extras.qkv_bias.as_deref());
     // each row's sequence and position
     let at: Vec<(usize, usize)> = seqs.iter().enumerate().flat_map(|(i, q)| (q.pos..q.pos + q.len).map(move |p| (i, p))).collect();
     assert_eq!(at.len(), s, "llama_host: the sequences hold {} rows, x {s}", at.len());
@@ -124,13 +147,19 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mu
         for head in 0..nh {
             let dst = &mut q[(t * nh + head) * dh..(t * nh + head + 1) * dh];
             dst.copy_from_slice(&row[head * dh..(head + 1) * dh]);
-            rotate(&mut dst[..2 * half], c, sn);
+            if let Some(w) = &b.extras.q_norm {
+                rms_norm_in_place(dst, w, cfg.rms_eps);
+            }
+            rotate(&mut dst[..2 * half], c, sn, cfg.rope);
         }
         for head in 0..nkv {
             let k = &row[(nh + head) * dh..(nh + head + 1) * dh];
             let at = kv.k[head].len();
             kv.k[head].extend_from_slice(k);
-            rotate(&mut kv.k[head][at..at + 2 * half], c, sn);
+            if let Some(w) = &b.extras.k_norm {
+                rms_norm_in_place(&mut kv.k[head][at..at + dh], w, cfg.rms_eps);
+            }
+            rotate(&mut kv.k[head][at..at + 2 * half], c, sn, cfg.rope);
             kv.v[head].extend_from_slice(&row[(nh + nkv + head) * dh..(nh + nkv + head + 1) * dh]);
         }
     }

@@ -33,6 +33,8 @@ mod load_tests;
 mod batch_tests;
 #[cfg(test)]
 mod embed_batch_tests;
+#[cfg(test)]
+mod llm_family_tests;
 pub mod tokenizer;
 pub mod weights;
 

@@ -1,0 +1,254 @@
+//! Qwen2 and Qwen3 GGUF files on both engines against transformers (and llama.cpp, where the
+//! reference holds its logits), on the tiny random models `test/data/gen_llm_refs.py` writes to
+//! `test/data/llm/`: F32, F16 and Q8_0 files of each. The files and references are committed, so
+//! a missing one fails.
+//!
+//! `gen_llm_refs.py --k-quants` writes the same models with rows of 256 as F32, F16, Q4_K_M and
+//! Q6_K files to `~/.cache/ex_burn/llm-kquants/` (too large to commit); their test skips, saying
+//! so, where they are absent.
+//!
+//! Qwen2 has Q/K/V biases and an untied output projection; Qwen3 has per-head Q/K norms, heads
+//! of 32 with hidden 64 and 4 heads, and a tied output; both rotate halves (`RopeStyle::Halves`).
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value as Json;
+
+use super::burn_llama::BurnLlama;
+use super::generate::{ChatMessage, Prompt};
+use super::greedy_check::{self, argmax, ids};
+use super::tokenizer::LmTokenizer;
+use super::{errors, gguf, CausalLm, Chunk, Engine, TextModel};
+use crate::device::{DeviceKind, DeviceRef};
+
+const ARCHS: [&str; 2] = ["qwen2", "qwen3"];
+const FILES: [&str; 3] = ["F32", "F16", "Q8_0"];
+
+/// First-step logits of an f32 or f16 file may differ from transformers' by this fraction of
+/// the reference logits' range: the same weights, summed in another order. A missing bias,
+/// norm or a wrong rotation moves them by a large part of the range.
+const FLOAT_LOGIT_BOUND: f64 = 1e-5;
+
+/// llama.cpp's logits on the same f32 or f16 file, as a fraction of their range: its f16 KV cache
+/// rounds keys and values.
+const LLAMA_CPP_FLOAT_BOUND: f64 = 1e-3;
+
+fn llm_dir() -> PathBuf {
+    crate::process::env::reference_dir().parent().expect("reference dir has a parent").join("llm")
+}
+
+fn reference_in(dir: &Path) -> Json {
+    let path = dir.join("reference.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reference {}: {e}", path.display()));
+    serde_json::from_str(&text).expect("reference JSON")
+}
+
+fn reference() -> Json {
+    reference_in(&llm_dir())
+}
+
+fn file_in(dir: &Path, r: &Json, arch: &str, label: &str) -> PathBuf {
+    dir.join(r[arch]["files"][label].as_str().unwrap())
+}
+
+fn file(r: &Json, arch: &str, label: &str) -> PathBuf {
+    file_in(&llm_dir(), r, arch, label)
+}
+
+fn floats(v: &Json) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// The largest distance of `got` from `want`, and `want`'s range.
+fn distance(got: &[f32], want: &[f64]) -> (f64, f64) {
+    assert_eq!(got.len(), want.len());
+    let diff = got.iter().zip(want).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
+    let (lo, hi) = want.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+    (diff, hi - lo)
+}
+
+/// Greedy decoding of `n` tokens, stopping at (and leaving out) `eos`.
+fn greedy(lm: &dyn CausalLm, prompt: &[u32], n: usize, eos: u32) -> Vec<u32> {
+    let mut s = lm.session().unwrap();
+    let mut logits = s.forward(prompt, 0).unwrap();
+    let mut out = vec![];
+    while out.len() < n {
+        let tok = argmax(&logits);
+        if tok == eos {
+            break;
+        }
+        out.push(tok);
+        logits = s.forward(&[tok], prompt.len() + out.len() - 1).unwrap();
+    }
+    out
+}
+
+/// The engines a file is run on: Burn as loaded for the test device (on the CPU, Q8_0 keeps its
+/// blocks: the host path), Burn with every weight dequantised (the other devices' path), Candle.
+fn engines(path: &std::path::Path) -> Vec<(&'static str, Box<dyn CausalLm>, bool)> {
+    let dev = crate::testing::device();
+    let cpu = dev.kind == DeviceKind::Cpu;
+    vec![
+        ("burn", Box::new(BurnLlama::load(path, &dev).unwrap()) as Box<dyn CausalLm>, cpu),
+        ("burn dequantised", Box::new(BurnLlama::load_with(path, &dev, cpu, false).unwrap()), cpu),
+        ("candle", TextModel::load(path, Engine::Candle, DeviceRef::CPU).unwrap().lm, true),
+    ]
+}
+
+#[test]
+fn qwen_gguf_engines_match_transformers() {
+    println!("{}", check_engines(&llm_dir(), &FILES).join("\n"));
+}
+
+/// The same with k-quant blocks (Q4_K and Q6_K, Q6_K alone), where the files have been written.
+#[test]
+fn qwen_gguf_k_quants_match_transformers() {
+    let Some(home) = std::env::var_os("HOME") else { return };
+    let dir = PathBuf::from(home).join(".cache/ex_burn/llm-kquants");
+    if !dir.join("reference.json").is_file() {
+        println!("SKIPPED: {} not found (python3 test/data/gen_llm_refs.py --k-quants writes it)", dir.display());
+        return;
+    }
+    println!("{}", check_engines(&dir, &["F32", "F16", "Q4_K_M", "Q6_K"]).join("\n"));
+}
+
+/// Every architecture x file x engine against its reference (module doc); one summary line each.
+fn check_engines(dir: &Path, files: &[&str]) -> Vec<String> {
+    let r = reference_in(dir);
+    let mut summary = vec![];
+    for arch in ARCHS {
+        let eos = r[arch]["eos_token_id"].as_u64().unwrap() as u32;
+        for &label in files {
+            let quantised = label != "F32" && label != "F16";
+            let path = file_in(dir, &r, arch, label);
+            // F32 and F16 files hold the transformers model's own weights; a Q8_0 file is held to
+            // transformers on its weights, dequantised
+            let cases = r[arch].get(format!("generate_{label}")).unwrap_or(&r[arch]["generate"]).as_array().unwrap();
+            let llama_cpp = r[arch]["llama_cpp_first_step_logits"].get(label);
+            for (engine, lm, on_cpu) in engines(&path) {
+                let tag = format!("{arch} {label} {engine}");
+                assert_eq!(lm.vocab_size(), 384, "{tag}");
+                assert_eq!(lm.context_length(), 128, "{tag}");
+                let (mut worst, mut worst_cpp, mut flips, mut identical) = (0f64, 0f64, 0, 0);
+                for (i, case) in cases.iter().enumerate() {
+                    let case_tag = format!("{tag} case {i}");
+                    let forced = greedy_check::teacher_forced(lm.session().unwrap().as_mut(), case);
+                    greedy_check::assert_forced(&case_tag, &forced);
+                    flips += forced.flips.len();
+                    let got = greedy(&*lm, &ids(&case["prompt_ids"]), ids(&case["generated_ids"]).len(), eos);
+                    identical += greedy_check::assert_free_run(&case_tag, &got, case) as usize;
+
+                    let want = floats(&case["first_step_logits"]);
+                    let (diff, range) = distance(&forced.first, &want);
+                    worst = worst.max(diff / range);
+                    if quantised {
+                        // against transformers on the file's dequantised weights: activations
+                        // rounded to 8 bits on the quantised paths (greedy_check::Q8_LOGIT_DRIFT)
+                        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+                        assert!(diff < greedy_check::Q8_LOGIT_DRIFT as f64 * scale, "{case_tag}: first-step logits differ by {diff} (logits up to {scale})");
+                    } else {
+                        // TF32 matmuls off the CPU
+                        let bound = if on_cpu { FLOAT_LOGIT_BOUND } else { 1e-2 };
+                        assert!(diff < bound * range, "{case_tag}: first-step logits differ by {diff}, range {range}");
+                    }
+                    if let Some(cpp) = llama_cpp {
+                        let (d, range) = distance(&forced.first, &floats(&cpp[i]));
+                        worst_cpp = worst_cpp.max(d / range);
+                        // both round activations to 8 bits, each its own way, on Q8_0
+                        let bound = if quantised { greedy_check::Q8_LOGIT_DRIFT as f64 } else { LLAMA_CPP_FLOAT_BOUND };
+                        assert!(d < bound * range, "{case_tag}: first-step logits differ from llama.cpp's by {d}, range {range}");
+                    }
+                }
+                let steps: usize = cases.iter().map(|c| c["generated_ids"].as_array().unwrap().len()).sum();
+                summary.push(format!(
+                    "{tag}: {identical}/{} greedy runs identical, {flips} of {steps} teacher-forced picks at near ties differ; \
+                     first-step logits within {worst:.1e} of transformers' and {worst_cpp:.1e} of llama.cpp's (fractions of the range)",
+                    cases.len()
+                ));
+            }
+        }
+    }
+    summary
+}
+
+/// The tokenizer built from the GGUF metadata gives transformers' ids, and the chat template
+/// renders and tokenises as transformers' `apply_chat_template`.
+#[test]
+fn qwen_gguf_tokenizer_and_chat_template_match_transformers() {
+    let r = reference();
+    for arch in ARCHS {
+        let path = file(&r, arch, "Q8_0");
+        let header = gguf::read_header(&path).unwrap();
+        assert_eq!(header.str("tokenizer.ggml.pre"), Some("qwen2"));
+        let tok = LmTokenizer::from_gguf(&header).unwrap();
+        for c in r[arch]["tokenize"].as_array().unwrap() {
+            let text = c["text"].as_str().unwrap();
+            assert_eq!(tok.encode(text, false).unwrap(), ids(&c["ids"]), "{arch}: {text:?}");
+            assert_eq!(tok.encode(text, true).unwrap(), ids(&c["ids"]), "{arch}: no BOS for {text:?}");
+            assert_eq!(tok.decode(&ids(&c["ids"])).unwrap(), text);
+        }
+        let model = TextModel::load(&path, Engine::Candle, DeviceRef::CPU).unwrap();
+        assert_eq!(model.arch, arch);
+        assert_eq!(model.bos_token_id, None);
+        assert!(model.eos_token_ids.contains(&(r[arch]["eos_token_id"].as_u64().unwrap() as u32)));
+        assert_eq!(model.chat_template.as_deref(), r[arch]["chat_template"].as_str());
+        let mut chats = 0;
+        for g in r[arch]["generate"].as_array().unwrap() {
+            let prompt = match g["kind"].as_str().unwrap() {
+                "raw" => Prompt::Text(g["prompt"].as_str().unwrap().into()),
+                "chat" => {
+                    let messages: Vec<ChatMessage> = g["messages"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|m| ChatMessage { role: m["role"].as_str().unwrap().into(), content: m["content"].as_str().unwrap().into() })
+                        .collect();
+                    assert_eq!(model.render_chat(&messages).unwrap(), g["prompt"].as_str().unwrap());
+                    chats += 1;
+                    Prompt::Chat(messages)
+                }
+                _ => continue,
+            };
+            assert_eq!(model.prompt_ids(&prompt).unwrap(), ids(&g["prompt_ids"]), "{arch}: {:?}", g["prompt"]);
+        }
+        assert_eq!(chats, 1);
+    }
+}
+
+/// A row's logits are the same bits alone and in a batch with other sequences, on every engine
+/// (Burn's host path runs a batch's rows through each layer together).
+#[test]
+fn qwen_gguf_batched_rows_equal_alone() {
+    let r = reference();
+    for arch in ARCHS {
+        for label in FILES {
+            for (engine, lm, _) in engines(&file(&r, arch, label)) {
+                let prompts: [&[u32]; 3] = [&[5, 17, 42, 99, 3], &[300], &[7, 8, 9, 10, 11, 12, 13, 14]];
+                let alone: Vec<Vec<f32>> = prompts.iter().map(|p| lm.session().unwrap().forward(p, 0).unwrap()).collect();
+                let mut sessions: Vec<_> = prompts.iter().map(|_| lm.session().unwrap()).collect();
+                let mut chunks: Vec<Chunk> = sessions.iter_mut().zip(prompts).map(|(s, p)| Chunk { session: s.as_mut(), tokens: p, pos: 0 }).collect();
+                let batched: Vec<Vec<f32>> = lm.forward_batch(&mut chunks).into_iter().map(Result::unwrap).collect();
+                assert_eq!(batched, alone, "{arch} {label} {engine}: a batch's logits differ from each row alone");
+            }
+        }
+    }
+}
+
+/// A GGUF of an architecture neither engine runs is still the typed error, before any tensor is
+/// read; the Qwen files are only known by their own names.
+#[test]
+fn qwen_gguf_unknown_architecture_is_typed() {
+    let r = reference();
+    let dir = super::weights::test_support::TempDir::new("qwen-arch");
+    let mut bytes = std::fs::read(file(&r, "qwen2", "Q8_0")).unwrap();
+    // same length, so the rest of the header still parses: `qwen2` becomes `qwen9`
+    let at = bytes.windows(5).position(|w| w == b"qwen2").unwrap();
+    bytes[at + 4] = b'9';
+    let path = dir.path().join("other.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    assert_eq!(gguf::read_header(&path).unwrap().architecture(), Some("qwen9"));
+    for engine in [Engine::Burn, Engine::Candle] {
+        let e = TextModel::load(&path, engine, DeviceRef::CPU).err().unwrap();
+        assert_eq!(errors::kind_of(&e), Some(errors::kind::UNKNOWN_ARCHITECTURE), "{engine:?}: {e}");
+    }
+}
