@@ -10,7 +10,7 @@ use crate::kernels::cpu::vector::Simd;
 /// `out[i][lane] = row lane · x[first + i]` for the group's eight rows (`group`: `k` values of
 /// eight f16 each) and `out.len()` (1 to `packed::ROWS`) rows of `x` (`k` values each).
 pub(super) fn group_dots(level: Simd, group: &[u8], x: &[f32], k: usize, first: usize, out: &mut [[f32; LANES]]) {
-    debug_assert!(group.len() == 2 * LANES * k && (first + out.len()) * k <= x.len());
+    assert!(group.len() == 2 * LANES * k && k % 2 == 0 && (first + out.len()) * k <= x.len(), "f16 group: {} bytes for {k} values", group.len());
     #[cfg(target_arch = "x86_64")]
     if level >= Simd::Avx2 {
         // SAFETY: AVX2, FMA and F16C were detected on this CPU (`simd`).
@@ -52,17 +52,20 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dots<const R: usize>(group: &[u8], x: &[f32], k: usize, first: usize, out: &mut [[f32; LANES]]) {
-        let mut acc = [[_mm256_setzero_ps(); R]; 2];
+        // even and odd values apart, in two named sets: indexed by `v % 2`, LLVM kept them in
+        // memory
+        let (mut even, mut odd) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
         let p = group.as_ptr() as *const __m128i;
-        for v in 0..k {
-            let w = _mm256_cvtph_ps(_mm_loadu_si128(p.add(v)));
+        for v in (0..k).step_by(2) {
+            let (w0, w1) = (_mm256_cvtph_ps(_mm_loadu_si128(p.add(v))), _mm256_cvtph_ps(_mm_loadu_si128(p.add(v + 1))));
             for r in 0..R {
-                let xv = _mm256_set1_ps(*x.get_unchecked((first + r) * k + v));
-                acc[v % 2][r] = _mm256_fmadd_ps(w, xv, acc[v % 2][r]);
+                let xr = x.as_ptr().add((first + r) * k + v);
+                even[r] = _mm256_fmadd_ps(w0, _mm256_set1_ps(*xr), even[r]);
+                odd[r] = _mm256_fmadd_ps(w1, _mm256_set1_ps(*xr.add(1)), odd[r]);
             }
         }
         for r in 0..R {
-            _mm256_storeu_ps(out[r].as_mut_ptr(), _mm256_add_ps(acc[0][r], acc[1][r]));
+            _mm256_storeu_ps(out[r].as_mut_ptr(), _mm256_add_ps(even[r], odd[r]));
         }
     }
 }
