@@ -125,7 +125,7 @@ defmodule ExBurn.LLM.ReplicasPeerTest do
     {:ok, blocker} = Scheduler.request(local, "Count to a thousand:", max_tokens: 2_000, greedy: true)
     assert {:text, _} = Scheduler.await(blocker, 60_000)
 
-    {:ok, ref} = Scheduler.request({:group, group}, "List every animal:", max_tokens: 2_000, greedy: true)
+    {:ok, ref} = Scheduler.request({:group, group}, "Spell every word:", max_tokens: 2_000, greedy: true)
     assert {:text, _} = Scheduler.await(ref, 60_000)
     assert %{running: 1} = Scheduler.info(remote)
     assert %{running: 1} = Scheduler.info(local)

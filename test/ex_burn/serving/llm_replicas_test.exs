@@ -57,7 +57,7 @@ defmodule ExBurn.LLM.ReplicasTest do
     [a, b] = replicas(models, group, max_concurrent: 4)
     assert Enum.sort(Scheduler.members(group)) == Enum.sort([a, b])
 
-    prompts = ["Count to a thousand:", "List every animal:", "Name every city:", "Spell every word:"]
+    prompts = ["Count to a thousand:", "Count to a million:", "Name every city:", "Spell every word:"]
     refs = for p <- prompts, do: elem({:ok, _} = Scheduler.request({:group, group}, p, long()), 1)
 
     # each request went to the member holding fewer at that moment: two each
@@ -185,7 +185,7 @@ defmodule ExBurn.LLM.ReplicasTest do
       )
 
     # requests join at step boundaries: wait for them to run before queuing the last
-    on_a = for p <- ["Count to a thousand:", "List every animal:"], do: request!(a, p)
+    on_a = for p <- ["Count to a thousand:", "Spell every word:"], do: request!(a, p)
     on_b = [request!(b, "Spell every word:")]
     wait_until(fn -> Scheduler.info(a).running == 2 and Scheduler.info(b).running == 1 end)
     on_a = on_a ++ [request!(a, "Name every city:")]

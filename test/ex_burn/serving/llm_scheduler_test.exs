@@ -150,7 +150,7 @@ defmodule ExBurn.LLM.SchedulerTest do
   test "max_concurrent runs several generations at once", %{model: model} do
     server = start(model, max_concurrent: 2)
     {:ok, a} = Scheduler.request(server, "Count to a thousand:", long())
-    {:ok, b} = Scheduler.request(server, "List every animal:", long())
+    {:ok, b} = Scheduler.request(server, "Spell every word:", long())
     assert {:text, _} = Scheduler.await(a, 60_000)
     assert {:text, _} = Scheduler.await(b, 60_000)
     assert %{running: 2, queued: 0} = Scheduler.info(server)
