@@ -1,4 +1,4 @@
-//! Llama-family decoder (Llama, Qwen2, Qwen3: `burn_llama::Family`) on the Candle engine (CPU),
+//! Llama-family decoder (Llama, Qwen2, Qwen3: `decoder_family::Family`) on the Candle engine (CPU),
 //! written here on `candle-core` and
 //! `candle-nn` ops: every projection a `QMatMul` over the GGUF's own quantised blocks, and the
 //! token embedding kept quantised too (rows dequantised on lookup by `qmatmul::dequantise_row`;
@@ -14,7 +14,8 @@ use std::sync::Arc;
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
-use super::burn_llama::{HeadExtras, LlamaConfig, RopeStyle};
+use super::burn_llama::LlamaConfig;
+use super::decoder_family::{HeadExtras, RopeStyle};
 use super::candle_bert::check_cpu;
 use super::errors;
 use super::gguf::{self, Header};
@@ -25,7 +26,7 @@ use crate::device::DeviceRef;
 use crate::error::{ExError, ExResult};
 
 /// GGUF `general.architecture` values this engine runs: the Burn engine's.
-pub const ARCHITECTURES: &[&str] = super::burn_llama::ARCHITECTURES;
+pub const ARCHITECTURES: &[&str] = super::decoder_family::ARCHITECTURES;
 
 /// GGML tensor types Candle reads: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and the
 /// K-quants Q2_K…Q8_K.

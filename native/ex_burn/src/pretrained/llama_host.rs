@@ -5,9 +5,9 @@
 //! would allocate and dispatch, which costs as much as the layer's products.
 //!
 //! The same arithmetic as the tensor path (`burn_llama`), which the tests hold it to, for every
-//! family there (`burn_llama::Family`: biases, Q/K norms and rope style read from `HostBlock`).
+//! family there (`decoder_family::Family`: biases, Q/K norms and rope style read from `HostBlock`).
 
-use super::burn_llama::{HeadExtras, RopeStyle};
+use super::decoder_family::{HeadExtras, RopeStyle};
 use super::qmatmul::QStack;
 use crate::kernels::cpu::vector::{exp_slice, par_chunks_for};
 
