@@ -328,22 +328,15 @@ pub fn matmul_units<'a>(n: usize, k: usize, x: &[f32], m: usize, quantised: bool
     let task = |t: usize| {
         for u in t * tile..units.min((t + 1) * tile) {
             match unit(u) {
-                (Rows::Grouped { format: QFormat::F16, group, rows }, col) => {
-                    let mut sums = [[0f32; LANES]; packed::ROWS];
-                    for r in (0..m).step_by(packed::ROWS) {
-                        let take = (m - r).min(packed::ROWS);
-                        packed_f16::group_dots(level, group, x, k, r, &mut sums[..take]);
-                        for (i, lanes) in sums[..take].iter().enumerate() {
-                            put(r + i, col, &lanes[..rows]);
-                        }
-                    }
-                }
                 (Rows::Grouped { format, group, rows }, col) => {
-                    let a = acts.as_ref().expect("grouped rows are quantised");
                     let mut sums = [[0f32; LANES]; packed::ROWS];
                     for r in (0..m).step_by(packed::ROWS) {
                         let take = (m - r).min(packed::ROWS);
-                        grouped::group_dots(isa, format, group, a, r, &mut sums[..take]);
+                        // f16 rows meet the f32 activations, the others their 8-bit blocks
+                        match &acts {
+                            Some(a) if format != QFormat::F16 => grouped::group_dots(isa, format, group, a, r, &mut sums[..take]),
+                            _ => packed_f16::group_dots(level, group, x, k, r, &mut sums[..take]),
+                        }
                         for (i, lanes) in sums[..take].iter().enumerate() {
                             put(r + i, col, &lanes[..rows]);
                         }
