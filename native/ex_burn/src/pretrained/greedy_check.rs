@@ -46,6 +46,12 @@ pub fn ids(v: &Json) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
+/// A reference case's chat messages (`[{"role", "content"}, ...]`).
+pub fn chat_messages(v: &Json) -> Vec<super::generate::ChatMessage> {
+    let text = |m: &Json, key: &str| m[key].as_str().unwrap().to_string();
+    v.as_array().unwrap().iter().map(|m| super::generate::ChatMessage { role: text(m, "role"), content: text(m, "content") }).collect()
+}
+
 fn margins(case: &Json) -> Vec<f64> {
     case["step_margins"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value as Json;
 
 use super::burn_llama::BurnLlama;
-use super::generate::{ChatMessage, Prompt};
+use super::generate::Prompt;
 use super::greedy_check::{self, argmax, ids};
 use super::tokenizer::LmTokenizer;
 use super::{errors, gguf, CausalLm, Chunk, Engine, TextModel};
@@ -197,12 +197,7 @@ fn qwen_gguf_tokenizer_and_chat_template_match_transformers() {
             let prompt = match g["kind"].as_str().unwrap() {
                 "raw" => Prompt::Text(g["prompt"].as_str().unwrap().into()),
                 "chat" => {
-                    let messages: Vec<ChatMessage> = g["messages"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|m| ChatMessage { role: m["role"].as_str().unwrap().into(), content: m["content"].as_str().unwrap().into() })
-                        .collect();
+                    let messages = greedy_check::chat_messages(&g["messages"]);
                     assert_eq!(model.render_chat(&messages).unwrap(), g["prompt"].as_str().unwrap());
                     chats += 1;
                     Prompt::Chat(messages)

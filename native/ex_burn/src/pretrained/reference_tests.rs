@@ -9,8 +9,8 @@
 
 
 use super::errors::{self, kind};
-use super::greedy_check::ids;
-use super::generate::{ChatMessage, Finish, GenOptions, Prompt};
+use super::greedy_check::{chat_messages, ids};
+use super::generate::{Finish, GenOptions, Prompt};
 use super::tokenizer::LmTokenizer;
 use super::{gguf, greedy_check, EmbeddingModel, Engine, TextModel};
 use super::weights::test_support::{minilm_dir, reference, smollm_path};
@@ -88,12 +88,7 @@ fn smollm_chat_template_renders_reference_prompts() {
     assert_eq!(template, r["metadata"]["chat_template"].as_str().unwrap());
     let mut n = 0;
     for g in r["generate"].as_array().unwrap().iter().filter(|g| g["kind"] == "chat") {
-        let messages: Vec<ChatMessage> = g["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| ChatMessage { role: m["role"].as_str().unwrap().into(), content: m["content"].as_str().unwrap().into() })
-            .collect();
+        let messages = chat_messages(&g["messages"]);
         let text = super::generate::render_chat(template, &messages, "<|im_start|>", "<|im_end|>").unwrap();
         assert_eq!(text, g["prompt"].as_str().unwrap());
         assert_eq!(tok.encode(&text, false).unwrap(), ids(&g["prompt_ids"]));
@@ -118,14 +113,7 @@ fn smollm_candle_greedy_generation_matches_transformers() {
         let prompt = if g["kind"] == "raw" {
             Prompt::Text(g["prompt"].as_str().unwrap().into())
         } else {
-            Prompt::Chat(
-                g["messages"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|m| ChatMessage { role: m["role"].as_str().unwrap().into(), content: m["content"].as_str().unwrap().into() })
-                    .collect(),
-            )
+            Prompt::Chat(chat_messages(&g["messages"]))
         };
         let label = format!("{} prompt {i}", g["kind"].as_str().unwrap());
         // Every step, on the reference's own tokens (greedy_check says why).
