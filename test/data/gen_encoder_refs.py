@@ -24,9 +24,7 @@ relative attention bias would change them). Run (CPU only):
 """
 
 import json
-import math
 import os
-import platform
 import shutil
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,6 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from refs_common import base_versions, sig  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "encoders")
@@ -65,25 +64,10 @@ DOCUMENTS = [
 CORPUS = TEXTS + DOCUMENTS + [QUERY] * 2
 
 
-def sig(x, digits=8):
-    x = float(x)
-    if x == 0.0 or not math.isfinite(x):
-        return x
-    return float(f"{x:.{digits}g}")
-
-
 def versions():
     import sentence_transformers
-    import tokenizers
-    import transformers
 
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "sentence_transformers": sentence_transformers.__version__,
-        "tokenizers": tokenizers.__version__,
-    }
+    return {**base_versions(), "sentence_transformers": sentence_transformers.__version__}
 
 
 # ---------------------------------------------------------------------------

@@ -37,7 +37,6 @@ which the Rust tests use where they exist.
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -49,6 +48,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from refs_common import base_versions, sig  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "llm")
@@ -112,19 +112,8 @@ SIZES = {
 }
 
 
-def sig(x, digits=8):
-    x = float(x)
-    if x == 0.0 or not math.isfinite(x):
-        return x
-    return float(f"{x:.{digits}g}")
-
-
 def versions():
-    import tokenizers
-    import transformers
-
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+    out = base_versions()
     try:
         import llama_cpp
 

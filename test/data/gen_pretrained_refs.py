@@ -26,9 +26,7 @@ the quantised file describes.
 """
 
 import json
-import math
 import os
-import platform
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,6 +35,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from refs_common import base_versions, sig  # noqa: E402
 
 torch.manual_seed(0)
 torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
@@ -49,18 +48,8 @@ SMOLLM2_DIR = os.path.join(MODELS_DIR, "llm", "smollm2-135m-instruct")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def sig(x, digits):
-    """Round a float to `digits` significant digits (JSON-friendly)."""
-    x = float(x)
-    if x == 0.0 or not math.isfinite(x):
-        return x
-    return float(f"{x:.{digits}g}")
-
-
 def versions():
     import sentence_transformers
-    import tokenizers
-    import transformers
 
     try:
         import importlib.metadata as md
@@ -69,11 +58,8 @@ def versions():
     except Exception:  # pragma: no cover
         gguf_version = None
     return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        **base_versions(),
         "sentence_transformers": sentence_transformers.__version__,
-        "tokenizers": tokenizers.__version__,
         "numpy": np.__version__,
         "gguf": gguf_version,
     }
