@@ -54,7 +54,12 @@ defmodule ExBurn.Server.Httpd do
     Process.flag(:trap_exit, true)
     instance = Instance.config(config.name)
     Instance.resume(instance)
+    start_httpd(config, instance, 1)
+  end
 
+  # A listener restarted after being killed can find its previous :httpd instance still shutting
+  # down under its registered name: wait for that instance to go, then start once more.
+  defp start_httpd(config, instance, retries) do
     case :inets.start(:httpd, httpd_config(config), :stand_alone) do
       {:ok, pid} ->
         # A stand-alone :httpd whose socket failed to listen starts without children.
@@ -65,6 +70,18 @@ defmodule ExBurn.Server.Httpd do
           _ ->
             :inets.stop(:stand_alone, pid)
             {:stop, {:listen_failed, config.port}}
+        end
+
+      {:error, {:shutdown, {:failed_to_start_child, _, {:already_started, previous}}}}
+      when retries > 0 ->
+        ref = Process.monitor(previous)
+
+        receive do
+          {:DOWN, ^ref, :process, _, _} -> start_httpd(config, instance, retries - 1)
+        after
+          config.shutdown_timeout + 2_000 ->
+            Process.demonitor(ref, [:flush])
+            {:stop, {:listen_failed, config.port, {:still_running, previous}}}
         end
 
       {:error, reason} ->
