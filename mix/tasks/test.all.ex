@@ -36,7 +36,7 @@ defmodule Mix.Tasks.Test.All do
       for stage <- wanted do
         case requirement(stage) do
           :ok -> timed(stage)
-          {:skip, why} -> {stage, :skipped, why, 0}
+          {:skip, why} -> {stage, :skipped, why, 0, []}
         end
       end
 
@@ -48,7 +48,7 @@ defmodule Mix.Tasks.Test.All do
       path -> File.write!(path, summary <> "\n", [:append])
     end
 
-    failed = for {stage, :failed, _, _} <- results, do: stage
+    failed = for {stage, :failed, _, _, _} <- results, do: stage
     if failed != [], do: Mix.raise("test.all: stages failed: #{Enum.join(failed, ", ")}")
   end
 
@@ -94,7 +94,8 @@ defmodule Mix.Tasks.Test.All do
     started = System.monotonic_time(:millisecond)
     {status, output} = run_stage(stage)
     seconds = div(System.monotonic_time(:millisecond) - started, 1000)
-    {stage, if(status == 0, do: :passed, else: :failed), counts(stage, output, status), seconds}
+    verdict = if status == 0, do: :passed, else: :failed
+    {stage, verdict, counts(stage, output, status), seconds, failures(stage, output)}
   end
 
   defp run_stage(:rust) do
@@ -166,6 +167,30 @@ defmodule Mix.Tasks.Test.All do
     if line, do: "#{line}, #{explained}", else: "no suite result (exit #{status})"
   end
 
+  @doc false
+  # The first failing tests of a stage's output, a few lines each, so that the summary (the end of
+  # a CI log, often all that is kept of it) names what failed and why (public for the tests).
+  def failures(stage, output, limit \\ 5)
+
+  def failures(:rust, output, limit) do
+    ~r/^---- (\S+) stdout ----\n(?:.*\n){0,3}?.*panicked at ([^\n]*)\n([^\n]*)/m
+    |> Regex.scan(output, capture: :all_but_first)
+    |> Enum.take(limit)
+    |> Enum.map(fn [name, at, message] -> "#{name}: #{String.slice(message, 0, 300)} (#{at})" end)
+  end
+
+  def failures(:exunit, output, limit) do
+    ~r/^ +\d+\) (.+)\n +(\S+:\d+)\n((?: {5}.*\n){0,6})/m
+    |> Regex.scan(output, capture: :all_but_first)
+    |> Enum.take(limit)
+    |> Enum.map(fn [name, at, detail] ->
+      detail = detail |> String.split("\n", trim: true) |> Enum.map_join(" | ", &String.trim/1)
+      "#{name} at #{at}: #{String.slice(detail, 0, 400)}"
+    end)
+  end
+
+  def failures(_suite, _output, _limit), do: []
+
   defp last_match(regex, output, group \\ 0) do
     case Regex.scan(regex, output) do
       [] -> nil
@@ -177,10 +202,11 @@ defmodule Mix.Tasks.Test.All do
     width = @stages |> Enum.map(&String.length(Atom.to_string(&1))) |> Enum.max()
 
     rows =
-      for {stage, verdict, text, seconds} <- results do
+      for {stage, verdict, text, seconds, failures} <- results do
         name = String.pad_trailing(Atom.to_string(stage), width)
         time = if verdict == :skipped, do: "", else: " (#{seconds} s)"
-        "  #{name}  #{String.pad_trailing(Atom.to_string(verdict), 7)}  #{text}#{time}"
+        row = "  #{name}  #{String.pad_trailing(Atom.to_string(verdict), 7)}  #{text}#{time}"
+        Enum.join([row | Enum.map(failures, &"      failed: #{&1}")], "\n")
       end
 
     Enum.join(["test.all summary (Elixir #{System.version()}, MIX_ENV=#{Mix.env()}):" | rows], "\n")

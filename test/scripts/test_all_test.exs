@@ -44,4 +44,49 @@ defmodule ExBurn.Scripts.TestAllTest do
 
     assert All.counts(:nx_suite, "** (RuntimeError) Nx is not loaded", 1) == "no suite result (exit 1)"
   end
+
+  test "the failing tests a stage printed, named with where and why" do
+    exunit = """
+    ....
+
+      1) test a served request streams (ExBurn.ServerTest)
+         test/ex_burn/server/server_test.exs:120
+         Assertion failed, no matching message after 100ms
+         code: assert_receive {:done, _}
+
+    .....
+      2) test another (ExBurn.OtherTest)
+         test/other_test.exs:7
+         ** (ExBurn.Error) load_model: not found
+
+    Finished in 1.0 seconds
+    3 tests, 2 failures
+    """
+
+    assert All.failures(:exunit, exunit) == [
+             "test a served request streams (ExBurn.ServerTest) at test/ex_burn/server/server_test.exs:120: " <>
+               "Assertion failed, no matching message after 100ms | code: assert_receive {:done, _}",
+             "test another (ExBurn.OtherTest) at test/other_test.exs:7: ** (ExBurn.Error) load_model: not found"
+           ]
+
+    rust = """
+    failures:
+
+    ---- kernels::cpu::linear::tests::rows_agree stdout ----
+
+    thread 'kernels::cpu::linear::tests::rows_agree' panicked at src/kernels/cpu/linear.rs:301:9:
+    assertion `left == right` failed
+      left: 1
+
+    failures:
+        kernels::cpu::linear::tests::rows_agree
+    """
+
+    assert All.failures(:rust, rust) == [
+             "kernels::cpu::linear::tests::rows_agree: assertion `left == right` failed (src/kernels/cpu/linear.rs:301:9:)"
+           ]
+
+    assert All.failures(:exunit, "3 tests, 0 failures\n") == []
+    assert All.failures(:nx_suite, exunit) == []
+  end
 end
