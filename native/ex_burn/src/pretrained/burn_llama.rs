@@ -11,19 +11,18 @@
 
 use std::any::Any;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use burn::tensor::activation::silu;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::activation::{silu, softmax};
+use burn::tensor::{Device, Tensor};
 
+use super::kv_pool::{ints, KvPool, Pages, PAGE};
 use super::llama_host::{self, HostBlock, HostKv, HostSeq, Shape};
 use super::qmatmul::QStack;
 use super::weights::{f32_tensor, Gguf};
 use crate::kernels::cpu::vector::flex_f32;
 use super::prefix_cache::SavedKv;
-use super::{one_by_one, CausalLm, Chunk, LmSession};
+use super::{CausalLm, Chunk, LmSession};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::error::{catch, ExError, ExResult};
 
@@ -265,23 +264,19 @@ struct Block {
 pub struct Weights {
     cfg: LlamaConfig,
     device: Device,
-    /// Whether the device's attention kernel takes fewer K/V heads than query heads (flex does);
-    /// elsewhere K/V heads are repeated first.
-    native_gqa: bool,
     embed: Linear,
     blocks: Vec<Block>,
     out_norm: Tensor<1>,
     /// The output projection (the embedding when the file has none: tied).
     output: Linear,
-    /// `[context, rope_dim / 2]` tables.
-    cos: Tensor<2>,
-    sin: Tensor<2>,
-    /// For the dequantised path (GPUs): `[context, rope_dim]` tables with cos repeated over each
-    /// pair and sin as (-sin, sin), so RoPE is `x ⊙ C + swap(x) ⊙ S` (`rope`).
-    pair_tables: Option<(Tensor<2>, Tensor<2>)>,
+    /// For the tensor path: `[context, rope_dim]` tables with cos repeated over each pair and
+    /// sin as (-sin, sin), so RoPE is `x ⊙ C + swap(x) ⊙ S` (`rope`).
+    pair_tables: (Tensor<2>, Tensor<2>),
     /// Where every linear layer is quantised (the CPU): what the host path (`llama_host`) reads
     /// besides them.
     host: Option<HostWeights>,
+    /// The tensor path's KV caches, every session's (`kv_pool`); held through a whole step.
+    pool: Mutex<KvPool>,
 }
 
 /// Norm weights and rotary tables as host values.
@@ -312,18 +307,16 @@ pub fn load(gguf: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
 
 impl BurnLlama {
     pub fn load(path: &Path, device: &DeviceRef) -> ExResult<BurnLlama> {
-        let cpu = device.kind == DeviceKind::Cpu;
-        Self::load_with(path, device, cpu, cpu)
+        Self::load_with(path, device, device.kind == DeviceKind::Cpu)
     }
 
-    /// `native_gqa: false` repeats K/V heads before attention, as non-CPU devices need;
-    /// `quantised: false` dequantises every weight, as there. Tests use both to check those
-    /// paths on the CPU.
-    pub(crate) fn load_with(path: &Path, device: &DeviceRef, native_gqa: bool, quantised: bool) -> ExResult<BurnLlama> {
+    /// `quantised: false` dequantises every weight, as devices other than the CPU do: the tensor
+    /// path. Tests use it to check that path on the CPU.
+    pub(crate) fn load_with(path: &Path, device: &DeviceRef, quantised: bool) -> ExResult<BurnLlama> {
         let mut g = Gguf::open(path)?;
         let cfg = LlamaConfig::read(&g)?;
         let dev = device.burn()?;
-        let w = catch(|| Weights::load(&mut g, cfg, dev, native_gqa, quantised))?;
+        let w = catch(|| Weights::load(&mut g, cfg, dev, quantised))?;
         Ok(BurnLlama { w: Arc::new(w) })
     }
 
@@ -333,7 +326,7 @@ impl BurnLlama {
 }
 
 impl Weights {
-    fn load(g: &mut Gguf, cfg: LlamaConfig, dev: Device, native_gqa: bool, quantised: bool) -> ExResult<Weights> {
+    fn load(g: &mut Gguf, cfg: LlamaConfig, dev: Device, quantised: bool) -> ExResult<Weights> {
         let (h, f, dh) = (cfg.embedding_length, cfg.feed_forward_length, cfg.head_dim());
         let (q_rows, kv_rows) = (cfg.head_count * dh, cfg.head_count_kv * dh);
         let linear = |g: &mut Gguf, parts: &[(&str, usize)], cols: usize| Linear::load(g, parts, cols, &dev, quantised);
@@ -360,30 +353,27 @@ impl Weights {
 
         let (half, ctx) = (cfg.rope_dim / 2, cfg.context_length.max(1));
         let (cos, sin) = cfg.rope_tables(g)?;
-        let pair_tables = (!quantised).then(|| {
-            // each value's partner's factor, in the layout the family rotates
-            let pairs = |v: &[f32], first_sign: f32| -> Vec<f32> {
-                match cfg.family.rope {
-                    RopeStyle::Interleaved => v.iter().flat_map(|&a| [first_sign * a, a]).collect(),
-                    RopeStyle::Halves if half == 0 => Vec::new(),
-                    RopeStyle::Halves => v.chunks_exact(half).flat_map(|row| row.iter().map(move |&a| first_sign * a).chain(row.iter().copied())).collect(),
-                }
-            };
-            (f32_tensor(pairs(&cos, 1.0), [ctx, 2 * half], &dev), f32_tensor(pairs(&sin, -1.0), [ctx, 2 * half], &dev))
-        });
+        // each value's partner's factor, in the layout the family rotates
+        let pairs = |v: &[f32], first_sign: f32| -> Vec<f32> {
+            match cfg.family.rope {
+                RopeStyle::Interleaved => v.iter().flat_map(|&a| [first_sign * a, a]).collect(),
+                RopeStyle::Halves if half == 0 => Vec::new(),
+                RopeStyle::Halves => v.chunks_exact(half).flat_map(|row| row.iter().map(move |&a| first_sign * a).chain(row.iter().copied())).collect(),
+            }
+        };
+        let pair_tables = (f32_tensor(pairs(&cos, 1.0), [ctx, 2 * half], &dev), f32_tensor(pairs(&sin, -1.0), [ctx, 2 * half], &dev));
         let all_quantised = [&embed, &output].into_iter().chain(blocks.iter().flat_map(|b| [&b.qkv, &b.out, &b.gate_up, &b.down])).all(|l| quant_stack(l).is_some());
         let host = if all_quantised {
             let mut norms = Vec::with_capacity(cfg.block_count);
             for l in 0..cfg.block_count {
                 norms.push((g.values(&format!("blk.{l}.attn_norm.weight"), &[h])?, g.values(&format!("blk.{l}.ffn_norm.weight"), &[h])?));
             }
-            Some(HostWeights { norms, out_norm: g.values("output_norm.weight", &[h])?, cos: cos.clone(), sin: sin.clone() })
+            Some(HostWeights { norms, out_norm: g.values("output_norm.weight", &[h])?, cos, sin })
         } else {
             None
         };
-        let cos = f32_tensor(cos, [ctx, half], &dev);
-        let sin = f32_tensor(sin, [ctx, half], &dev);
-        Ok(Weights { cfg, device: dev, native_gqa, embed, blocks, out_norm, output, cos, sin, pair_tables, host })
+        let pool = Mutex::new(KvPool::new(cfg.block_count, cfg.head_count_kv * dh, &dev));
+        Ok(Weights { cfg, device: dev, embed, blocks, out_norm, output, pair_tables, host, pool })
     }
 
     fn rms_norm(&self, x: Tensor<2>, w: &Tensor<1>) -> Tensor<2> {
@@ -391,116 +381,35 @@ impl Weights {
         x * scale * w.clone().unsqueeze::<2>()
     }
 
-    /// Per-head RMSNorm over the last dimension of `[1, heads, s, head_dim]` (Qwen3's Q/K norms).
-    fn head_norm(&self, x: Tensor<4>, w: &Option<Tensor<1>>) -> Tensor<4> {
+    /// Per-head RMSNorm over the last dimension of `[rows, heads, head_dim]` (Qwen3's Q/K norms).
+    fn head_norm(&self, x: Tensor<3>, w: &Option<Tensor<1>>) -> Tensor<3> {
         let Some(w) = w else { return x };
         let dh = w.dims()[0];
-        let scale = x.clone().square().mean_dim(3).add_scalar(self.cfg.rms_eps).sqrt().recip();
-        x * scale * w.clone().reshape([1, 1, 1, dh])
+        let scale = x.clone().square().mean_dim(2).add_scalar(self.cfg.rms_eps).sqrt().recip();
+        x * scale * w.clone().reshape([1, 1, dh])
     }
 
-    /// Rotary embedding on `[1, heads, s, head_dim]` at positions `pos..pos+s`, in the family's
-    /// pairing.
-    fn rope(&self, x: Tensor<4>, pos: usize) -> Tensor<4> {
-        let [_, nh, s, dh] = x.dims();
+    /// Rotary embedding on `[rows, heads, head_dim]`, each row at its own position: `c` and `sn`
+    /// are those positions' `pair_tables` rows, `[rows, 1, rope_dim]`.
+    fn rope(&self, x: Tensor<3>, c: &Tensor<3>, sn: &Tensor<3>) -> Tensor<3> {
+        let [t, nh, dh] = x.dims();
         let rd = self.cfg.rope_dim;
         if rd == 0 {
             return x;
         }
         let half = rd / 2;
-        let (rot, pass) =
-            if rd == dh { (x, None) } else { (x.clone().slice([0..1, 0..nh, 0..s, 0..rd]), Some(x.slice([0..1, 0..nh, 0..s, rd..dh]))) };
-        let rot: Tensor<4> = match &self.pair_tables {
-            // the same products and sums as the pairwise form below (x0·cos + x1·(-sin) is
-            // x0·cos - x1·sin exactly), in four tensor ops instead of a dozen: on a GPU each op
-            // is a kernel launch, and decoding is launch-bound
-            Some((c, sn)) => {
-                let c: Tensor<4> = c.clone().slice([pos..pos + s, 0..rd]).reshape([1, 1, s, rd]);
-                let sn: Tensor<4> = sn.clone().slice([pos..pos + s, 0..rd]).reshape([1, 1, s, rd]);
-                let swapped: Tensor<4> = match self.cfg.family.rope {
-                    RopeStyle::Interleaved => rot.clone().reshape([1, nh, s, half, 2]).flip([4]).reshape([1, nh, s, rd]),
-                    RopeStyle::Halves => rot.clone().reshape([1, nh, s, 2, half]).flip([3]).reshape([1, nh, s, rd]),
-                };
-                rot * c + swapped * sn
-            }
-            None => self.rope_pairs(rot, pos),
+        let (rot, pass) = if rd == dh { (x, None) } else { (x.clone().slice([0..t, 0..nh, 0..rd]), Some(x.slice([0..t, 0..nh, rd..dh]))) };
+        // x0·cos + x1·(-sin) is x0·cos - x1·sin exactly: the pairwise products in four tensor
+        // ops instead of a dozen (on a GPU each op is a kernel launch)
+        let swapped: Tensor<3> = match self.cfg.family.rope {
+            RopeStyle::Interleaved => rot.clone().reshape([t, nh, half, 2]).flip([3]).reshape([t, nh, rd]),
+            RopeStyle::Halves => rot.clone().reshape([t, nh, 2, half]).flip([2]).reshape([t, nh, rd]),
         };
+        let rot = rot * c.clone() + swapped * sn.clone();
         match pass {
             None => rot,
-            Some(p) => Tensor::cat(vec![rot, p], 3),
+            Some(p) => Tensor::cat(vec![rot, p], 2),
         }
-    }
-
-    /// RoPE on `[1, heads, s, rope_dim]` pair by pair: each pair's values as `[.., half, 2]`
-    /// (interleaved) or `[.., 2, half]` (halves), so both styles are the same products.
-    fn rope_pairs(&self, rot: Tensor<4>, pos: usize) -> Tensor<4> {
-        let [_, nh, s, rd] = rot.dims();
-        let half = rd / 2;
-        let (shape, table, axis) = match self.cfg.family.rope {
-            RopeStyle::Interleaved => ([1, nh, s, half, 2], [1, 1, s, half, 1], 4),
-            RopeStyle::Halves => ([1, nh, s, 2, half], [1, 1, s, 1, half], 3),
-        };
-        let pairs: Tensor<5> = rot.reshape(shape);
-        let (mut first, mut second) = ([0..1, 0..nh, 0..s, 0..shape[3], 0..shape[4]], [0..1, 0..nh, 0..s, 0..shape[3], 0..shape[4]]);
-        first[axis] = 0..1;
-        second[axis] = 1..2;
-        let x0 = pairs.clone().slice(first);
-        let x1 = pairs.slice(second);
-        let cos: Tensor<5> = self.cos.clone().slice([pos..pos + s, 0..half]).reshape(table);
-        let sin: Tensor<5> = self.sin.clone().slice([pos..pos + s, 0..half]).reshape(table);
-        let r0 = x0.clone() * cos.clone() - x1.clone() * sin.clone();
-        let r1 = x0 * sin + x1 * cos;
-        Tensor::cat(vec![r0, r1], axis).reshape([1, nh, s, rd])
-    }
-
-    /// Q, K and V as `[1, heads, s, head_dim]` from the quantised projection, laid out and
-    /// rotated on the host in one pass. The same rotation as `rope` (the quantised and dequantised
-    /// paths are tested against each other), without its dozen small tensor ops per call: a
-    /// fifth of a decoding step's time outside the matrix products.
-    fn qkv_host(&self, w: &QStack, extras: &HeadExtras, x: Tensor<2>, pos: usize) -> [Tensor<4>; 3] {
-        let cfg = &self.cfg;
-        let (s, dh, nh, nkv) = (x.dims()[0], cfg.head_dim(), cfg.head_count, cfg.head_count_kv);
-        let (rd, width) = (cfg.rope_dim, w.rows());
-        let half = rd / 2;
-        let mut qkv = quant_matmul(w, x);
-        llama_host::add_bias(&mut qkv, extras.qkv_bias.as_deref());
-        let (cos, sin) = (self.cos.clone().into_dispatch(), self.sin.clone().into_dispatch());
-        let tables = flex_f32(&cos).zip(flex_f32(&sin));
-        let heads = |from: usize, n: usize, norm: Option<&[f32]>, rotate: bool| -> Tensor<4> {
-            let mut out = vec![0f32; n * s * dh];
-            for h in 0..n {
-                for t in 0..s {
-                    let src = &qkv[t * width + from + h * dh..][..dh];
-                    let dst = &mut out[(h * s + t) * dh..][..dh];
-                    dst.copy_from_slice(src);
-                    if let Some(w) = norm {
-                        llama_host::rms_norm_in_place(dst, w, cfg.rms_eps);
-                    }
-                    if let (true, Some((cos, sin))) = (rotate, tables) {
-                        llama_host::rotate(&mut dst[..2 * half], &cos[(pos + t) * half..][..half], &sin[(pos + t) * half..][..half], cfg.family.rope);
-                    }
-                }
-            }
-            f32_tensor(out, [1, n, s, dh], &self.device)
-        };
-        let (q, k, v) = (
-            heads(0, nh, extras.q_norm.as_deref(), true),
-            heads(nh * dh, nkv, extras.k_norm.as_deref(), true),
-            heads((nh + nkv) * dh, nkv, None, false),
-        );
-        if tables.is_none() && rd > 0 {
-            return [self.rope(q, pos), self.rope(k, pos), v];
-        }
-        [q, k, v]
-    }
-
-    fn repeat_kv(&self, t: Tensor<4>) -> Tensor<4> {
-        let rep = self.cfg.head_count / self.cfg.head_count_kv;
-        if self.native_gqa || rep == 1 {
-            return t;
-        }
-        let [b, kvh, n, dh] = t.dims();
-        t.unsqueeze_dim::<5>(2).expand([b, kvh, rep, n, dh]).reshape([b, kvh * rep, n, dh])
     }
 
     /// `forward` on the host path for several sequences at once, `(tokens, pos, each layer's
@@ -546,59 +455,86 @@ impl Weights {
         logits.chunks_exact(cfg.vocab_size).map(<[f32]>::to_vec).collect()
     }
 
-    /// Runs `tokens` at positions `pos..`, extending `cache`; returns the last token's logits.
-    fn forward(&self, tokens: &[u32], pos: usize, cache: &mut [Option<(Tensor<4>, Tensor<4>)>]) -> ExResult<Vec<f32>> {
+    /// The tensor path for several sessions' chunks at once, `(pages, tokens, pos)`, each
+    /// session's pages reserved for its chunk: the rows of all chunks go through the dense layers
+    /// together, attention reads each chunk's own pages of `pool` (padded to the longest chunk,
+    /// masked past each one's positions), and the new keys and values are written with one op
+    /// per layer. The logits of each chunk's last token.
+    fn forward_pooled(&self, pool: &mut KvPool, chunks: &[(&Pages, &[u32], usize)]) -> ExResult<Vec<Vec<f32>>> {
         let cfg = &self.cfg;
-        let (s, h, dh) = (tokens.len(), cfg.embedding_length, cfg.head_dim());
-        let (nh, nkv) = (cfg.head_count, cfg.head_count_kv);
+        let (h, dh, nh, nkv) = (cfg.embedding_length, cfg.head_dim(), cfg.head_count, cfg.head_count_kv);
+        let (rep, f, dev) = (nh / nkv, cfg.feed_forward_length, &self.device);
+        let b = chunks.len();
+        let smax = chunks.iter().map(|c| c.1.len()).max().unwrap_or(0);
+        let tokens: Vec<u32> = chunks.iter().flat_map(|c| c.1.iter().copied()).collect();
+        let t = tokens.len();
+        let positions = || chunks.iter().flat_map(|&(pages, toks, pos)| (pos..pos + toks.len()).map(move |p| (pages, p)));
+        let at = pool.rows(positions());
+        let table = pool.table(&chunks.iter().map(|c| c.0).collect::<Vec<_>>());
+        let len = table.1 * PAGE;
+        let pos = ints(positions().map(|(_, p)| p as i32).collect(), dev);
+        let rd = cfg.rope_dim;
+        let (c, sn) = (self.pair_tables.0.clone().select(0, pos.clone()).reshape([t, 1, rd]), self.pair_tables.1.clone().select(0, pos).reshape([t, 1, rd]));
+        // each chunk's rows padded to `smax`; nothing to move when they are as long
+        let starts: Vec<usize> = chunks.iter().scan(0, |acc, c| Some(std::mem::replace(acc, *acc + c.1.len()))).collect();
+        let ragged = chunks.iter().any(|c| c.1.len() != smax);
+        let (to_padded, to_packed) = if ragged {
+            let padded = (0..b * smax).map(|p| (starts[p / smax] + (p % smax).min(chunks[p / smax].1.len() - 1)) as i32).collect();
+            let packed = chunks.iter().enumerate().flat_map(|(i, c)| (0..c.1.len()).map(move |tt| (i * smax + tt) as i32)).collect();
+            (Some(ints(padded, dev)), Some(ints(packed, dev)))
+        } else {
+            (None, None)
+        };
+        // query `tt` of chunk `i`, at position pos + tt, sees keys 0..=pos + tt (a padding query
+        // sees its chunk's first key, and is dropped)
+        let mask: Vec<f32> = chunks
+            .iter()
+            .flat_map(|&(_, toks, p0)| (0..smax).flat_map(move |tt| (0..len).map(move |j| if j <= p0 + tt.min(toks.len() - 1) { 0.0 } else { f32::NEG_INFINITY })))
+            .collect();
+        let mask = f32_tensor(mask, [b, 1, 1, smax, len], dev);
+        let scale = (dh as f64).powf(-0.5);
+
         let mut x = match &self.embed {
             // held as `[in, out]` = `[hidden, vocab]`: transposing back is a free view of the rows
-            Linear::Dense(e) => {
-                let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-                let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [s]), (&self.device, DType::I32));
-                e.clone().transpose().select(0, ids)
-            }
-            Linear::Quant(e) => f32_tensor(e.dequantise_rows(tokens), [s, h], &self.device),
+            Linear::Dense(e) => e.clone().transpose().select(0, ints(tokens.iter().map(|&t| t as i32).collect(), dev)),
+            Linear::Quant(e) => f32_tensor(e.dequantise_rows(&tokens), [t, h], dev),
         };
-        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: s > 1 };
-        for (block, slot) in self.blocks.iter().zip(cache.iter_mut()) {
-            let normed = self.rms_norm(x.clone(), &block.attn_norm);
-            let [q, k, v] = match &block.qkv {
-                Linear::Quant(w) => self.qkv_host(w, &block.extras, normed, pos),
-                dense => {
-                    let qkv = dense.forward(normed);
-                    let qkv = match &block.qkv_bias {
-                        Some(b) => qkv + b.clone().unsqueeze::<2>(),
-                        None => qkv,
-                    };
-                    let split = |from: usize, heads: usize| -> Tensor<4> {
-                        qkv.clone().slice([0..s, from..from + heads * dh]).reshape([1, s, heads, dh]).swap_dims(1, 2)
-                    };
-                    [
-                        self.rope(self.head_norm(split(0, nh), &block.q_norm), pos),
-                        self.rope(self.head_norm(split(nh * dh, nkv), &block.k_norm), pos),
-                        split((nh + nkv) * dh, nkv),
-                    ]
-                }
+        for (l, block) in self.blocks.iter().enumerate() {
+            let qkv = block.qkv.forward(self.rms_norm(x.clone(), &block.attn_norm));
+            let qkv = match &block.qkv_bias {
+                Some(bias) => qkv + bias.clone().unsqueeze::<2>(),
+                None => qkv,
             };
-            let (k, v) = match slot.take() {
-                None => (k, v),
-                Some((ck, cv)) => (Tensor::cat(vec![ck, k], 2), Tensor::cat(vec![cv, v], 2)),
+            let split = |from: usize, heads: usize| -> Tensor<3> { qkv.clone().slice([0..t, from..from + heads * dh]).reshape([t, heads, dh]) };
+            let q = self.rope(self.head_norm(split(0, nh), &block.q_norm), &c, &sn);
+            let k = self.rope(self.head_norm(split(nh * dh, nkv), &block.k_norm), &c, &sn);
+            pool.write(l, &at, k.reshape([t, nkv * dh]), split((nh + nkv) * dh, nkv).reshape([t, nkv * dh]));
+            let [k, v] = pool.read(l, &table, b).map(|s| s.reshape([b, len, nkv, dh]).swap_dims(1, 2));
+            // queries grouped by their K/V head (head = kv * rep + r): no repeated K/V
+            let q = q.reshape([t, nh * dh]);
+            let q = match &to_padded {
+                Some(i) => q.select(0, i.clone()),
+                None => q,
             };
-            *slot = Some((k.clone(), v.clone()));
-            let ctx = attention(q, self.repeat_kv(k), self.repeat_kv(v), None, None, options);
-            let ctx = ctx.swap_dims(1, 2).reshape([s, nh * dh]);
+            let q = q.reshape([b, smax, nkv, rep, dh]).permute([0, 2, 3, 1, 4]).reshape([b, nkv, rep * smax, dh]);
+            let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale).reshape([b, nkv, rep, smax, len]) + mask.clone();
+            let probs = softmax(scores, 4).reshape([b, nkv, rep * smax, len]);
+            let ctx = probs.matmul(v).reshape([b, nkv, rep, smax, dh]).permute([0, 3, 1, 2, 4]).reshape([b * smax, nh * dh]);
+            let ctx = match &to_packed {
+                Some(i) => ctx.select(0, i.clone()),
+                None => ctx,
+            };
             x = x + block.out.forward(ctx);
-            let f = cfg.feed_forward_length;
             let gu = block.gate_up.forward(self.rms_norm(x.clone(), &block.ffn_norm));
-            let gate = gu.clone().slice([0..s, 0..f]);
-            let up = gu.slice([0..s, f..2 * f]);
+            let gate = gu.clone().slice([0..t, 0..f]);
+            let up = gu.slice([0..t, f..2 * f]);
             x = x + block.down.forward(silu(gate) * up);
         }
-        let last = x.slice([s - 1..s, 0..h]);
-        let logits = self.output.forward(self.rms_norm(last, &self.out_norm));
+        let last = ints(chunks.iter().zip(&starts).map(|(c, s)| (s + c.1.len() - 1) as i32).collect(), dev);
+        let logits = self.output.forward(self.rms_norm(x.select(0, last), &self.out_norm));
         let data = logits.try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
-        data.try_into_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))
+        let values = data.try_into_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))?;
+        Ok(values.chunks_exact(cfg.vocab_size).map(<[f32]>::to_vec).collect())
     }
 }
 
@@ -617,7 +553,7 @@ impl CausalLm for BurnLlama {
 
     fn session(&self) -> ExResult<Box<dyn LmSession>> {
         let n = self.w.cfg.block_count;
-        Ok(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), cache: vec![None; n], host_kv: vec![HostKv::default(); n], len: 0, failed: false }))
+        Ok(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), pages: Pages::default(), host_kv: vec![HostKv::default(); n], len: 0, failed: false }))
     }
 
     fn save_prefix(&self, session: &mut dyn LmSession, len: usize) -> Option<SavedKv> {
@@ -633,14 +569,12 @@ impl CausalLm for BurnLlama {
         let saved = saved.downcast_ref::<SavedHostKv>()?;
         let dh = self.w.cfg.head_dim();
         let host_kv = saved.0.iter().map(|kv| kv.prefix(len, dh)).collect::<Option<Vec<_>>>()?;
-        let n = self.w.cfg.block_count;
-        Some(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), cache: vec![None; n], host_kv, len, failed: false }))
+        Some(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), pages: Pages::default(), host_kv, len, failed: false }))
     }
 
-    /// On the host path, the chunks of this model's sessions run through the layers together;
-    /// anything else (the tensor path, a chunk a session refuses) runs alone.
+    /// The chunks of this model's sessions run through the layers together, on either path; a
+    /// chunk a session refuses is answered alone.
     fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
-        let Some(hw) = &self.w.host else { return one_by_one(batch) };
         let mut out: Vec<Option<ExResult<Vec<f32>>>> = Vec::with_capacity(batch.len());
         let mut ours: Vec<(usize, &mut BurnLlamaSession, &[u32], usize)> = Vec::new();
         for (i, c) in batch.iter_mut().enumerate() {
@@ -656,6 +590,14 @@ impl CausalLm for BurnLlama {
                 _ => out.push(Some(Err(ExError::invalid("forward_batch: a session of another model")))),
             }
         }
+        let Some(hw) = &self.w.host else {
+            let (index, mut sessions): (Vec<usize>, Vec<_>) = ours.into_iter().map(|(i, s, t, p)| (i, (s, t, p))).unzip();
+            let results = BurnLlamaSession::forward_pooled(&mut sessions);
+            for (i, r) in index.into_iter().zip(results) {
+                out[i] = Some(r);
+            }
+            return out.into_iter().map(|r| r.expect("every chunk answered")).collect();
+        };
         let mut seqs: Vec<(&[u32], usize, &mut [HostKv])> = Vec::with_capacity(ours.len());
         let mut rest: Vec<(usize, usize, &mut bool, &mut usize)> = Vec::with_capacity(ours.len());
         for (i, s, tokens, pos) in ours {
@@ -686,12 +628,12 @@ impl CausalLm for BurnLlama {
 /// The host path's caches of a prompt prefix, for `prefix_cache`.
 struct SavedHostKv(Vec<HostKv>);
 
-/// One generation: the shared weights and this sequence's KV cache (`[1, kv_heads, len, head_dim]`
-/// per layer).
+/// One generation: the shared weights and this sequence's KV cache.
 pub struct BurnLlamaSession {
     w: Arc<Weights>,
-    cache: Vec<Option<(Tensor<4>, Tensor<4>)>>,
-    /// The host path's cache (`llama_host`), used instead of `cache` where the weights take it.
+    /// The tensor path's cache: pages of the model's pool (`kv_pool`), taken as it grows.
+    pages: Pages,
+    /// The host path's cache (`llama_host`), used instead of `pages` where the weights take it.
     host_kv: Vec<HostKv>,
     len: usize,
     /// A step failed part-way, leaving the layers' caches inconsistent.
@@ -704,6 +646,11 @@ impl BurnLlamaSession {
         let cfg = &self.w.cfg;
         if self.failed {
             return Err(ExError::invalid("this session failed in an earlier step; start a new session"));
+        }
+        if self.w.host.is_none() {
+            if !self.w.pool.lock().unwrap_or_else(|e| e.into_inner()).holds(&self.pages) {
+                return Err(ExError::invalid("this session's cache was emptied after another session's step failed; start a new session"));
+            }
         }
         if tokens.is_empty() {
             return Err(ExError::invalid("forward needs at least one token"));
@@ -737,7 +684,6 @@ impl BurnLlamaSession {
                 Ok(v)
             }
             Err(e) => {
-                self.cache.iter_mut().for_each(|c| *c = None);
                 self.host_kv.iter_mut().for_each(|c| *c = HostKv::default());
                 self.failed = true;
                 Err(e)
@@ -748,22 +694,57 @@ impl BurnLlamaSession {
 
 impl LmSession for BurnLlamaSession {
     fn reserve(&mut self, tokens: usize) {
+        let cfg = &self.w.cfg;
+        let tokens = tokens.min(cfg.context_length);
         if self.w.host.is_some() {
-            let cfg = &self.w.cfg;
-            let tokens = tokens.min(cfg.context_length);
             self.host_kv.iter_mut().for_each(|kv| kv.reserve(cfg.head_count_kv, tokens, cfg.head_dim()));
+            return;
+        }
+        // the pages now, when the scheduler admits the request, not part-way through its steps
+        let w = Arc::clone(&self.w);
+        let mut pool = w.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.holds(&self.pages) && catch(|| Ok(pool.reserve(&mut [(&mut self.pages, tokens)]))).is_err() {
+            pool.reset();
+            self.failed = true;
         }
     }
 
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>> {
         self.check(tokens, pos)?;
         let w = Arc::clone(&self.w);
-        let (cache, host_kv) = (&mut self.cache, &mut self.host_kv);
-        let result = catch(|| match &w.host {
-            Some(hw) => Ok(w.forward_host(hw, &mut [(tokens, pos, &mut host_kv[..])]).remove(0)),
-            None => w.forward(tokens, pos, cache),
-        });
+        let Some(hw) = &w.host else {
+            return Self::forward_pooled(&mut [(self, tokens, pos)]).remove(0);
+        };
+        let host_kv = &mut self.host_kv;
+        let result = catch(|| Ok(w.forward_host(hw, &mut [(tokens, pos, &mut host_kv[..])]).remove(0)));
         self.settle(tokens.len(), result)
+    }
+}
+
+impl BurnLlamaSession {
+    /// One step of the tensor path for sessions of one model that passed `check`, each with its
+    /// chunk. A failed step fails them all and empties the pool, whose tensors it may have left
+    /// half-written: the model's other sessions then find their slots gone (`check`).
+    fn forward_pooled(sessions: &mut [(&mut BurnLlamaSession, &[u32], usize)]) -> Vec<ExResult<Vec<f32>>> {
+        let Some(w) = sessions.first().map(|s| Arc::clone(&s.0.w)) else { return Vec::new() };
+        let mut pool = w.pool.lock().unwrap_or_else(|e| e.into_inner());
+        pool.reserve(&mut sessions.iter_mut().map(|(s, t, p)| (&mut s.pages, *p + t.len())).collect::<Vec<_>>());
+        let chunks: Vec<(&Pages, &[u32], usize)> = sessions.iter().map(|(s, t, p)| (&s.pages, *t, *p)).collect();
+        match catch(|| w.forward_pooled(&mut pool, &chunks)) {
+            Ok(logits) => sessions.iter_mut().zip(logits).map(|((s, t, _), l)| s.settle(t.len(), Ok(l))).collect(),
+            Err(e) => {
+                pool.reset();
+                sessions.iter_mut().map(|(s, _, _)| s.settle(0, Err(ExError::Execution(format!("step: {e}"))))).collect()
+            }
+        }
+    }
+}
+
+impl Drop for BurnLlamaSession {
+    fn drop(&mut self) {
+        if self.w.host.is_none() {
+            self.w.pool.lock().unwrap_or_else(|e| e.into_inner()).release(&mut self.pages);
+        }
     }
 }
 
@@ -810,7 +791,7 @@ mod tests {
         // (greedy_check): about a logit at most, where one layer skipped moves them by several
         assert!(worst_logit < 1.25, "first-step logits differ by {worst_logit}");
         // every weight dequantised, activations f32: transformers' own arithmetic up to f32 sums
-        let dense = BurnLlama::load_with(&path, &crate::testing::device(), true, false).unwrap();
+        let dense = BurnLlama::load_with(&path, &crate::testing::device(), false).unwrap();
         for (i, case) in cases.iter().enumerate() {
             let first = dense.session().unwrap().forward(&ids(&case["prompt_ids"]), 0).unwrap();
             let worst = greedy_check::first_step_error(&first, case);
@@ -848,7 +829,7 @@ mod tests {
         // path (every layer quantised) sums each row in one order whatever the rows beside it,
         // so the two orders give the same bits; elsewhere 8-bit activations would amplify any
         // last-bit difference up to Q8_LOGIT_DRIFT.
-        let dense = BurnLlama::load_with(&path, &dev, true, false).unwrap();
+        let dense = BurnLlama::load_with(&path, &dev, false).unwrap();
         let cpu = dev.kind == crate::device::DeviceKind::Cpu;
         for (m, quantised) in [(&dense, false), (&model, cpu)] {
             let batched = m.session().unwrap().forward(&prompt, 0).unwrap();
@@ -886,8 +867,8 @@ mod tests {
         if dev.kind != DeviceKind::Cpu {
             return;
         }
-        let quant = BurnLlama::load_with(&path, &dev, true, true).unwrap();
-        let dense = BurnLlama::load_with(&path, &dev, true, false).unwrap();
+        let quant = BurnLlama::load_with(&path, &dev, true).unwrap();
+        let dense = BurnLlama::load_with(&path, &dev, false).unwrap();
         let kinds = |m: &BurnLlama| {
             let b = &m.w.blocks[0];
             [&m.w.embed, &b.qkv, &b.out, &b.gate_up, &b.down, &m.w.output].map(|l| matches!(l, Linear::Quant(_)))
@@ -938,7 +919,7 @@ mod tests {
         if dev.kind != DeviceKind::Cpu {
             return;
         }
-        let quant = BurnLlama::load_with(path, &dev, true, true).unwrap();
+        let quant = BurnLlama::load_with(path, &dev, true).unwrap();
         println!("burn llama {kind}: peak RSS after the quantised load {:.0} MiB", peak_rss_mib());
         assert!(quant.w.host.is_some(), "every layer quantised");
         let formats: std::collections::BTreeSet<String> = quant
@@ -961,7 +942,7 @@ mod tests {
         assert_eq!(batched, last, "a prompt at once and token by token");
 
         // greedy steps, teacher-forced on the dequantised model's picks
-        let dense = BurnLlama::load_with(&path, &dev, true, false).unwrap();
+        let dense = BurnLlama::load_with(&path, &dev, false).unwrap();
         let (mut q, mut d) = (quant.session().unwrap(), dense.session().unwrap());
         let (mut tokens, mut pos, mut same) = (prompt.clone(), 0, 0);
         for _ in 0..12 {
@@ -1080,43 +1061,59 @@ mod tests {
         gguf_file::write(&mut std::fs::File::create(path).unwrap(), &md, &ts).unwrap();
     }
 
-    /// The dequantised path's RoPE (pair tables, four tensor ops) gives the pairwise form's bits
-    /// on the CPU, at every position and for several positions at once; GPU kernels may
-    /// contract a product and a sum into one FMA, a last-bit difference.
-    fn assert_rope_forms_agree(dense: &BurnLlama) {
-        assert!(dense.w.pair_tables.is_some());
-        let (dh, cpu) = (dense.w.cfg.head_dim(), crate::testing::device().kind == DeviceKind::Cpu);
-        for (s, pos) in [(1, 0), (1, 17), (5, 3), (3, 29)] {
-            let n = 2 * s * dh;
-            let values: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.731).sin() * 3.0).collect();
-            let x = f32_tensor(values, [1, 2, s, dh], &dense.w.device);
-            let a = dense.w.rope(x.clone(), pos).into_data().try_into_vec::<f32>().unwrap();
-            let b = dense.w.rope_pairs(x, pos).into_data().try_into_vec::<f32>().unwrap();
-            if cpu {
-                assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "s {s} pos {pos}");
-            } else {
-                assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-6 * q.abs().max(1.0)), "s {s} pos {pos}: {a:?} vs {b:?}");
+    /// The tensor path's RoPE (pair tables, four tensor ops, each row at its own position)
+    /// against the host rotation (`llama_host::rotate`, pair by pair), up to last bits: GPU
+    /// kernels may contract a product and a sum into one FMA.
+    fn assert_rope_forms_agree(dense: &BurnLlama, path: &Path) {
+        let (cfg, dev) = (&dense.w.cfg, &dense.w.device);
+        let (dh, rd, heads) = (cfg.head_dim(), cfg.rope_dim, 2);
+        let half = rd / 2;
+        let (cos, sin) = cfg.rope_tables(&mut Gguf::open(path).unwrap()).unwrap();
+        let positions = [0usize, 17, 3, 4, 29, 11];
+        let t = positions.len();
+        let values: Vec<f32> = (0..t * heads * dh).map(|i| ((i as f32) * 0.731).sin() * 3.0).collect();
+        let pos = ints(positions.iter().map(|&p| p as i32).collect(), dev);
+        let table = |m: &Tensor<2>| m.clone().select(0, pos.clone()).reshape([t, 1, rd]);
+        let (c, sn) = (table(&dense.w.pair_tables.0), table(&dense.w.pair_tables.1));
+        let got = dense.w.rope(f32_tensor(values.clone(), [t, heads, dh], dev), &c, &sn).into_data().try_into_vec::<f32>().unwrap();
+        let mut want = values;
+        for (r, &p) in positions.iter().enumerate() {
+            for head in want[r * heads * dh..(r + 1) * heads * dh].chunks_exact_mut(dh) {
+                llama_host::rotate(&mut head[..rd], &cos[p * half..][..half], &sin[p * half..][..half], cfg.family.rope);
             }
         }
+        assert!(got.iter().zip(&want).all(|(p, q)| (p - q).abs() <= 1e-6 * q.abs().max(1.0)), "{got:?} vs {want:?}");
     }
 
-    /// The same for Qwen's rotation of a head's halves, and the host rotation (`llama_host`)
-    /// against the pairwise form up to last bits.
+    /// The same for Qwen's rotation of a head's halves.
     #[test]
     fn pretrained_burn_llama_rope_halves() {
         let path = crate::process::env::reference_dir().parent().unwrap().join("llm/tiny-qwen3.F32.gguf");
-        let dev = crate::testing::device();
-        let dense = BurnLlama::load_with(&path, &dev, dev.kind == DeviceKind::Cpu, false).unwrap();
+        let dense = BurnLlama::load_with(&path, &crate::testing::device(), false).unwrap();
         assert_eq!(dense.w.cfg.family, Family { qkv_bias: false, qk_norm: true, rope: RopeStyle::Halves });
         assert_eq!((dense.w.cfg.head_dim(), dense.w.cfg.rope_dim, dense.w.cfg.embedding_length), (32, 32, 64));
-        assert_rope_forms_agree(&dense);
-        let (dh, half, pos) = (32, 16, 11);
-        let x: Vec<f32> = (0..dh).map(|i| ((i as f32) * 0.37).cos() * 2.0).collect();
-        let want = dense.w.rope_pairs(f32_tensor(x.clone(), [1, 1, 1, dh], &dense.w.device), pos).into_data().try_into_vec::<f32>().unwrap();
-        let (cos, sin) = dense.w.cfg.rope_tables(&mut Gguf::open(&path).unwrap()).unwrap();
-        let mut got = x;
-        llama_host::rotate(&mut got, &cos[pos * half..][..half], &sin[pos * half..][..half], RopeStyle::Halves);
-        assert!(got.iter().zip(&want).all(|(p, q)| (p - q).abs() <= 1e-6 * q.abs().max(1.0)), "{got:?} vs {want:?}");
+        assert_rope_forms_agree(&dense, &path);
+    }
+
+    /// A step that fails part-way on the tensor path fails its sessions and empties the pool,
+    /// whose tensors it may have left half-written: the model's other sessions then refuse to
+    /// step (their pages are gone) with an error that says so, and new sessions work.
+    #[test]
+    fn pretrained_burn_llama_tensor_path_recovers_from_a_failed_step() {
+        let dir = TempDir::new("llama-pool");
+        let path = dir.path().join("tiny.gguf");
+        write_tiny(&path, "llama", true);
+        let model = BurnLlama::load_with(&path, &crate::testing::device(), false).unwrap();
+        let (mut a, mut b) = (model.session().unwrap(), model.session().unwrap());
+        let want = a.forward(&[1, 2, 3], 0).unwrap();
+        b.forward(&[4, 5], 0).unwrap();
+        model.w.pool.lock().unwrap().lose_a_layer();
+        let e = err_text(a.forward(&[4], 3));
+        assert!(e.contains("step: ") && e.contains("panicked"), "{e}");
+        assert!(err_text(a.forward(&[4], 3)).contains("failed in an earlier step"));
+        assert!(err_text(b.forward(&[6], 2)).contains("cache was emptied"));
+        drop((a, b));
+        assert_eq!(model.session().unwrap().forward(&[1, 2, 3], 0).unwrap(), want);
     }
 
     #[test]
@@ -1145,19 +1142,10 @@ mod tests {
             let diff = b.iter().zip(&c).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
             assert!(diff < 1e-4, "{diff}");
             assert!(err_text(t.forward(&[1; 29], 4)).contains("exceeds the model's context length 32"));
-            // K/V heads repeated before attention (the non-CPU path) give the same logits.
-            let repeated = BurnLlama::load_with(&path, &dev, false, true).unwrap();
-            let mut r = repeated.session().unwrap();
-            r.forward(&[1, 2, 3], 0).unwrap();
-            let d = r.forward(&[4], 3).unwrap();
-            let diff = b.iter().zip(&d).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            // TF32 matmuls off the CPU: differences near 1e-4
-            assert!(diff < if dev.kind == crate::device::DeviceKind::Cpu { 1e-5 } else { 5e-4 }, "{diff}");
             // Every weight dequantised (the other devices' path) against the mix of quantised
-            // layers (Q8_0 embedding, Q4_1 blocks) and f32 ones (rows of 8) this file loads into;
-            // K/V heads repeated where the device's attention needs it (GPUs), as `load` does.
+            // layers (Q8_0 embedding, Q4_1 blocks) and f32 ones (rows of 8) this file loads into.
             let cpu = dev.kind == crate::device::DeviceKind::Cpu;
-            let dense = BurnLlama::load_with(&path, &dev, cpu, false).unwrap();
+            let dense = BurnLlama::load_with(&path, &dev, false).unwrap();
             let mut r = dense.session().unwrap();
             r.forward(&[1, 2, 3], 0).unwrap();
             let d = r.forward(&[4], 3).unwrap();
@@ -1169,9 +1157,9 @@ mod tests {
 
         // The dequantised path's RoPE agrees with the pairwise form.
         let path = dir.path().join("tinytrue.gguf");
-        let dense = BurnLlama::load_with(&path, &dev, dev.kind == crate::device::DeviceKind::Cpu, false).unwrap();
+        let dense = BurnLlama::load_with(&path, &dev, false).unwrap();
         assert_eq!(dense.w.cfg.family.rope, RopeStyle::Interleaved);
-        assert_rope_forms_agree(&dense);
+        assert_rope_forms_agree(&dense, &path);
 
         // Rope frequency factors of 2 rotate like linear position scaling by a factor of 2.
         let logits = |extra: Vec<(String, Value)>, freqs: bool| {
@@ -1203,8 +1191,7 @@ mod tests {
         write_tiny_with(&path, "llama", true, vec![("llama.block_count".into(), Value::U32(3))], false);
         assert!(err_text(load(&path, &dev)).contains("tensor `blk.2.attn_q.weight` is missing"));
 
-        // A prompt long enough for the CPU backend's tiled (flash) attention agrees with a shorter
-        // prompt plus one cached step, and with repeated K/V heads.
+        // A long prompt agrees with a shorter prompt plus one cached step, on both paths.
         let path = dir.path().join("long.gguf");
         write_tiny_with(&path, "llama", true, vec![("llama.context_length".into(), Value::U32(1024))], false);
         let prompt: Vec<u32> = (0..600).map(|i| (i * 7 % 40) as u32).collect();
@@ -1214,8 +1201,12 @@ mod tests {
         s.forward(&prompt[..599], 0).unwrap();
         let stepped = s.forward(&prompt[599..], 599).unwrap();
         assert!(diff(&whole, &stepped) < 1e-4, "{}", diff(&whole, &stepped));
-        let repeated = BurnLlama::load_with(&path, &dev, false, true).unwrap().session().unwrap().forward(&prompt, 0).unwrap();
-        assert!(diff(&whole, &repeated) < 1e-4, "{}", diff(&whole, &repeated));
+        let dense = BurnLlama::load_with(&path, &dev, false).unwrap();
+        let whole = dense.session().unwrap().forward(&prompt, 0).unwrap();
+        let mut s = dense.session().unwrap();
+        s.forward(&prompt[..599], 0).unwrap();
+        let stepped = s.forward(&prompt[599..], 599).unwrap();
+        assert!(diff(&whole, &stepped) < 1e-4, "{}", diff(&whole, &stepped));
 
         // The same file truncated.
         let full = std::fs::read(dir.path().join("tinytrue.gguf")).unwrap();

@@ -90,7 +90,7 @@ fn engines(path: &std::path::Path) -> Vec<(&'static str, Box<dyn CausalLm>, bool
     let cpu = dev.kind == DeviceKind::Cpu;
     vec![
         ("burn", Box::new(BurnLlama::load(path, &dev).unwrap()) as Box<dyn CausalLm>, cpu),
-        ("burn dequantised", Box::new(BurnLlama::load_with(path, &dev, cpu, false).unwrap()), cpu),
+        ("burn dequantised", Box::new(BurnLlama::load_with(path, &dev, false).unwrap()), cpu),
         ("candle", TextModel::load(path, Engine::Candle, DeviceRef::CPU).unwrap().lm, true),
     ]
 }
@@ -210,8 +210,9 @@ fn qwen_gguf_tokenizer_and_chat_template_match_transformers() {
     }
 }
 
-/// A row's logits are the same bits alone and in a batch with other sequences, on every engine
-/// (Burn's host path runs a batch's rows through each layer together).
+/// A row's logits are the same bits alone and in a batch with other sequences (Burn's host path
+/// runs a batch's rows through each layer together), and within last bits on Burn's tensor path,
+/// whose batches run ragged chunks padded and masked.
 #[test]
 fn qwen_gguf_batched_rows_equal_alone() {
     let r = reference();
@@ -223,7 +224,18 @@ fn qwen_gguf_batched_rows_equal_alone() {
                 let mut sessions: Vec<_> = prompts.iter().map(|_| lm.session().unwrap()).collect();
                 let mut chunks: Vec<Chunk> = sessions.iter_mut().zip(prompts).map(|(s, p)| Chunk { session: s.as_mut(), tokens: p, pos: 0 }).collect();
                 let batched: Vec<Vec<f32>> = lm.forward_batch(&mut chunks).into_iter().map(Result::unwrap).collect();
-                assert_eq!(batched, alone, "{arch} {label} {engine}: a batch's logits differ from each row alone");
+                // dequantised weights, and F32 files (no blocks to keep), run Burn's tensor path,
+                // whose products run at the batch's row count, where the backend's matmul may
+                // sum in another order: last bits
+                if engine == "burn dequantised" || (engine == "burn" && label == "F32") {
+                    for (b, a) in batched.iter().zip(&alone) {
+                        let range = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let worst = b.iter().zip(a).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                        assert!(worst <= 1e-5 * range, "{arch} {label} {engine}: a batch's logits differ from each row alone by {worst}");
+                    }
+                } else {
+                    assert_eq!(batched, alone, "{arch} {label} {engine}: a batch's logits differ from each row alone");
+                }
             }
         }
     }

@@ -17,6 +17,7 @@ pub mod errors;
 pub mod files;
 pub mod generate;
 pub mod gguf;
+mod kv_pool;
 mod llama_host;
 #[cfg(test)]
 mod greedy_check;
