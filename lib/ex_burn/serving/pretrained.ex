@@ -46,7 +46,8 @@ defmodule ExBurn.Serving.Pretrained do
   A started serving (`batched_run/2`) owns an `ExBurn.LLM.Scheduler`: each request is a
   generation of its own, and up to `:partitions` of them (default 16) run together in the
   scheduler's batched steps (continuous batching: a request joins at the next step and leaves
-  when done), each with the text it would get alone. `Nx.Serving.run/2` (inline) runs
+  when done), each with the text it would get alone (on GPUs, up to near ties: the server
+  guide says why). `Nx.Serving.run/2` (inline) runs
   `ExBurn.LLM.generate/3` in the caller.
 
   With `stream: true`, `Nx.Serving.run/2` and `Nx.Serving.batched_run/2` return a lazy stream of
