@@ -21,7 +21,7 @@ use super::errors;
 use super::gguf::{self, Header};
 use super::qmatmul::{dequantise_row, QFormat};
 use super::weights::Gguf;
-use super::{CausalLm, LmSession};
+use super::{CausalLm, Chunk, LmSession};
 use crate::device::DeviceRef;
 use crate::error::{ExError, ExResult};
 
@@ -78,6 +78,8 @@ struct CandleSession {
     w: Arc<Weights>,
     /// Per block: K and V as `[1, kv_heads, positions, head_dim]`.
     cache: Vec<Option<(Tensor, Tensor)>>,
+    /// A step failed part-way, leaving the blocks' caches inconsistent.
+    failed: bool,
 }
 
 impl CausalLm for CandleLlama {
@@ -94,7 +96,33 @@ impl CausalLm for CandleLlama {
     }
 
     fn session(&self) -> ExResult<Box<dyn LmSession>> {
-        Ok(Box::new(CandleSession { w: Arc::clone(&self.w), cache: vec![None; self.w.blocks.len()] }))
+        Ok(Box::new(CandleSession { w: Arc::clone(&self.w), cache: vec![None; self.w.blocks.len()], failed: false }))
+    }
+
+    /// The chunks of this model's sessions run through the layers in one pass, every projection
+    /// taking all their rows; a chunk a session refuses is answered alone. Candle's quantised
+    /// CPU product still works row by row, so on the CPU this saves the per-call overheads only.
+    fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
+        let mut out: Vec<Option<ExResult<Vec<f32>>>> = Vec::with_capacity(batch.len());
+        let mut ours: Vec<(usize, &mut CandleSession, &[u32], usize)> = Vec::new();
+        for (i, c) in batch.iter_mut().enumerate() {
+            let any: &mut dyn std::any::Any = &mut *c.session;
+            match any.downcast_mut::<CandleSession>() {
+                Some(s) if Arc::ptr_eq(&s.w, &self.w) => match s.check(c.tokens, c.pos) {
+                    Ok(()) => {
+                        ours.push((i, s, c.tokens, c.pos));
+                        out.push(None);
+                    }
+                    Err(e) => out.push(Some(Err(e))),
+                },
+                _ => out.push(Some(Err(ExError::invalid("forward_batch: a session of another model")))),
+            }
+        }
+        let (index, mut sessions): (Vec<usize>, Vec<_>) = ours.into_iter().map(|(i, s, t, p)| (i, (s, t, p))).unzip();
+        for (i, r) in index.into_iter().zip(CandleSession::forward_many(&self.w, &mut sessions)) {
+            out[i] = Some(r);
+        }
+        out.into_iter().map(|r| r.expect("every chunk answered")).collect()
     }
 }
 
@@ -116,68 +144,95 @@ impl Weights {
         }
     }
 
-    /// `tokens` at positions `pos..`, extending `cache`: the last token's logits.
-    fn forward(&self, tokens: &[u32], pos: usize, cache: &mut [Option<(Tensor, Tensor)>]) -> candle_core::Result<Vec<f32>> {
+    /// Several sequences at once, `(tokens, pos, cache)`, each extending its cache: their rows
+    /// go through every projection together, and attention runs for each sequence over its own
+    /// cache. The logits of each one's last token.
+    fn forward_many(&self, seqs: &mut [(&[u32], usize, &mut [Option<(Tensor, Tensor)>])]) -> candle_core::Result<Vec<Vec<f32>>> {
         let cfg = &self.cfg;
-        let (s, dh, nh, nkv) = (tokens.len(), cfg.head_dim(), cfg.head_count, cfg.head_count_kv);
+        let (dh, nh, nkv) = (cfg.head_dim(), cfg.head_count, cfg.head_count_kv);
         let eps = cfg.rms_eps as f32;
-        let (cos, sin) = (self.cos.narrow(0, pos, s)?, self.sin.narrow(0, pos, s)?);
-        let heads = |t: Tensor, n: usize| t.reshape((1, s, n, dh))?.transpose(1, 2)?.contiguous();
-        let rope = |t: Tensor, norm: &Option<Tensor>| -> candle_core::Result<Tensor> {
+        let tokens: Vec<u32> = seqs.iter().flat_map(|(t, _, _)| t.iter().copied()).collect();
+        let starts: Vec<usize> = seqs.iter().scan(0, |acc, (t, _, _)| Some(std::mem::replace(acc, *acc + t.len()))).collect();
+        let mut views = Vec::with_capacity(seqs.len());
+        for (toks, pos, _) in seqs.iter() {
+            let (s, pos) = (toks.len(), *pos);
+            // causal mask over the cache plus this chunk: query i sees keys up to pos + i
+            let total = pos + s;
+            let mask = (s > 1)
+                .then(|| {
+                    let m: Vec<f32> = (0..s).flat_map(|i| (0..total).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 })).collect();
+                    Tensor::from_vec(m, (1, 1, s, total), &Device::Cpu)
+                })
+                .transpose()?;
+            views.push((self.cos.narrow(0, pos, s)?, self.sin.narrow(0, pos, s)?, mask));
+        }
+        let rope = |t: Tensor, norm: &Option<Tensor>, cos: &Tensor, sin: &Tensor| -> candle_core::Result<Tensor> {
             let t = match norm {
                 Some(w) => candle_nn::ops::rms_norm(&t, w, eps)?,
                 None => t,
             };
             match cfg.family.rope {
-                RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&t, &cos, &sin),
-                RopeStyle::Halves => candle_nn::rotary_emb::rope(&t, &cos, &sin),
+                RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&t, cos, sin),
+                RopeStyle::Halves => candle_nn::rotary_emb::rope(&t, cos, sin),
             }
         };
-        // causal mask over the cache plus this chunk: query i sees keys up to pos + i
-        let total = pos + s;
-        let mask = (s > 1)
-            .then(|| {
-                let m: Vec<f32> = (0..s).flat_map(|i| (0..total).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 })).collect();
-                Tensor::from_vec(m, (1, 1, s, total), &Device::Cpu)
-            })
-            .transpose()?;
-        let mut x = self.embed(tokens)?;
-        for (b, slot) in self.blocks.iter().zip(cache.iter_mut()) {
+        let mut x = self.embed(&tokens)?;
+        for (l, b) in self.blocks.iter().enumerate() {
             let normed = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
             let (mut q, mut k, mut v) = (b.q.forward(&normed)?, b.k.forward(&normed)?, b.v.forward(&normed)?);
             if let Some([bq, bk, bv]) = &b.bias {
                 (q, k, v) = (q.broadcast_add(bq)?, k.broadcast_add(bk)?, v.broadcast_add(bv)?);
             }
-            let q = rope(heads(q, nh)?, &b.q_norm)?;
-            let k = rope(heads(k, nkv)?, &b.k_norm)?;
-            let v = heads(v, nkv)?;
-            let (k, v) = match slot.take() {
-                None => (k, v),
-                Some((ck, cv)) => (Tensor::cat(&[&ck, &k], 2)?, Tensor::cat(&[&cv, &v], 2)?),
-            };
-            *slot = Some((k.clone(), v.clone()));
-            let rep = nh / nkv;
-            let (k, v) = (candle_transformers::utils::repeat_kv(k, rep)?, candle_transformers::utils::repeat_kv(v, rep)?);
-            let scores = (q.matmul(&k.t()?)? / (dh as f64).sqrt())?;
-            let scores = match &mask {
-                Some(m) => scores.broadcast_add(m)?,
-                None => scores,
-            };
-            let ctx = candle_nn::ops::softmax_last_dim(&scores)?.matmul(&v)?;
-            let ctx = ctx.transpose(1, 2)?.reshape((1, s, nh * dh))?;
-            x = (x + b.out.forward(&ctx)?)?;
+            let mut ctxs = Vec::with_capacity(seqs.len());
+            for (((toks, _, cache), &at), (cos, sin, mask)) in seqs.iter_mut().zip(&starts).zip(&views) {
+                let s = toks.len();
+                let heads = |t: &Tensor, n: usize| t.narrow(1, at, s)?.reshape((1, s, n, dh))?.transpose(1, 2)?.contiguous();
+                let qi = rope(heads(&q, nh)?, &b.q_norm, cos, sin)?;
+                let ki = rope(heads(&k, nkv)?, &b.k_norm, cos, sin)?;
+                let vi = heads(&v, nkv)?;
+                let slot = &mut cache[l];
+                let (ki, vi) = match slot.take() {
+                    None => (ki, vi),
+                    Some((ck, cv)) => (Tensor::cat(&[&ck, &ki], 2)?, Tensor::cat(&[&cv, &vi], 2)?),
+                };
+                *slot = Some((ki.clone(), vi.clone()));
+                let rep = nh / nkv;
+                let (ki, vi) = (candle_transformers::utils::repeat_kv(ki, rep)?, candle_transformers::utils::repeat_kv(vi, rep)?);
+                let scores = (qi.matmul(&ki.t()?)? / (dh as f64).sqrt())?;
+                let scores = match mask {
+                    Some(m) => scores.broadcast_add(m)?,
+                    None => scores,
+                };
+                let ctx = candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vi)?;
+                ctxs.push(ctx.transpose(1, 2)?.reshape((1, s, nh * dh))?);
+            }
+            x = (x + b.out.forward(&Tensor::cat(&ctxs, 1)?)?)?;
             let normed = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
             let ffn = (candle_nn::ops::silu(&b.gate.forward(&normed)?)? * b.up.forward(&normed)?)?;
             x = (x + b.down.forward(&ffn)?)?;
         }
-        let last = x.narrow(1, s - 1, 1)?;
+        let last = seqs.iter().zip(&starts).map(|((t, _, _), &at)| x.narrow(1, at + t.len() - 1, 1)).collect::<candle_core::Result<Vec<_>>>()?;
+        let last = Tensor::cat(&last, 1)?;
         let logits = self.output.forward(&candle_nn::ops::rms_norm(&last, &self.out_norm, eps)?)?;
-        logits.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()
+        let values = logits.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        Ok(values.chunks_exact(cfg.vocab_size).map(<[f32]>::to_vec).collect())
     }
 }
 
 impl LmSession for CandleSession {
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>> {
+        self.check(tokens, pos)?;
+        let w = Arc::clone(&self.w);
+        Self::forward_many(&w, &mut [(self, tokens, pos)]).remove(0)
+    }
+}
+
+impl CandleSession {
+    /// Whether `tokens` at `pos` may run next.
+    fn check(&self, tokens: &[u32], pos: usize) -> ExResult<()> {
+        if self.failed {
+            return Err(ExError::invalid("this session failed in an earlier step; start a new session"));
+        }
         if tokens.is_empty() {
             return Err(ExError::invalid("forward needs at least one token"));
         }
@@ -192,11 +247,35 @@ impl LmSession for CandleSession {
                 vec![],
             ));
         }
-        // Position 0 starts over, so a session can be reused.
-        if pos == 0 {
-            self.cache.iter_mut().for_each(|c| *c = None);
+        Ok(())
+    }
+
+    /// One step for sessions of one model that passed `check`, each with its chunk. A session
+    /// fed from position 0 starts over, so it can be reused; a failed step fails them all
+    /// (their caches may be extended in some blocks and not others).
+    fn forward_many(w: &Weights, sessions: &mut [(&mut CandleSession, &[u32], usize)]) -> Vec<ExResult<Vec<f32>>> {
+        for (s, _, pos) in sessions.iter_mut() {
+            if *pos == 0 {
+                s.cache.iter_mut().for_each(|c| *c = None);
+            }
         }
-        self.w.forward(tokens, pos, &mut self.cache).map_err(engine_err)
+        let mut seqs: Vec<(&[u32], usize, &mut [Option<(Tensor, Tensor)>])> = sessions.iter_mut().map(|(s, t, p)| (*t, *p, &mut s.cache[..])).collect();
+        let result = w.forward_many(&mut seqs);
+        drop(seqs);
+        match result {
+            Ok(logits) => logits.into_iter().map(Ok).collect(),
+            Err(e) => {
+                let e = engine_err(e);
+                sessions
+                    .iter_mut()
+                    .map(|(s, _, _)| {
+                        s.cache.iter_mut().for_each(|c| *c = None);
+                        s.failed = true;
+                        Err(ExError::Execution(format!("step: {e}")))
+                    })
+                    .collect()
+            }
+        }
     }
 }
 

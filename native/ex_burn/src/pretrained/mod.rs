@@ -109,8 +109,10 @@ pub trait CausalLm: Send + Sync {
     /// Bytes a session's KV cache takes per token.
     fn kv_bytes_per_token(&self) -> usize;
     /// Runs each chunk on its session (sessions of this model), as `LmSession::forward` would
-    /// alone, with the same logits bit for bit. An engine that runs them in one pass, reading
-    /// each weight once for all their rows, overrides it; the default runs them in turn.
+    /// alone: with the same logits bit for bit where each row's sums don't depend on the rows
+    /// beside it (Burn's quantised host path, Candle's quantised products), within last bits
+    /// elsewhere. An engine that runs them in one pass, reading each weight once for all their
+    /// rows, overrides it; the default runs them in turn.
     fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
         one_by_one(batch)
     }
