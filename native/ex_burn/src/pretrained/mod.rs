@@ -37,6 +37,8 @@ mod batch_tests;
 mod embed_batch_tests;
 #[cfg(test)]
 mod llm_family_tests;
+#[cfg(test)]
+mod spm_tests;
 pub mod tokenizer;
 pub mod weights;
 

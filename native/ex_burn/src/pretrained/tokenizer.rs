@@ -153,8 +153,13 @@ fn bytes_to_unicode() -> [char; 256] {
 }
 
 /// GGUF token types (`tokenizer.ggml.token_type`).
+const TOKEN_UNKNOWN: i64 = 2;
 const TOKEN_CONTROL: i64 = 3;
 const TOKEN_USER_DEFINED: i64 = 4;
+const TOKEN_BYTE: i64 = 6;
+
+/// SentencePiece's stand-in for a space.
+const SPM_SPACE: char = '\u{2581}';
 
 /// The pre-tokenizer regexes llama.cpp uses for a `tokenizer.ggml.pre` value, as Split rules.
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -168,6 +173,8 @@ pub struct LmTokenizerSpec {
     /// `tokenizer.ggml.pre` (pre-tokenizer flavour); empty = GPT-2's.
     pub pre: String,
     pub tokens: Vec<String>,
+    /// `tokenizer.ggml.scores`: SentencePiece pieces' scores (the `llama` model).
+    pub scores: Vec<f32>,
     pub merges: Vec<String>,
     pub token_types: Vec<i64>,
     pub bos: Option<u32>,
@@ -190,6 +197,7 @@ impl LmTokenizerSpec {
         let spec = LmTokenizerSpec {
             pre: h.str("tokenizer.ggml.pre").unwrap_or("").to_string(),
             tokens: strings("tokenizer.ggml.tokens"),
+            scores: h.get("tokenizer.ggml.scores").and_then(Value::as_array).map(|a| a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect()).unwrap_or_default(),
             merges: strings("tokenizer.ggml.merges"),
             token_types: h.get("tokenizer.ggml.token_type").and_then(Value::as_array).map(|a| a.iter().map(|v| v.as_i64().unwrap_or(1)).collect()).unwrap_or_default(),
             bos: id("tokenizer.ggml.bos_token_id"),
@@ -198,7 +206,8 @@ impl LmTokenizerSpec {
             // Absent keys mean no (transformers' GGUF loader reads the same keys).
             add_bos: flag("tokenizer.ggml.add_bos_token", false),
             add_eos: flag("tokenizer.ggml.add_eos_token", false),
-            add_space_prefix: flag("tokenizer.ggml.add_space_prefix", false),
+            // llama.cpp's default: SentencePiece vocabularies prefix a space
+            add_space_prefix: flag("tokenizer.ggml.add_space_prefix", model == "llama"),
             model,
         };
         if spec.tokens.is_empty() && spec.model.is_empty() {
@@ -212,8 +221,8 @@ impl LmTokenizerSpec {
     }
 }
 
-/// A decoder-only model's tokenizer (GGUF `gpt2` byte-level BPE), with the byte string of every
-/// token so generated text can be streamed as exact UTF-8.
+/// A decoder-only model's tokenizer (GGUF `gpt2` byte-level BPE, or `llama` SentencePiece BPE),
+/// with the byte string of every token so generated text can be streamed as exact UTF-8.
 pub struct LmTokenizer {
     tok: Tokenizer,
     token_bytes: Vec<Vec<u8>>,
@@ -235,68 +244,30 @@ impl LmTokenizer {
     }
 
     pub fn from_spec(spec: LmTokenizerSpec) -> ExResult<Self> {
-        if spec.model != "gpt2" {
-            return Err(errors::err(
-                kind::UNSUPPORTED_TOKENIZER,
-                format!("unsupported GGUF tokenizer model {:?} (only byte-level BPE, \"gpt2\", is supported)", spec.model),
-                vec![("tokenizer", Detail::Text(spec.model.clone()))],
-            ));
-        }
         let n = spec.tokens.len();
-        if n == 0 {
+        if n == 0 && matches!(spec.model.as_str(), "gpt2" | "llama") {
             return Err(tokenizer_error("the GGUF file lists no tokens"));
         }
         let ty = |i: usize| spec.token_types.get(i).copied().unwrap_or(1);
-        // As Python's dict(zip(tokens, ids)): a repeated token string keeps its last id.
-        let vocab: tokenizers::models::bpe::Vocab = spec.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-        let merges: Vec<(String, String)> = spec
-            .merges
-            .iter()
-            .map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| tokenizer_error(format!("malformed merge {m:?}"))))
-            .collect::<ExResult<_>>()?;
-        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(tokenizer_error)?;
-        let mut tok = Tokenizer::new(bpe);
-        let byte_level = ByteLevel::new(spec.add_space_prefix, true, true);
-        let pre: PreTokenizerWrapper = match spec.pre.as_str() {
-            "llama3" | "llama-bpe" | "falcon3" | "pixtral" => split_then_bytes(LLAMA3_REGEX)?,
-            "qwen2" | "deepseek-r1-qwen" => split_then_bytes(QWEN2_REGEX)?,
-            // These split digits one by one before GPT-2's rules (llama.cpp's `\p{N}` rule).
-            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
-                Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
+        let special: Vec<bool> = (0..n).map(|i| ty(i) == TOKEN_CONTROL || ty(i) == TOKEN_USER_DEFINED).collect();
+        let (mut tok, token_bytes) = match spec.model.as_str() {
+            "gpt2" => byte_level_bpe(&spec, &special)?,
+            "llama" => sentencepiece_bpe(&spec, &special)?,
+            other => {
+                return Err(errors::err(
+                    kind::UNSUPPORTED_TOKENIZER,
+                    format!("unsupported GGUF tokenizer model {other:?} (supported: byte-level BPE, \"gpt2\", and SentencePiece BPE, \"llama\")"),
+                    vec![("tokenizer", Detail::Text(other.to_string()))],
+                ))
             }
-            _ => byte_level.into(),
         };
-        tok.with_pre_tokenizer(Some(pre));
-        tok.with_decoder(Some(ByteLevel::default()));
         let added: Vec<AddedToken> = (0..n)
-            .filter(|&i| ty(i) == TOKEN_CONTROL || ty(i) == TOKEN_USER_DEFINED)
+            .filter(|&i| special[i])
             .map(|i| AddedToken::from(spec.tokens[i].clone(), ty(i) == TOKEN_CONTROL).normalized(false))
             .collect();
         if !added.is_empty() {
             tok.add_special_tokens(added).map_err(tokenizer_error)?;
         }
-        let chars = bytes_to_unicode();
-        let inverse: HashMap<char, u8> = chars.iter().enumerate().map(|(b, c)| (*c, b as u8)).collect();
-        let special: Vec<bool> = (0..n).map(|i| ty(i) == TOKEN_CONTROL || ty(i) == TOKEN_USER_DEFINED).collect();
-        let token_bytes = spec
-            .tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                if special[i] {
-                    t.as_bytes().to_vec()
-                } else {
-                    let mut out = Vec::with_capacity(t.len());
-                    for c in t.chars() {
-                        match inverse.get(&c) {
-                            Some(b) => out.push(*b),
-                            None => out.extend(c.to_string().as_bytes()),
-                        }
-                    }
-                    out
-                }
-            })
-            .collect();
         let mut eog: Vec<u32> = spec.eos.into_iter().chain(spec.extra_eos.iter().copied()).filter(|&i| (i as usize) < n).collect();
         for (i, t) in spec.tokens.iter().enumerate() {
             if ty(i) == TOKEN_CONTROL && EOG_TEXTS.contains(&t.as_str()) && !eog.contains(&(i as u32)) {
@@ -352,6 +323,103 @@ impl LmTokenizer {
     pub fn token_text(&self, id: u32) -> Option<String> {
         self.token_bytes.get(id as usize).map(|b| String::from_utf8_lossy(b).into_owned())
     }
+}
+
+/// A vocabulary as `tokenizers` takes it: as Python's dict(zip(tokens, ids)), a repeated token
+/// string keeps its last id.
+fn vocab(spec: &LmTokenizerSpec) -> tokenizers::models::bpe::Vocab {
+    spec.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect()
+}
+
+/// GPT-2's byte-level BPE with the file's merges and the pre-tokenizer `tokenizer.ggml.pre` names;
+/// each token's bytes through GPT-2's byte-to-character table.
+fn byte_level_bpe(spec: &LmTokenizerSpec, special: &[bool]) -> ExResult<(Tokenizer, Vec<Vec<u8>>)> {
+    let merges: Vec<(String, String)> = spec
+        .merges
+        .iter()
+        .map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| tokenizer_error(format!("malformed merge {m:?}"))))
+        .collect::<ExResult<_>>()?;
+    let bpe = BPE::builder().vocab_and_merges(vocab(spec), merges).build().map_err(tokenizer_error)?;
+    let mut tok = Tokenizer::new(bpe);
+    let byte_level = ByteLevel::new(spec.add_space_prefix, true, true);
+    let pre: PreTokenizerWrapper = match spec.pre.as_str() {
+        "llama3" | "llama-bpe" | "falcon3" | "pixtral" => split_then_bytes(LLAMA3_REGEX)?,
+        "qwen2" | "deepseek-r1-qwen" => split_then_bytes(QWEN2_REGEX)?,
+        // These split digits one by one before GPT-2's rules (llama.cpp's `\p{N}` rule).
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
+            Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
+        }
+        _ => byte_level.into(),
+    };
+    tok.with_pre_tokenizer(Some(pre));
+    tok.with_decoder(Some(ByteLevel::default()));
+    let chars = bytes_to_unicode();
+    let inverse: HashMap<char, u8> = chars.iter().enumerate().map(|(b, c)| (*c, b as u8)).collect();
+    let token_bytes = spec
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if special[i] {
+                return t.as_bytes().to_vec();
+            }
+            let mut out = Vec::with_capacity(t.len());
+            for c in t.chars() {
+                match inverse.get(&c) {
+                    Some(b) => out.push(*b),
+                    None => out.extend(c.to_string().as_bytes()),
+                }
+            }
+            out
+        })
+        .collect();
+    Ok((tok, token_bytes))
+}
+
+/// SentencePiece BPE (`llama`: Llama 2, Mistral, Phi-3, Gemma files), as llama.cpp tokenises
+/// it: spaces become `▁`, a `▁` is prepended to the text and to the text after each control
+/// token (`add_space_prefix`), the adjacent pair whose merged piece scores highest merges first,
+/// and characters outside the vocabulary fall back to their `<0xNN>` byte pieces. Merges ranked
+/// by the merged piece's score (then by its id and its parts' ids, as transformers' SentencePiece
+/// conversion ranks them) give `tokenizers`' BPE that order.
+fn sentencepiece_bpe(spec: &LmTokenizerSpec, special: &[bool]) -> ExResult<(Tokenizer, Vec<Vec<u8>>)> {
+    use tokenizers::normalizers::{Prepend, Replace, Sequence as Normalizers};
+    let ty = |i: usize| spec.token_types.get(i).copied().unwrap_or(1);
+    let ids: HashMap<&str, u32> = spec.tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i as u32)).collect();
+    let mut ranked: Vec<(f32, usize, u32, u32)> = Vec::new();
+    for (i, t) in spec.tokens.iter().enumerate().filter(|&(i, _)| !special[i] && ty(i) != TOKEN_BYTE) {
+        let score = spec.scores.get(i).copied().unwrap_or(0.0);
+        for (at, _) in t.char_indices().skip(1) {
+            if let (Some(&l), Some(&r)) = (ids.get(&t[..at]), ids.get(&t[at..])) {
+                ranked.push((score, i, l, r));
+            }
+        }
+    }
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2, a.3).cmp(&(b.1, b.2, b.3))));
+    let merges = ranked.iter().map(|&(_, _, l, r)| (spec.tokens[l as usize].clone(), spec.tokens[r as usize].clone())).collect();
+    let mut bpe = BPE::builder().vocab_and_merges(vocab(spec), merges).byte_fallback(true);
+    if let Some(unk) = (0..spec.tokens.len()).find(|&i| ty(i) == TOKEN_UNKNOWN) {
+        bpe = bpe.unk_token(spec.tokens[unk].clone());
+    }
+    let mut tok = Tokenizer::new(bpe.build().map_err(tokenizer_error)?);
+    let space = Replace::new(" ", SPM_SPACE.to_string()).map_err(tokenizer_error)?;
+    tok.with_normalizer(Some(if spec.add_space_prefix {
+        Normalizers::new(vec![Prepend::new(SPM_SPACE.to_string()).into(), space.into()])
+    } else {
+        Normalizers::new(vec![space.into()])
+    }))
+    .map_err(tokenizer_error)?;
+    let token_bytes = spec
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match t.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')).filter(|_| ty(i) == TOKEN_BYTE) {
+            Some(hex) => u8::from_str_radix(hex, 16).map(|b| vec![b]).map_err(|_| tokenizer_error(format!("byte piece {t:?} is not <0xNN>"))),
+            None if special[i] => Ok(t.as_bytes().to_vec()),
+            None => Ok(t.replace(SPM_SPACE, " ").into_bytes()),
+        })
+        .collect::<ExResult<_>>()?;
+    Ok((tok, token_bytes))
 }
 
 fn split_then_bytes(regex: &str) -> ExResult<PreTokenizerWrapper> {
@@ -410,7 +478,7 @@ pub(crate) mod tests {
 
     #[test]
     fn other_tokenizer_models_are_unsupported() {
-        let spec = LmTokenizerSpec { model: "llama".into(), ..tiny_spec() };
+        let spec = LmTokenizerSpec { model: "rwkv".into(), ..tiny_spec() };
         let e = LmTokenizer::from_spec(spec).err().unwrap();
         assert_eq!(errors::kind_of(&e), Some(kind::UNSUPPORTED_TOKENIZER));
     }

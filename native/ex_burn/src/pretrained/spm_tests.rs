@@ -1,0 +1,67 @@
+//! GGUF files with SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`, as Llama 2,
+//! Mistral, Phi-3 and Gemma files have) against llama.cpp's tokenizer and transformers' model,
+//! on the tiny Llama that `test/data/gen_spm_refs.py` writes (committed, so nothing skips):
+//! token ids of texts with repeated spaces, digits, accents, emoji, CJK, control tokens and
+//! characters outside the vocabulary, each token's text, and greedy tokens on both engines.
+
+use std::path::PathBuf;
+
+use serde_json::Value as Json;
+
+use super::generate::Prompt;
+use super::greedy_check::{self, ids};
+use super::tokenizer::LmTokenizer;
+use super::{gguf, Engine, TextModel};
+use crate::device::DeviceRef;
+
+fn reference() -> (Json, PathBuf) {
+    let dir = crate::process::env::reference_dir().parent().expect("reference dir has a parent").join("llm");
+    let text = std::fs::read_to_string(dir.join("reference_spm.json")).expect("test/data/llm/reference_spm.json");
+    let r: Json = serde_json::from_str(&text).expect("reference JSON");
+    let path = dir.join(r["file"].as_str().unwrap());
+    (r, path)
+}
+
+#[test]
+fn spm_tokenizer_matches_llama_cpp() {
+    let (r, path) = reference();
+    let tok = LmTokenizer::from_gguf(&gguf::read_header(&path).unwrap()).unwrap();
+    assert_eq!(tok.vocab_size(), 400);
+    assert_eq!((tok.bos, tok.eos, tok.add_bos), (Some(1), Some(2), true));
+    for c in r["tokenize"].as_array().unwrap() {
+        let text = c["text"].as_str().unwrap();
+        let want = ids(&c["ids"]);
+        assert_eq!(tok.encode(text, false).unwrap(), want, "{text:?}");
+        // each token's text as llama.cpp's detokeniser gives it, where that is whole characters
+        // (a byte piece of a longer character prints as U+FFFD there)
+        for (&id, piece) in want.iter().zip(c["pieces"].as_array().unwrap()) {
+            let piece = piece.as_str().unwrap();
+            if !piece.contains('\u{FFFD}') && !tok.is_special(id) {
+                assert_eq!(String::from_utf8_lossy(tok.token_bytes(id).unwrap()), piece, "{text:?}: token {id}");
+            }
+        }
+        // the pieces' bytes give the text back after the prefixed space
+        if !want.iter().any(|&id| tok.is_special(id)) {
+            assert_eq!(tok.decode(&want).unwrap(), format!(" {text}"));
+        }
+    }
+}
+
+#[test]
+fn spm_gguf_generates_as_transformers_on_both_engines() {
+    let (r, path) = reference();
+    for engine in [Engine::Burn, Engine::Candle] {
+        let device = if engine == Engine::Burn { crate::testing::device() } else { DeviceRef::CPU };
+        let model = TextModel::load(&path, engine, device).unwrap();
+        for g in r["generate"].as_array().unwrap() {
+            let label = format!("{engine:?} {:?}", g["prompt"]);
+            assert_eq!(model.prompt_ids(&Prompt::Text(g["prompt"].as_str().unwrap().into())).unwrap(), ids(&g["prompt_ids"]), "{label}");
+            let forced = greedy_check::teacher_forced(model.lm.session().unwrap().as_mut(), g);
+            greedy_check::assert_forced(&label, &forced);
+            // f32 weights (f16-representable): transformers' arithmetic up to f32 sums
+            let worst = greedy_check::first_step_error(&forced.first, g);
+            println!("{label}: {} of {} teacher-forced picks differ; first-step top-10 logits within {worst:.2e}", forced.flips.len(), forced.steps);
+            assert!(worst < 1e-3, "{label}: first-step logits differ by {worst}");
+        }
+    }
+}

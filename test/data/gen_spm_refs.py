@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""A tiny Llama GGUF with a SentencePiece tokenizer, and llama.cpp's and transformers' references.
+
+GGUF files of Llama 2, Mistral, TinyLlama, Phi-3 and Gemma carry SentencePiece vocabularies
+(`tokenizer.ggml.model = "llama"`: pieces with scores, `▁` for spaces, `<0xNN>` byte pieces).
+This writes, next to this script, under llm/:
+
+  tiny-llama-spm.F32.gguf   a Llama model (hidden 64, 2 layers) whose tokenizer is a
+                            SentencePiece BPE model trained here with byte fallback
+  reference_spm.json        llama.cpp's token ids (llama-cpp-python, the file's own tokenizer)
+                            for texts with spaces, digits, accents, emoji, CJK, control tokens
+                            and bytes outside the vocabulary; transformers' ids for the same texts;
+                            and transformers' greedy tokens for two prompts
+
+No model hub is needed. Run (CPU only):
+
+  pip install torch numpy transformers sentencepiece protobuf llama-cpp-python
+  LLAMA_CPP=/path/to/llama.cpp python3 test/data/gen_spm_refs.py
+
+LLAMA_CPP (default /work/peers/llama.cpp) must hold convert_hf_to_gguf.py and gguf-py/.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from refs_common import base_versions, sig  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT_DIR = os.path.join(HERE, "llm")
+LLAMA_CPP = os.environ.get("LLAMA_CPP", "/work/peers/llama.cpp")
+NEW_TOKENS = 12
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A fast brown fox leaps over a sleepy dog, and the dog does not care.",
+    "Once upon a time there was a small robot who rebuilt seventeen wooden bridges.",
+    "The committee measured an unusual signal at 1234 Hz in 2024.",
+    "Le garçon a mangé une crème brûlée à Noël.",
+    "Hello! How are you today? I am fine, thank you.",
+    "def add(a, b):\n    return a + b\n",
+] * 20
+
+TOKENIZE_TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world 12345, it's 2024!",
+    "  two leading spaces, and  double  spaces",
+    "crème brûlée 😀 我爱",
+    "<s>user\nhi</s>",
+    "tabs\tand\nnew lines\n\n",
+]
+PROMPTS = ["The quick brown fox", "Once upon a time"]
+
+
+def train_spm(dir):
+    import sentencepiece as spm
+
+    corpus = os.path.join(dir, "corpus.txt")
+    with open(corpus, "w") as f:
+        f.write("\n".join(CORPUS))
+    prefix = os.path.join(dir, "spm")
+    spm.SentencePieceTrainer.train(
+        input=corpus, model_prefix=prefix, model_type="bpe", vocab_size=400, byte_fallback=True,
+        character_coverage=1.0, bos_id=1, eos_id=2, unk_id=0, pad_id=-1, add_dummy_prefix=True,
+        remove_extra_whitespaces=False, normalization_rule_name="identity", minloglevel=2)
+    return prefix + ".model"
+
+
+def build(dir):
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
+
+    # transformers builds its (fast) Llama tokenizer from the SentencePiece model file
+    spm_dir = os.path.join(dir, "spm_tok")
+    os.makedirs(spm_dir)
+    shutil.copy(train_spm(dir), os.path.join(spm_dir, "tokenizer.model"))
+    tok = LlamaTokenizer.from_pretrained(spm_dir, legacy=False, add_bos_token=True)
+    assert len(tok) == 400, len(tok)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
+                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="float32")
+    model = LlamaForCausalLM(cfg)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = 0.6 if ("embed" in name or "lm_head" in name) else 0.15
+            v = 1.0 + 0.2 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight") else scale * torch.randn(p.shape, generator=g)
+            p.copy_(v.half().float())
+    model.eval()
+    hf = os.path.join(dir, "hf")
+    model.save_pretrained(hf, safe_serialization=True)
+    tok.save_pretrained(hf)
+    # the SentencePiece model itself, which the converter reads for the pieces' scores (without
+    # it, it takes tokenizer.json and scores every piece -1000, as no real file is)
+    shutil.copy(os.path.join(spm_dir, "tokenizer.model"), os.path.join(hf, "tokenizer.model"))
+    return model, tok, hf
+
+
+def convert(hf, out):
+    env = dict(os.environ, PYTHONPATH=os.path.join(LLAMA_CPP, "gguf-py"))
+    subprocess.run([sys.executable, os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py"), hf, "--outfile", out, "--outtype", "f32"],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def greedy(model, ids):
+    """NEW_TOKENS greedy steps (eos not treated specially): each step's token and its lead over
+    the second, and the first step's top 10 `[id, logit]`."""
+    ids, out, first = list(ids), [], None
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            if first is None:
+                top10 = torch.topk(logits, 10)
+                first = [[int(i), sig(v)] for i, v in zip(top10.indices, top10.values)]
+            top = torch.topk(logits, 2)
+            out.append((int(top.indices[0]), float(top.values[0] - top.values[1])))
+            ids.append(out[-1][0])
+    return out, first
+
+
+def main():
+    import llama_cpp
+
+    os.makedirs(OUT_DIR, exist_ok=True)
+    path = os.path.join(OUT_DIR, "tiny-llama-spm.F32.gguf")
+    with tempfile.TemporaryDirectory() as dir:
+        model, tok, hf = build(dir)
+        convert(hf, os.path.join(dir, "out.gguf"))
+        shutil.copy(os.path.join(dir, "out.gguf"), path)
+    lcpp = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    cases = []
+    for text in TOKENIZE_TEXTS:
+        ids = lcpp.tokenize(text.encode(), add_bos=False, special=True)
+        cases.append({"text": text, "ids": ids, "transformers_ids": tok.encode(text, add_special_tokens=False),
+                      "pieces": [lcpp.detokenize([i]).decode("utf-8", "replace") for i in ids]})
+    gens = []
+    for p in PROMPTS:
+        ids = lcpp.tokenize(p.encode(), add_bos=True, special=True)
+        steps, first = greedy(model, ids)
+        gens.append({"prompt": p, "prompt_ids": ids, "generated_ids": [t for t, _ in steps],
+                     "step_margins": [sig(m, 4) for _, m in steps], "stopped_at_eos": False,
+                     "first_step_top10": first})
+    ref = {"versions": dict(base_versions(), llama_cpp_python=llama_cpp.__version__, sentencepiece=__import__("sentencepiece").__version__),
+           "file": os.path.basename(path), "sha256": hashlib.sha256(open(path, "rb").read()).hexdigest(), "vocab_size": len(tok), "bos_token_id": 1, "eos_token_id": 2,
+           "tokenize": cases, "generate": gens}
+    with open(os.path.join(OUT_DIR, "reference_spm.json"), "w") as f:
+        json.dump(ref, f, indent=1, ensure_ascii=False)
+    agree = sum(c["ids"] == c["transformers_ids"] for c in cases)
+    print(f"wrote {path} ({os.path.getsize(path)} bytes); llama.cpp and transformers agree on {agree}/{len(cases)} texts")
+
+
+if __name__ == "__main__":
+    main()
