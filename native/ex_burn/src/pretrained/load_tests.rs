@@ -167,7 +167,7 @@ fn llm_load_errors_are_distinct() {
     assert_eq!(kind_err(TextModel::load(&p, Engine::Candle, cpu)), kind::UNKNOWN_ARCHITECTURE);
     assert_eq!(kind_err(TextModel::load(&p, Engine::Burn, cpu)), kind::UNKNOWN_ARCHITECTURE);
 
-    write_gguf(&p, &llama_metadata("llama", "llama"), &[]);
+    write_gguf(&p, &llama_metadata("llama", "t5"), &[]);
     assert_eq!(kind_err(TextModel::load(&p, Engine::Candle, cpu)), kind::UNSUPPORTED_TOKENIZER);
 
     // IQ2_XXS (16) and an id no table knows (99).
