@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A tiny Llama GGUF with a SentencePiece tokenizer, and llama.cpp's and transformers' references.
+"""Tiny GGUFs with a SentencePiece tokenizer (Llama, Phi-3), and llama.cpp's and transformers' references.
 
 GGUF files of Llama 2, Mistral, TinyLlama, Phi-3 and Gemma carry SentencePiece vocabularies
 (`tokenizer.ggml.model = "llama"`: pieces with scores, `▁` for spaces, `<0xNN>` byte pieces).
@@ -7,17 +7,21 @@ This writes, next to this script, under llm/:
 
   tiny-llama-spm.F32.gguf   a Llama model (hidden 64, 2 layers) whose tokenizer is a
                             SentencePiece BPE model trained here with byte fallback
+  tiny-phi3.F32.gguf        a Phi-3 model (fused Q/K/V and gate/up projections, rotation of
+                            head halves) of the same size, with the same tokenizer
+  tiny-phi3.Q8_0.gguf       the same, quantised by llama-quantize
   reference_spm.json        llama.cpp's token ids (llama-cpp-python, the file's own tokenizer)
                             for texts with spaces, digits, accents, emoji, CJK, control tokens
                             and bytes outside the vocabulary; transformers' ids for the same texts;
-                            and transformers' greedy tokens for two prompts
+                            and, per model, transformers' greedy tokens for two prompts
 
 No model hub is needed. Run (CPU only):
 
   pip install torch numpy transformers sentencepiece protobuf llama-cpp-python
   LLAMA_CPP=/path/to/llama.cpp python3 test/data/gen_spm_refs.py
 
-LLAMA_CPP (default /work/peers/llama.cpp) must hold convert_hf_to_gguf.py and gguf-py/.
+LLAMA_CPP (default /work/peers/llama.cpp) must hold convert_hf_to_gguf.py, gguf-py/ and
+build/bin/llama-quantize.
 """
 
 import hashlib
@@ -74,8 +78,8 @@ def train_spm(dir):
     return prefix + ".model"
 
 
-def build(dir):
-    from transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
+def tokenizer(dir):
+    from transformers import LlamaTokenizer
 
     # transformers builds its (fast) Llama tokenizer from the SentencePiece model file
     spm_dir = os.path.join(dir, "spm_tok")
@@ -83,10 +87,19 @@ def build(dir):
     shutil.copy(train_spm(dir), os.path.join(spm_dir, "tokenizer.model"))
     tok = LlamaTokenizer.from_pretrained(spm_dir, legacy=False, add_bos_token=True)
     assert len(tok) == 400, len(tok)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
-                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="float32")
-    model = LlamaForCausalLM(cfg)
+    return tok, os.path.join(spm_dir, "tokenizer.model")
+
+
+def build(dir, arch, tok, spm_model):
+    from transformers import LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM
+
+    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
+                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="float32")
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        model = Phi3ForCausalLM(Phi3Config(pad_token_id=0, sliding_window=None, **common))
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -94,13 +107,13 @@ def build(dir):
             v = 1.0 + 0.2 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight") else scale * torch.randn(p.shape, generator=g)
             p.copy_(v.half().float())
     model.eval()
-    hf = os.path.join(dir, "hf")
+    hf = os.path.join(dir, "hf-" + arch)
     model.save_pretrained(hf, safe_serialization=True)
     tok.save_pretrained(hf)
     # the SentencePiece model itself, which the converter reads for the pieces' scores (without
     # it, it takes tokenizer.json and scores every piece -1000, as no real file is)
-    shutil.copy(os.path.join(spm_dir, "tokenizer.model"), os.path.join(hf, "tokenizer.model"))
-    return model, tok, hf
+    shutil.copy(spm_model, os.path.join(hf, "tokenizer.model"))
+    return model, hf
 
 
 def convert(hf, out):
@@ -129,31 +142,47 @@ def main():
     import llama_cpp
 
     os.makedirs(OUT_DIR, exist_ok=True)
-    path = os.path.join(OUT_DIR, "tiny-llama-spm.F32.gguf")
+    paths = {arch: os.path.join(OUT_DIR, name) for arch, name in [("llama", "tiny-llama-spm.F32.gguf"), ("phi3", "tiny-phi3.F32.gguf")]}
+    models = {}
     with tempfile.TemporaryDirectory() as dir:
-        model, tok, hf = build(dir)
-        convert(hf, os.path.join(dir, "out.gguf"))
-        shutil.copy(os.path.join(dir, "out.gguf"), path)
+        tok, spm_model = tokenizer(dir)
+        for arch, path in paths.items():
+            model, hf = build(dir, arch, tok, spm_model)
+            convert(hf, os.path.join(dir, arch + ".gguf"))
+            shutil.copy(os.path.join(dir, arch + ".gguf"), path)
+            models[arch] = model
+        q8 = os.path.join(OUT_DIR, "tiny-phi3.Q8_0.gguf")
+        subprocess.run([os.path.join(LLAMA_CPP, "build", "bin", "llama-quantize"), paths["phi3"], q8, "Q8_0"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    path = paths["llama"]
     lcpp = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     cases = []
     for text in TOKENIZE_TEXTS:
         ids = lcpp.tokenize(text.encode(), add_bos=False, special=True)
         cases.append({"text": text, "ids": ids, "transformers_ids": tok.encode(text, add_special_tokens=False),
                       "pieces": [lcpp.detokenize([i]).decode("utf-8", "replace") for i in ids]})
-    gens = []
-    for p in PROMPTS:
-        ids = lcpp.tokenize(p.encode(), add_bos=True, special=True)
-        steps, first = greedy(model, ids)
-        gens.append({"prompt": p, "prompt_ids": ids, "generated_ids": [t for t, _ in steps],
-                     "step_margins": [sig(m, 4) for _, m in steps], "stopped_at_eos": False,
-                     "first_step_top10": first})
+    per_model = {}
+    for arch, model in models.items():
+        gens = []
+        for p in PROMPTS:
+            ids = lcpp.tokenize(p.encode(), add_bos=True, special=True)
+            steps, first = greedy(model, ids)
+            gens.append({"prompt": p, "prompt_ids": ids, "generated_ids": [t for t, _ in steps],
+                         "step_margins": [sig(m, 4) for _, m in steps], "stopped_at_eos": False,
+                         "first_step_top10": first})
+        file = paths[arch]
+        per_model[arch] = {"file": os.path.basename(file), "sha256": hashlib.sha256(open(file, "rb").read()).hexdigest(), "generate": gens}
+    # the quantised file against the f32 model's references (weights rounded to 8 bits)
+    per_model["phi3"]["quantised"] = {"file": "tiny-phi3.Q8_0.gguf",
+                                      "sha256": hashlib.sha256(open(q8, "rb").read()).hexdigest()}
     ref = {"versions": dict(base_versions(), llama_cpp_python=llama_cpp.__version__, sentencepiece=__import__("sentencepiece").__version__),
-           "file": os.path.basename(path), "sha256": hashlib.sha256(open(path, "rb").read()).hexdigest(), "vocab_size": len(tok), "bos_token_id": 1, "eos_token_id": 2,
-           "tokenize": cases, "generate": gens}
+           "file": os.path.basename(path), "vocab_size": len(tok), "bos_token_id": 1, "eos_token_id": 2,
+           "tokenize": cases, "models": per_model}
     with open(os.path.join(OUT_DIR, "reference_spm.json"), "w") as f:
         json.dump(ref, f, indent=1, ensure_ascii=False)
     agree = sum(c["ids"] == c["transformers_ids"] for c in cases)
-    print(f"wrote {path} ({os.path.getsize(path)} bytes); llama.cpp and transformers agree on {agree}/{len(cases)} texts")
+    sizes = ", ".join(f"{os.path.basename(p)} ({os.path.getsize(p)} bytes)" for p in paths.values())
+    print(f"wrote {sizes}; llama.cpp and transformers agree on {agree}/{len(cases)} texts")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 defmodule ExBurn.LLM do
   @moduledoc """
-  Text generation with pre-trained Llama-family models (GGUF architectures `llama`, `qwen2` and
-  `qwen3`) from GGUF files.
+  Text generation with pre-trained Llama-family models (GGUF architectures `llama`, `qwen2`,
+  `qwen3` and `phi3`) from GGUF files.
 
       {:ok, model} = ExBurn.LLM.load("smollm2-135m-instruct")
       {:ok, result} = ExBurn.LLM.generate(model, "The capital of France is", max_tokens: 16, greedy: true)

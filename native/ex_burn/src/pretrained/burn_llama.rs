@@ -1,4 +1,4 @@
-//! Llama-family decoder on the Burn engine, from a GGUF file: Llama, Qwen2 and Qwen3, whose
+//! Llama-family decoder on the Burn engine, from a GGUF file: Llama, Qwen2, Qwen3 and Phi-3, whose
 //! differences (Q/K/V biases, per-head Q/K norms, which pairs RoPE rotates) are a `Family` read
 //! from `general.architecture`. On the CPU the linear layers and the embedding keep the file's
 //! F16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks (`qmatmul`); elsewhere, and for other
@@ -140,6 +140,15 @@ impl LlamaConfig {
                 ))
             }
         };
+        if g.contains("rope_factors_long.weight") || g.contains("rope_factors_short.weight") {
+            return Err(super::errors::unsupported("burn", format!("long-context rope factors (Phi-3's `longrope`) in {}: the engines do not apply them", g.path().display())));
+        }
+        // Attention over a sliding window (Phi-3 mini-4k: 2047 positions) equals full attention
+        // while a sequence fits in the window: sequences are held to it.
+        let context_length = match g.opt_usize(&key("attention.sliding_window"))? {
+            Some(w) if w > 0 => g.usize(&key("context_length"))?.min(w),
+            _ => g.usize(&key("context_length"))?,
+        };
         if let Some(v) = g.opt_usize(&key("vocab_size"))? {
             if v != vocab_size {
                 return Err(ExError::invalid(format!("{arch}.vocab_size {v} disagrees with token_embd.weight's {vocab_size} rows")));
@@ -155,7 +164,7 @@ impl LlamaConfig {
             rope_freq_base: g.opt_f64(&key("rope.freq_base"))?.unwrap_or(10000.0),
             rope_position_scale,
             rms_eps: g.opt_f64(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
-            context_length: g.usize(&key("context_length"))?,
+            context_length,
             rope_dim,
             vocab_size,
             arch,
@@ -184,6 +193,11 @@ impl HeadExtras {
         };
         Ok(HeadExtras { qkv_bias, q_norm, k_norm })
     }
+}
+
+/// `(name, rows)` pairs as `Linear::load` takes them.
+fn names(parts: &[(String, usize)]) -> Vec<(&str, usize)> {
+    parts.iter().map(|(name, rows)| (name.as_str(), *rows)).collect()
 }
 
 /// A linear layer `x @ Wᵀ` without bias. Clones share the weights.
@@ -334,9 +348,10 @@ impl Weights {
         let mut blocks = Vec::with_capacity(cfg.block_count);
         for l in 0..cfg.block_count {
             let n = |name: &str| format!("blk.{l}.{name}.weight");
-            let qkv = linear(g, &[(&n("attn_q"), q_rows), (&n("attn_k"), kv_rows), (&n("attn_v"), kv_rows)], h)?;
+            let [qkv_parts, gate_up_parts] = cfg.family.projections(l, q_rows, kv_rows, f);
+            let qkv = linear(g, &names(&qkv_parts), h)?;
             let out = linear(g, &[(&n("attn_output"), h)], q_rows)?;
-            let gate_up = linear(g, &[(&n("ffn_gate"), f), (&n("ffn_up"), f)], h)?;
+            let gate_up = linear(g, &names(&gate_up_parts), h)?;
             let down = linear(g, &[(&n("ffn_down"), h)], f)?;
             let (attn_norm, ffn_norm) = (g.tensor(&n("attn_norm"), [h], &dev)?, g.tensor(&n("ffn_norm"), [h], &dev)?);
             let extras = HeadExtras::read(g, &cfg, l)?;
@@ -1090,7 +1105,7 @@ mod tests {
     fn pretrained_burn_llama_rope_halves() {
         let path = crate::process::env::reference_dir().parent().unwrap().join("llm/tiny-qwen3.F32.gguf");
         let dense = BurnLlama::load_with(&path, &crate::testing::device(), false).unwrap();
-        assert_eq!(dense.w.cfg.family, Family { qkv_bias: false, qk_norm: true, rope: RopeStyle::Halves });
+        assert_eq!(dense.w.cfg.family, Family { qkv_bias: false, qk_norm: true, rope: RopeStyle::Halves, fused: false });
         assert_eq!((dense.w.cfg.head_dim(), dense.w.cfg.rope_dim, dense.w.cfg.embedding_length), (32, 32, 64));
         assert_rope_forms_agree(&dense, &path);
     }

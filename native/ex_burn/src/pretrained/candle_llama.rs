@@ -1,4 +1,4 @@
-//! Llama-family decoder (Llama, Qwen2, Qwen3: `decoder_family::Family`) on the Candle engine (CPU),
+//! Llama-family decoder (Llama, Qwen2, Qwen3, Phi-3: `decoder_family::Family`) on the Candle engine (CPU),
 //! written here on `candle-core` and
 //! `candle-nn` ops: every projection a `QMatMul` over the GGUF's own quantised blocks, and the
 //! token embedding kept quantised too (rows dequantised on lookup by `qmatmul::dequantise_row`;
@@ -49,14 +49,36 @@ struct Block {
     bias: Option<[Tensor; 3]>,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
-    q: QMatMul,
-    k: QMatMul,
-    v: QMatMul,
+    /// Q, K and V; gate and up (`Family::projections`).
+    qkv: Stacked,
     out: QMatMul,
     ffn_norm: Tensor,
-    gate: QMatMul,
-    up: QMatMul,
+    gate_up: Stacked,
     down: QMatMul,
+}
+
+/// A projection whose outputs are several matrices' stacked: one `QMatMul` per tensor the file
+/// stores, and when it stores them as one, that output split into the parts' widths.
+struct Stacked {
+    mats: Vec<QMatMul>,
+    widths: Vec<usize>,
+}
+
+impl Stacked {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Vec<Tensor>> {
+        let outs = self.mats.iter().map(|m| m.forward(x)).collect::<candle_core::Result<Vec<_>>>()?;
+        if outs.len() == self.widths.len() {
+            return Ok(outs);
+        }
+        let mut at = 0;
+        self.widths
+            .iter()
+            .map(|&w| {
+                at += w;
+                outs[0].narrow(candle_core::D::Minus1, at - w, w)
+            })
+            .collect()
+    }
 }
 
 struct Weights {
@@ -179,7 +201,7 @@ impl Weights {
         let mut x = self.embed(&tokens)?;
         for (l, b) in self.blocks.iter().enumerate() {
             let normed = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
-            let (mut q, mut k, mut v) = (b.q.forward(&normed)?, b.k.forward(&normed)?, b.v.forward(&normed)?);
+            let [mut q, mut k, mut v]: [Tensor; 3] = b.qkv.forward(&normed)?.try_into().expect("three projections");
             if let Some([bq, bk, bv]) = &b.bias {
                 (q, k, v) = (q.broadcast_add(bq)?, k.broadcast_add(bk)?, v.broadcast_add(bv)?);
             }
@@ -208,7 +230,8 @@ impl Weights {
             }
             x = (x + b.out.forward(&Tensor::cat(&ctxs, 1)?)?)?;
             let normed = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
-            let ffn = (candle_nn::ops::silu(&b.gate.forward(&normed)?)? * b.up.forward(&normed)?)?;
+            let [gate, up]: [Tensor; 2] = b.gate_up.forward(&normed)?.try_into().expect("two projections");
+            let ffn = (candle_nn::ops::silu(&gate)? * up)?;
             x = (x + b.down.forward(&ffn)?)?;
         }
         let last = seqs.iter().zip(&starts).map(|((t, _, _), &at)| x.narrow(1, at + t.len() - 1, 1)).collect::<candle_core::Result<Vec<_>>>()?;
@@ -350,6 +373,12 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     let host = |v: &[f32], shape: &[usize]| Tensor::from_slice(v, shape, &Device::Cpu).map_err(engine_err);
     for (l, ((attn_norm, ffn_norm), x)) in norms.into_iter().zip(extras).enumerate() {
         let n = |name: &str| format!("blk.{l}.{name}.weight");
+        let [qkv_parts, gate_up_parts] = cfg.family.projections(l, q_rows, kv_rows, cfg.feed_forward_length);
+        let mut stacked = |parts: Vec<(String, usize)>, widths: Vec<usize>| -> ExResult<Stacked> {
+            Ok(Stacked { mats: parts.iter().map(|(name, _)| qmat(qtensor(name)?)).collect::<ExResult<_>>()?, widths })
+        };
+        let qkv = stacked(qkv_parts, vec![q_rows, kv_rows, kv_rows])?;
+        let gate_up = stacked(gate_up_parts, vec![cfg.feed_forward_length; 2])?;
         let bias = match &x.qkv_bias {
             Some(b) => Some([
                 host(&b[..q_rows], &[1, 1, q_rows])?,
@@ -365,13 +394,10 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
             bias,
             q_norm,
             k_norm,
-            q: qmat(qtensor(&n("attn_q"))?)?,
-            k: qmat(qtensor(&n("attn_k"))?)?,
-            v: qmat(qtensor(&n("attn_v"))?)?,
+            qkv,
             out: qmat(qtensor(&n("attn_output"))?)?,
             ffn_norm,
-            gate: qmat(qtensor(&n("ffn_gate"))?)?,
-            up: qmat(qtensor(&n("ffn_up"))?)?,
+            gate_up,
             down: qmat(qtensor(&n("ffn_down"))?)?,
         });
         // candle's reader copies each tensor once on the way in: hand the freed copies back

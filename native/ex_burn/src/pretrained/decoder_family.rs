@@ -2,7 +2,7 @@
 //! layer departs from Llama's, read by the Burn tensor path, the host layer path and Candle.
 
 /// GGUF `general.architecture` values this decoder runs (Mistral-style GGUFs say "llama" too).
-pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "phi3"];
 
 /// Which pairs of a head's values rotate together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -11,7 +11,7 @@ pub enum RopeStyle {
     /// (`LLAMA_ROPE_TYPE_NORM`), as candle's `rope_i` rotates.
     Interleaved,
     /// `(i, i + rope_dim / 2)`: Hugging Face's layout, which the converter keeps for Qwen
-    /// (`LLAMA_ROPE_TYPE_NEOX`), as candle's `rope` rotates.
+    /// and Phi-3 (`LLAMA_ROPE_TYPE_NEOX`), as candle's `rope` rotates.
     Halves,
 }
 
@@ -25,17 +25,32 @@ pub struct Family {
     /// before rotation: Qwen3.
     pub qk_norm: bool,
     pub rope: RopeStyle,
+    /// Q, K and V in one matrix (`blk.N.attn_qkv.weight`) and the gate and up projections in one
+    /// (`blk.N.ffn_up.weight`, gate rows first): Phi-3.
+    pub fused: bool,
 }
 
 impl Family {
+    /// The tensors, each `(name, rows)`, that stack into a layer's Q/K/V projection and into its
+    /// gate/up projection, in that row order.
+    pub fn projections(&self, l: usize, q_rows: usize, kv_rows: usize, ffn: usize) -> [Vec<(String, usize)>; 2] {
+        let n = |name: &str| format!("blk.{l}.{name}.weight");
+        if self.fused {
+            [vec![(n("attn_qkv"), q_rows + 2 * kv_rows)], vec![(n("ffn_up"), 2 * ffn)]]
+        } else {
+            [vec![(n("attn_q"), q_rows), (n("attn_k"), kv_rows), (n("attn_v"), kv_rows)], vec![(n("ffn_gate"), ffn), (n("ffn_up"), ffn)]]
+        }
+    }
+
     pub fn of(arch: &str) -> Option<Family> {
-        let (qkv_bias, qk_norm, rope) = match arch {
-            "llama" => (false, false, RopeStyle::Interleaved),
-            "qwen2" => (true, false, RopeStyle::Halves),
-            "qwen3" => (false, true, RopeStyle::Halves),
+        let (qkv_bias, qk_norm, rope, fused) = match arch {
+            "llama" => (false, false, RopeStyle::Interleaved, false),
+            "qwen2" => (true, false, RopeStyle::Halves, false),
+            "qwen3" => (false, true, RopeStyle::Halves, false),
+            "phi3" => (false, false, RopeStyle::Halves, true),
             _ => return None,
         };
-        Some(Family { qkv_bias, qk_norm, rope })
+        Some(Family { qkv_bias, qk_norm, rope, fused })
     }
 }
 
