@@ -187,6 +187,11 @@ pub struct LmTokenizerSpec {
 }
 
 impl LmTokenizerSpec {
+    /// Token `i`'s GGUF type; normal (1) where the file lists none.
+    fn token_type(&self, i: usize) -> i64 {
+        self.token_types.get(i).copied().unwrap_or(1)
+    }
+
     pub fn from_gguf(h: &Header) -> ExResult<Self> {
         let model = h.str("tokenizer.ggml.model").unwrap_or("").to_string();
         let strings = |key: &str| -> Vec<String> {
@@ -248,7 +253,7 @@ impl LmTokenizer {
         if n == 0 && matches!(spec.model.as_str(), "gpt2" | "llama") {
             return Err(tokenizer_error("the GGUF file lists no tokens"));
         }
-        let ty = |i: usize| spec.token_types.get(i).copied().unwrap_or(1);
+        let ty = |i: usize| spec.token_type(i);
         let special: Vec<bool> = (0..n).map(|i| ty(i) == TOKEN_CONTROL || ty(i) == TOKEN_USER_DEFINED).collect();
         let (mut tok, token_bytes) = match spec.model.as_str() {
             "gpt2" => byte_level_bpe(&spec, &special)?,
@@ -384,7 +389,7 @@ fn byte_level_bpe(spec: &LmTokenizerSpec, special: &[bool]) -> ExResult<(Tokeniz
 /// conversion ranks them) give `tokenizers`' BPE that order.
 fn sentencepiece_bpe(spec: &LmTokenizerSpec, special: &[bool]) -> ExResult<(Tokenizer, Vec<Vec<u8>>)> {
     use tokenizers::normalizers::{Prepend, Replace, Sequence as Normalizers};
-    let ty = |i: usize| spec.token_types.get(i).copied().unwrap_or(1);
+    let ty = |i: usize| spec.token_type(i);
     let ids: HashMap<&str, u32> = spec.tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i as u32)).collect();
     let mut ranked: Vec<(f32, usize, u32, u32)> = Vec::new();
     for (i, t) in spec.tokens.iter().enumerate().filter(|&(i, _)| !special[i] && ty(i) != TOKEN_BYTE) {
