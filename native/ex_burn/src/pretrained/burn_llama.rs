@@ -22,7 +22,7 @@ use super::qmatmul::QStack;
 use super::weights::{f32_tensor, Gguf};
 use crate::kernels::cpu::vector::flex_f32;
 use super::prefix_cache::SavedKv;
-use super::{CausalLm, Chunk, LmSession};
+use super::{own_chunks, CausalLm, Chunk, LmSession};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::error::{catch, ExError, ExResult};
 
@@ -590,53 +590,10 @@ impl CausalLm for BurnLlama {
     /// The chunks of this model's sessions run through the layers together, on either path; a
     /// chunk a session refuses is answered alone.
     fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
-        let mut out: Vec<Option<ExResult<Vec<f32>>>> = Vec::with_capacity(batch.len());
-        let mut ours: Vec<(usize, &mut BurnLlamaSession, &[u32], usize)> = Vec::new();
-        for (i, c) in batch.iter_mut().enumerate() {
-            let any: &mut dyn Any = &mut *c.session;
-            match any.downcast_mut::<BurnLlamaSession>() {
-                Some(s) if Arc::ptr_eq(&s.w, &self.w) => match s.check(c.tokens, c.pos) {
-                    Ok(()) => {
-                        ours.push((i, s, c.tokens, c.pos));
-                        out.push(None);
-                    }
-                    Err(e) => out.push(Some(Err(e))),
-                },
-                _ => out.push(Some(Err(ExError::invalid("forward_batch: a session of another model")))),
-            }
-        }
-        let Some(hw) = &self.w.host else {
-            let (index, mut sessions): (Vec<usize>, Vec<_>) = ours.into_iter().map(|(i, s, t, p)| (i, (s, t, p))).unzip();
-            let results = BurnLlamaSession::forward_pooled(&mut sessions);
-            for (i, r) in index.into_iter().zip(results) {
-                out[i] = Some(r);
-            }
-            return out.into_iter().map(|r| r.expect("every chunk answered")).collect();
-        };
-        let mut seqs: Vec<(&[u32], usize, &mut [HostKv])> = Vec::with_capacity(ours.len());
-        let mut rest: Vec<(usize, usize, &mut bool, &mut usize)> = Vec::with_capacity(ours.len());
-        for (i, s, tokens, pos) in ours {
-            let BurnLlamaSession { host_kv, failed, len, .. } = s;
-            seqs.push((tokens, pos, &mut host_kv[..]));
-            rest.push((i, tokens.len(), failed, len));
-        }
-        let result = catch(|| Ok(self.w.forward_host(hw, &mut seqs)));
-        match result {
-            Ok(logits) => {
-                for ((i, n, _, len), l) in rest.into_iter().zip(logits) {
-                    *len += n;
-                    out[i] = Some(Ok(l));
-                }
-            }
-            Err(e) => {
-                for (k, (i, _, failed, _)) in rest.into_iter().enumerate() {
-                    seqs[k].2.iter_mut().for_each(|c| *c = HostKv::default());
-                    *failed = true;
-                    out[i] = Some(Err(ExError::Execution(format!("batched step: {e}"))));
-                }
-            }
-        }
-        out.into_iter().map(|r| r.expect("every chunk answered")).collect()
+        own_chunks(batch, |s: &BurnLlamaSession| Arc::ptr_eq(&s.w, &self.w), BurnLlamaSession::check, |mut ours| match &self.w.host {
+            Some(hw) => BurnLlamaSession::forward_host(&self.w, hw, ours),
+            None => BurnLlamaSession::forward_pooled(&mut ours),
+        })
     }
 }
 
@@ -727,16 +684,45 @@ impl LmSession for BurnLlamaSession {
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>> {
         self.check(tokens, pos)?;
         let w = Arc::clone(&self.w);
-        let Some(hw) = &w.host else {
-            return Self::forward_pooled(&mut [(self, tokens, pos)]).remove(0);
-        };
-        let host_kv = &mut self.host_kv;
-        let result = catch(|| Ok(w.forward_host(hw, &mut [(tokens, pos, &mut host_kv[..])]).remove(0)));
-        self.settle(tokens.len(), result)
+        match &w.host {
+            Some(hw) => Self::forward_host(&w, hw, vec![(self, tokens, pos)]).remove(0),
+            None => Self::forward_pooled(&mut [(self, tokens, pos)]).remove(0),
+        }
     }
 }
 
 impl BurnLlamaSession {
+    /// One step of the host path for sessions of one model that passed `check`, each with its
+    /// chunk; a failed step fails them all.
+    fn forward_host(w: &Weights, hw: &HostWeights, sessions: Vec<(&mut BurnLlamaSession, &[u32], usize)>) -> Vec<ExResult<Vec<f32>>> {
+        let mut seqs: Vec<(&[u32], usize, &mut [HostKv])> = Vec::with_capacity(sessions.len());
+        let mut rest: Vec<(usize, &mut bool, &mut usize)> = Vec::with_capacity(sessions.len());
+        for (s, tokens, pos) in sessions {
+            let BurnLlamaSession { host_kv, failed, len, .. } = s;
+            seqs.push((tokens, pos, &mut host_kv[..]));
+            rest.push((tokens.len(), failed, len));
+        }
+        match catch(|| Ok(w.forward_host(hw, &mut seqs))) {
+            Ok(logits) => rest
+                .into_iter()
+                .zip(logits)
+                .map(|((n, _, len), l)| {
+                    *len += n;
+                    Ok(l)
+                })
+                .collect(),
+            Err(e) => rest
+                .into_iter()
+                .zip(&mut seqs)
+                .map(|((_, failed, _), seq)| {
+                    seq.2.iter_mut().for_each(|c| *c = HostKv::default());
+                    *failed = true;
+                    Err(ExError::Execution(format!("batched step: {e}")))
+                })
+                .collect(),
+        }
+    }
+
     /// One step of the tensor path for sessions of one model that passed `check`, each with its
     /// chunk. A failed step fails them all and empties the pool, whose tensors it may have left
     /// half-written: the model's other sessions then find their slots gone (`check`).

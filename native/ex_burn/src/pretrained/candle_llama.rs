@@ -21,7 +21,7 @@ use super::errors;
 use super::gguf::{self, Header};
 use super::qmatmul::{dequantise_row, QFormat};
 use super::weights::Gguf;
-use super::{CausalLm, Chunk, LmSession};
+use super::{own_chunks, CausalLm, Chunk, LmSession};
 use crate::device::DeviceRef;
 use crate::error::{ExError, ExResult};
 
@@ -125,26 +125,7 @@ impl CausalLm for CandleLlama {
     /// taking all their rows; a chunk a session refuses is answered alone. Candle's quantised
     /// CPU product still works row by row, so on the CPU this saves the per-call overheads only.
     fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
-        let mut out: Vec<Option<ExResult<Vec<f32>>>> = Vec::with_capacity(batch.len());
-        let mut ours: Vec<(usize, &mut CandleSession, &[u32], usize)> = Vec::new();
-        for (i, c) in batch.iter_mut().enumerate() {
-            let any: &mut dyn std::any::Any = &mut *c.session;
-            match any.downcast_mut::<CandleSession>() {
-                Some(s) if Arc::ptr_eq(&s.w, &self.w) => match s.check(c.tokens, c.pos) {
-                    Ok(()) => {
-                        ours.push((i, s, c.tokens, c.pos));
-                        out.push(None);
-                    }
-                    Err(e) => out.push(Some(Err(e))),
-                },
-                _ => out.push(Some(Err(ExError::invalid("forward_batch: a session of another model")))),
-            }
-        }
-        let (index, mut sessions): (Vec<usize>, Vec<_>) = ours.into_iter().map(|(i, s, t, p)| (i, (s, t, p))).unzip();
-        for (i, r) in index.into_iter().zip(CandleSession::forward_many(&self.w, &mut sessions)) {
-            out[i] = Some(r);
-        }
-        out.into_iter().map(|r| r.expect("every chunk answered")).collect()
+        own_chunks(batch, |s: &CandleSession| Arc::ptr_eq(&s.w, &self.w), CandleSession::check, |mut ours| CandleSession::forward_many(&self.w, &mut ours))
     }
 }
 

@@ -136,6 +136,37 @@ pub struct Chunk<'a> {
     pub pos: usize,
 }
 
+/// `forward_batch` for an engine whose sessions are `S`: the chunks of this model's sessions
+/// (`mine`) that pass `check` go to `run` together, which answers each in order; a refused
+/// chunk gets its error, and a session of another model an error too.
+pub(crate) fn own_chunks<'a, S: LmSession>(
+    batch: &'a mut [Chunk],
+    mine: impl Fn(&S) -> bool,
+    check: impl Fn(&S, &[u32], usize) -> ExResult<()>,
+    run: impl FnOnce(Vec<(&'a mut S, &'a [u32], usize)>) -> Vec<ExResult<Vec<f32>>>,
+) -> Vec<ExResult<Vec<f32>>> {
+    let mut out: Vec<Option<ExResult<Vec<f32>>>> = Vec::with_capacity(batch.len());
+    let (mut index, mut ours) = (Vec::new(), Vec::new());
+    for (i, c) in batch.iter_mut().enumerate() {
+        let any: &mut dyn std::any::Any = &mut *c.session;
+        match any.downcast_mut::<S>() {
+            Some(s) if mine(s) => match check(s, c.tokens, c.pos) {
+                Ok(()) => {
+                    index.push(i);
+                    ours.push((s, c.tokens, c.pos));
+                    out.push(None);
+                }
+                Err(e) => out.push(Some(Err(e))),
+            },
+            _ => out.push(Some(Err(crate::error::ExError::invalid("forward_batch: a session of another model")))),
+        }
+    }
+    for (i, r) in index.into_iter().zip(run(ours)) {
+        out[i] = Some(r);
+    }
+    out.into_iter().map(|r| r.expect("every chunk answered")).collect()
+}
+
 /// `forward_batch` one chunk at a time.
 pub fn one_by_one(batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
     batch.iter_mut().map(|c| c.session.forward(c.tokens, c.pos)).collect()
