@@ -36,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
+from gen_llm_refs import CORPUS as QWEN_CORPUS  # noqa: E402
 from refs_common import base_versions, sig  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,15 +44,8 @@ OUT_DIR = os.path.join(HERE, "llm")
 LLAMA_CPP = os.environ.get("LLAMA_CPP", "/work/peers/llama.cpp")
 NEW_TOKENS = 12
 
-CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "A fast brown fox leaps over a sleepy dog, and the dog does not care.",
-    "Once upon a time there was a small robot who rebuilt seventeen wooden bridges.",
-    "The committee measured an unusual signal at 1234 Hz in 2024.",
-    "Le garçon a mangé une crème brûlée à Noël.",
-    "Hello! How are you today? I am fine, thank you.",
-    "def add(a, b):\n    return a + b\n",
-] * 20
+# the Qwen references' training texts (English, French, Chinese, code, punctuation)
+CORPUS = QWEN_CORPUS * 7
 
 TOKENIZE_TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
