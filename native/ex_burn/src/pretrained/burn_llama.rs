@@ -729,9 +729,13 @@ impl BurnLlamaSession {
     fn forward_pooled(sessions: &mut [(&mut BurnLlamaSession, &[u32], usize)]) -> Vec<ExResult<Vec<f32>>> {
         let Some(w) = sessions.first().map(|s| Arc::clone(&s.0.w)) else { return Vec::new() };
         let mut pool = w.pool.lock().unwrap_or_else(|e| e.into_inner());
-        pool.reserve(&mut sessions.iter_mut().map(|(s, t, p)| (&mut s.pages, *p + t.len())).collect::<Vec<_>>());
-        let chunks: Vec<(&Pages, &[u32], usize)> = sessions.iter().map(|(s, t, p)| (&s.pages, *t, *p)).collect();
-        match catch(|| w.forward_pooled(&mut pool, &chunks)) {
+        // pages inside the catch too: growing the pool allocates, and can fail part-way
+        let step = catch(|| {
+            pool.reserve(&mut sessions.iter_mut().map(|(s, t, p)| (&mut s.pages, *p + t.len())).collect::<Vec<_>>());
+            let chunks: Vec<(&Pages, &[u32], usize)> = sessions.iter().map(|(s, t, p)| (&s.pages, *t, *p)).collect();
+            w.forward_pooled(&mut pool, &chunks)
+        });
+        match step {
             Ok(logits) => sessions.iter_mut().zip(logits).map(|((s, t, _), l)| s.settle(t.len(), Ok(l))).collect(),
             Err(e) => {
                 pool.reset();

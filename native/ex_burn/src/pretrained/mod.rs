@@ -179,8 +179,8 @@ pub trait LmSession: Send + std::any::Any {
     /// already in the cache; a session is fed strictly in order.
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>>;
     /// Sets aside cache room for `tokens` tokens in all, so the cache never grows past what a
-    /// memory budget reserved for it (a growing buffer would double). Engines whose caches
-    /// are tensors ignore it.
+    /// memory budget reserved for it (a growing buffer would double): Burn's host buffers and
+    /// its tensor path's pool pages. Candle, whose caches grow by concatenation, ignores it.
     fn reserve(&mut self, _tokens: usize) {}
 }
 
