@@ -43,6 +43,8 @@ defmodule ExBurn.Server.Httpd do
     }
   end
 
+  @relisten_ms 1_000
+
   @doc false
   def start_link(config), do: GenServer.start_link(__MODULE__, config)
 
@@ -54,12 +56,14 @@ defmodule ExBurn.Server.Httpd do
     Process.flag(:trap_exit, true)
     instance = Instance.config(config.name)
     Instance.resume(instance)
-    start_httpd(config, instance, 1)
+    start_httpd(config, instance, System.monotonic_time(:millisecond) + @relisten_ms)
   end
 
   # A listener restarted after being killed can find its previous :httpd instance still shutting
-  # down under its registered name: wait for that instance to go, then start once more.
-  defp start_httpd(config, instance, retries) do
+  # down: under its registered name (wait for it to go), or still holding the port (try again
+  # shortly). Each failed start would count against the supervisor's restart intensity, so
+  # these are retried here, for at most `@relisten_ms` (a port that stays busy fails then).
+  defp start_httpd(config, instance, deadline) do
     case :inets.start(:httpd, httpd_config(config), :stand_alone) do
       {:ok, pid} ->
         # A stand-alone :httpd whose socket failed to listen starts without children.
@@ -69,15 +73,14 @@ defmodule ExBurn.Server.Httpd do
 
           _ ->
             :inets.stop(:stand_alone, pid)
-            {:stop, {:listen_failed, config.port}}
+            retry(config, instance, deadline, {:listen_failed, config.port})
         end
 
-      {:error, {:shutdown, {:failed_to_start_child, _, {:already_started, previous}}}}
-      when retries > 0 ->
+      {:error, {:shutdown, {:failed_to_start_child, _, {:already_started, previous}}}} ->
         ref = Process.monitor(previous)
 
         receive do
-          {:DOWN, ^ref, :process, _, _} -> start_httpd(config, instance, retries - 1)
+          {:DOWN, ^ref, :process, _, _} -> start_httpd(config, instance, deadline)
         after
           config.shutdown_timeout + 2_000 ->
             Process.demonitor(ref, [:flush])
@@ -85,7 +88,16 @@ defmodule ExBurn.Server.Httpd do
         end
 
       {:error, reason} ->
-        {:stop, {:listen_failed, config.port, reason}}
+        retry(config, instance, deadline, {:listen_failed, config.port, reason})
+    end
+  end
+
+  defp retry(config, instance, deadline, failure) do
+    if System.monotonic_time(:millisecond) < deadline do
+      Process.sleep(50)
+      start_httpd(config, instance, deadline)
+    else
+      {:stop, failure}
     end
   end
 
