@@ -145,9 +145,10 @@ impl LlamaConfig {
         }
         // Attention over a sliding window (Phi-3 mini-4k: 2047 positions) equals full attention
         // while a sequence fits in the window: sequences are held to it.
+        let declared = g.usize(&key("context_length"))?;
         let context_length = match g.opt_usize(&key("attention.sliding_window"))? {
-            Some(w) if w > 0 => g.usize(&key("context_length"))?.min(w),
-            _ => g.usize(&key("context_length"))?,
+            Some(w) if w > 0 => declared.min(w),
+            _ => declared,
         };
         if let Some(v) = g.opt_usize(&key("vocab_size"))? {
             if v != vocab_size {
@@ -489,7 +490,8 @@ impl Weights {
         let len = table.1 * PAGE;
         let pos = ints(positions().map(|(_, p)| p as i32).collect(), dev);
         let rd = cfg.rope_dim;
-        let (c, sn) = (self.pair_tables.0.clone().select(0, pos.clone()).reshape([t, 1, rd]), self.pair_tables.1.clone().select(0, pos).reshape([t, 1, rd]));
+        let rows = |table: &Tensor<2>| table.clone().select(0, pos.clone()).reshape([t, 1, rd]);
+        let (c, sn) = (rows(&self.pair_tables.0), rows(&self.pair_tables.1));
         // each chunk's rows padded to `smax`; nothing to move when they are as long
         let starts: Vec<usize> = chunks.iter().scan(0, |acc, c| Some(std::mem::replace(acc, *acc + c.1.len()))).collect();
         let ragged = chunks.iter().any(|c| c.1.len() != smax);
