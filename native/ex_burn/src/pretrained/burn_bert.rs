@@ -6,11 +6,11 @@ use std::path::Path;
 
 use burn::tensor::module::{attention, layer_norm};
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor};
 use serde::Deserialize;
 
 use super::encoder_family::{mpnet_position_bias, Family, MODEL_TYPES};
-use super::weights::{f32_tensor, Safetensors};
+use super::weights::{f32_tensor, i32_tensor, Safetensors};
 use super::{Encoder, TokenBatch};
 use crate::device::DeviceRef;
 use crate::error::{catch, ExError, ExResult};
@@ -284,9 +284,7 @@ impl BurnBert {
     }
 
     fn ids(&self, v: &[u32]) -> Tensor<1, Int> {
-        let v: Vec<i32> = v.iter().map(|&x| x as i32).collect();
-        let n = v.len();
-        Tensor::<1, Int>::from_data(TensorData::new(v, [n]), (&self.device, DType::I32))
+        i32_tensor(v.iter().map(|&x| x as i32).collect(), &self.device)
     }
 
     fn forward(&self, batch: &TokenBatch) -> ExResult<Vec<f32>> {

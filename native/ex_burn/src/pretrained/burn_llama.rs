@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Device, Tensor};
 
-use super::kv_pool::{ints, KvPool, Pages, PAGE};
+use super::kv_pool::{KvPool, Pages, PAGE};
 use super::llama_host::{self, HostBlock, HostKv, HostSeq, Shape};
 use super::qmatmul::QStack;
-use super::weights::{f32_tensor, Gguf};
+use super::weights::{f32_tensor, i32_tensor, Gguf};
 use crate::kernels::cpu::vector::flex_f32;
 use super::prefix_cache::SavedKv;
 use super::{own_chunks, CausalLm, Chunk, LmSession};
@@ -488,7 +488,7 @@ impl Weights {
         let at = pool.rows(positions());
         let table = pool.table(&chunks.iter().map(|c| c.0).collect::<Vec<_>>());
         let len = table.1 * PAGE;
-        let pos = ints(positions().map(|(_, p)| p as i32).collect(), dev);
+        let pos = i32_tensor(positions().map(|(_, p)| p as i32).collect(), dev);
         let rd = cfg.rope_dim;
         let rows = |table: &Tensor<2>| table.clone().select(0, pos.clone()).reshape([t, 1, rd]);
         let (c, sn) = (rows(&self.pair_tables.0), rows(&self.pair_tables.1));
@@ -498,7 +498,7 @@ impl Weights {
         let (to_padded, to_packed) = if ragged {
             let padded = (0..b * smax).map(|p| (starts[p / smax] + (p % smax).min(chunks[p / smax].1.len() - 1)) as i32).collect();
             let packed = chunks.iter().enumerate().flat_map(|(i, c)| (0..c.1.len()).map(move |tt| (i * smax + tt) as i32)).collect();
-            (Some(ints(padded, dev)), Some(ints(packed, dev)))
+            (Some(i32_tensor(padded, dev)), Some(i32_tensor(packed, dev)))
         } else {
             (None, None)
         };
@@ -513,7 +513,7 @@ impl Weights {
 
         let mut x = match &self.embed {
             // held as `[in, out]` = `[hidden, vocab]`: transposing back is a free view of the rows
-            Linear::Dense(e) => e.clone().transpose().select(0, ints(tokens.iter().map(|&t| t as i32).collect(), dev)),
+            Linear::Dense(e) => e.clone().transpose().select(0, i32_tensor(tokens.iter().map(|&t| t as i32).collect(), dev)),
             Linear::Quant(e) => f32_tensor(e.dequantise_rows(&tokens), [t, h], dev),
         };
         for (l, block) in self.blocks.iter().enumerate() {
@@ -547,7 +547,7 @@ impl Weights {
             let up = gu.slice([0..t, f..2 * f]);
             x = x + block.down.forward(silu(gate) * up);
         }
-        let last = ints(chunks.iter().zip(&starts).map(|(c, s)| (s + c.1.len() - 1) as i32).collect(), dev);
+        let last = i32_tensor(chunks.iter().zip(&starts).map(|(c, s)| (s + c.1.len() - 1) as i32).collect(), dev);
         let logits = self.output.forward(self.rms_norm(x.select(0, last), &self.out_norm));
         let data = logits.try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
         let values = data.try_into_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))?;
@@ -1079,7 +1079,7 @@ mod tests {
         let positions = [0usize, 17, 3, 4, 29, 11];
         let t = positions.len();
         let values: Vec<f32> = (0..t * heads * dh).map(|i| ((i as f32) * 0.731).sin() * 3.0).collect();
-        let pos = ints(positions.iter().map(|&p| p as i32).collect(), dev);
+        let pos = i32_tensor(positions.iter().map(|&p| p as i32).collect(), dev);
         let table = |m: &Tensor<2>| m.clone().select(0, pos.clone()).reshape([t, 1, rd]);
         let (c, sn) = (table(&dense.w.pair_tables.0), table(&dense.w.pair_tables.1));
         let got = dense.w.rope(f32_tensor(values.clone(), [t, heads, dh], dev), &c, &sn).into_data().try_into_vec::<f32>().unwrap();

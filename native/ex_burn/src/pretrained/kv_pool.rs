@@ -6,7 +6,9 @@
 //! of many sessions costs about what one costs. Nothing is concatenated per token, and a
 //! session holds memory for its own length only (rounded up to a page).
 
-use burn::tensor::{DType, Device, IndexingUpdateOp, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, IndexingUpdateOp, Int, Tensor};
+
+use super::weights::i32_tensor;
 
 /// Positions a page holds.
 pub(crate) const PAGE: usize = 32;
@@ -94,7 +96,7 @@ impl KvPool {
         }
         if !zero.is_empty() {
             let n = zero.len();
-            let (at, zeros) = (ints(zero, &self.device), self.zeros(n));
+            let (at, zeros) = (i32_tensor(zero, &self.device), self.zeros(n));
             for side in self.layers.iter_mut().flatten() {
                 *side = take(side, &self.device).select_assign(0, at.clone(), zeros.clone(), IndexingUpdateOp::Assign);
             }
@@ -119,7 +121,7 @@ impl KvPool {
     /// takes them; every position must be reserved.
     pub(crate) fn rows<'a>(&self, at: impl Iterator<Item = (&'a Pages, usize)>) -> Tensor<1, Int> {
         let rows: Vec<i32> = at.map(|(pages, pos)| (pages.list[pos / PAGE] * PAGE + pos % PAGE) as i32).collect();
-        ints(rows, &self.device)
+        i32_tensor(rows, &self.device)
     }
 
     /// Writes `k` and `v` (`[rows, width]`) of layer `layer` at the flat rows `at`.
@@ -136,7 +138,7 @@ impl KvPool {
     pub(crate) fn table(&self, sessions: &[&Pages]) -> (Tensor<1, Int>, usize) {
         let longest = sessions.iter().map(|p| p.list.len()).max().unwrap_or(0);
         let ids = sessions.iter().flat_map(|p| (0..longest).map(|i| p.list.get(i).copied().unwrap_or(ZERO_PAGE) as i32)).collect();
-        (ints(ids, &self.device), longest)
+        (i32_tensor(ids, &self.device), longest)
     }
 
     /// Keys and values of layer `layer` for the `b` sessions of `table`: `[b, pages * PAGE,
@@ -164,14 +166,10 @@ fn take(side: &mut Tensor<3>, device: &Device) -> Tensor<3> {
     std::mem::replace(side, Tensor::empty([0, 0, 0], (device, DType::F32)))
 }
 
-pub(crate) fn ints(v: Vec<i32>, device: &Device) -> Tensor<1, Int> {
-    let n = v.len();
-    Tensor::<1, Int>::from_data(TensorData::new(v, [n]), (device, DType::I32))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::TensorData;
 
     fn values(t: Tensor<3>) -> Vec<f32> {
         t.into_data().convert::<f32>().try_to_vec::<f32>().unwrap()

@@ -29,6 +29,12 @@ fn missing_tensor(path: &Path, name: &str) -> ExError {
     err(kind::MISSING_TENSOR, format!("tensor `{name}` is missing from {}", path.display()), vec![path_detail(path), ("tensor", Detail::Text(name.to_string()))])
 }
 
+/// Builds a vector of i32 indices (for `select`, `select_assign`) from host values.
+pub fn i32_tensor(values: Vec<i32>, device: &Device) -> Tensor<1, burn::tensor::Int> {
+    let n = values.len();
+    Tensor::<1, burn::tensor::Int>::from_data(TensorData::new(values, [n]), (device, DType::I32))
+}
+
 /// Builds an f32 Burn tensor from host values. The `Vec` becomes the tensor's storage on the CPU.
 pub fn f32_tensor<const D: usize>(values: Vec<f32>, shape: [usize; D], device: &Device) -> Tensor<D> {
     Tensor::<D>::from_data(TensorData::new(values, shape), (device, DType::F32))
