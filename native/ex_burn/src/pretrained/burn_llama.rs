@@ -24,6 +24,8 @@ use crate::kernels::cpu::vector::flex_f32;
 use super::prefix_cache::SavedKv;
 use super::{own_chunks, CausalLm, Chunk, LmSession};
 use crate::device::{DeviceKind, DeviceRef};
+use crate::gpu::paged_attention::{self, Paged};
+use crate::gpu::rows::{self, Input};
 use crate::error::{catch, ExError, ExResult};
 
 use super::decoder_family::{Family, HeadExtras, RopeStyle, ARCHITECTURES};
@@ -204,7 +206,7 @@ fn names(parts: &[(String, usize)]) -> Vec<(&str, usize)> {
 /// A linear layer `x @ Wᵀ` without bias. Clones share the weights.
 #[derive(Clone)]
 enum Linear {
-    /// Dequantised and transposed for `x @ W`: `[in, out]`.
+    /// Dequantised, `[out, in]`.
     Dense(Tensor<2>),
     /// The file's blocks, `[out, in]`, on the CPU.
     Quant(Arc<QStack>),
@@ -232,12 +234,12 @@ impl Linear {
         for (name, rows) in parts {
             dense.push(g.tensor(name, [*rows, cols], dev)?);
         }
-        Ok(Linear::Dense(Tensor::cat(dense, 0).transpose()))
+        Ok(Linear::Dense(Tensor::cat(dense, 0)))
     }
 
     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         match self {
-            Linear::Dense(w) => x.matmul(w.clone()),
+            Linear::Dense(w) => x.matmul(w.clone().transpose()),
             Linear::Quant(w) => {
                 let ([m, _], dev) = (x.dims(), x.device());
                 f32_tensor(quant_matmul(w, x), [m, w.rows()], &dev)
@@ -397,6 +399,31 @@ impl Weights {
         x * scale * w.clone().unsqueeze::<2>()
     }
 
+    /// `input(x)` through `lin`, plus `residual`: on the GPU's rows kernel where it applies
+    /// (`gpu::rows`), else in Burn ops.
+    fn project(&self, lin: &Linear, x: Tensor<2>, input: Input, residual: Option<Tensor<2>>) -> Tensor<2> {
+        let (x, residual) = match lin {
+            Linear::Dense(w) => match rows::fused(x, w, input, residual) {
+                Ok(y) => return y,
+                Err(back) => back,
+            },
+            Linear::Quant(_) => (x, residual),
+        };
+        let x = match input {
+            Input::Plain => x,
+            Input::Norm(g, _) => self.rms_norm(x, g),
+            Input::SiluMul => {
+                let [t, width] = x.dims();
+                silu(x.clone().slice([0..t, 0..width / 2])) * x.slice([0..t, width / 2..width])
+            }
+        };
+        let y = lin.forward(x);
+        match residual {
+            Some(r) => r + y,
+            None => y,
+        }
+    }
+
     /// Per-head RMSNorm over the last dimension of `[rows, heads, head_dim]` (Qwen3's Q/K norms).
     fn head_norm(&self, x: Tensor<3>, w: &Option<Tensor<1>>) -> Tensor<3> {
         let Some(w) = w else { return x };
@@ -479,7 +506,7 @@ impl Weights {
     fn forward_pooled(&self, pool: &mut KvPool, chunks: &[(&Pages, &[u32], usize)]) -> ExResult<Vec<Vec<f32>>> {
         let cfg = &self.cfg;
         let (h, dh, nh, nkv) = (cfg.embedding_length, cfg.head_dim(), cfg.head_count, cfg.head_count_kv);
-        let (rep, f, dev) = (nh / nkv, cfg.feed_forward_length, &self.device);
+        let (rep, dev) = (nh / nkv, &self.device);
         let b = chunks.len();
         let smax = chunks.iter().map(|c| c.1.len()).max().unwrap_or(0);
         let tokens: Vec<u32> = chunks.iter().flat_map(|c| c.1.iter().copied()).collect();
@@ -504,20 +531,23 @@ impl Weights {
         };
         // query `tt` of chunk `i`, at position pos + tt, sees keys 0..=pos + tt (a padding query
         // sees its chunk's first key, and is dropped)
-        let mask: Vec<f32> = chunks
-            .iter()
-            .flat_map(|&(_, toks, p0)| (0..smax).flat_map(move |tt| (0..len).map(move |j| if j <= p0 + tt.min(toks.len() - 1) { 0.0 } else { f32::NEG_INFINITY })))
-            .collect();
-        let mask = f32_tensor(mask, [b, 1, 1, smax, len], dev);
         let scale = (dh as f64).powf(-0.5);
-
         let mut x = match &self.embed {
-            // held as `[in, out]` = `[hidden, vocab]`: transposing back is a free view of the rows
-            Linear::Dense(e) => e.clone().transpose().select(0, i32_tensor(tokens.iter().map(|&t| t as i32).collect(), dev)),
+            Linear::Dense(e) => e.clone().select(0, i32_tensor(tokens.iter().map(|&t| t as i32).collect(), dev)),
             Linear::Quant(e) => f32_tensor(e.dequantise_rows(&tokens), [t, h], dev),
         };
+        // a decoding step (one token a chunk) on a GPU attends straight from the pages; otherwise
+        // the pages are gathered, padded and masked
+        let lens = (smax == 1 && paged_attention::applies(&x)).then(|| i32_tensor(chunks.iter().map(|c| (c.2 + 1) as i32).collect(), dev));
+        let mask = lens.is_none().then(|| {
+            let mask: Vec<f32> = chunks
+                .iter()
+                .flat_map(|&(_, toks, p0)| (0..smax).flat_map(move |tt| (0..len).map(move |j| if j <= p0 + tt.min(toks.len() - 1) { 0.0 } else { f32::NEG_INFINITY })))
+                .collect();
+            f32_tensor(mask, [b, 1, 1, smax, len], dev)
+        });
         for (l, block) in self.blocks.iter().enumerate() {
-            let qkv = block.qkv.forward(self.rms_norm(x.clone(), &block.attn_norm));
+            let qkv = self.project(&block.qkv, x.clone(), Input::Norm(&block.attn_norm, cfg.rms_eps), None);
             let qkv = match &block.qkv_bias {
                 Some(bias) => qkv + bias.clone().unsqueeze::<2>(),
                 None => qkv,
@@ -526,29 +556,36 @@ impl Weights {
             let q = self.rope(self.head_norm(split(0, nh), &block.q_norm), &c, &sn);
             let k = self.rope(self.head_norm(split(nh * dh, nkv), &block.k_norm), &c, &sn);
             pool.write(l, &at, k.reshape([t, nkv * dh]), split((nh + nkv) * dh, nkv).reshape([t, nkv * dh]));
-            let [k, v] = pool.read(l, &table, b).map(|s| s.reshape([b, len, nkv, dh]).swap_dims(1, 2));
-            // queries grouped by their K/V head (head = kv * rep + r): no repeated K/V
             let q = q.reshape([t, nh * dh]);
-            let q = match &to_padded {
-                Some(i) => q.select(0, i.clone()),
-                None => q,
+            let ctx = match (&lens, &mask) {
+                (Some(lens), _) => {
+                    let [k, v] = pool.layer(l);
+                    paged_attention::attend(q, &Paged { k, v, table: &table.0, pages_each: table.1, lens }, nh, nkv, scale as f32)
+                }
+                (None, mask) => {
+                    let mask = mask.clone().expect("a mask where the pages are gathered");
+                    let [k, v] = pool.read(l, &table, b).map(|s| s.reshape([b, len, nkv, dh]).swap_dims(1, 2));
+                    // queries grouped by their K/V head (head = kv * rep + r): no repeated K/V
+                    let q = match &to_padded {
+                        Some(i) => q.select(0, i.clone()),
+                        None => q,
+                    };
+                    let q = q.reshape([b, smax, nkv, rep, dh]).permute([0, 2, 3, 1, 4]).reshape([b, nkv, rep * smax, dh]);
+                    let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale).reshape([b, nkv, rep, smax, len]) + mask;
+                    let probs = softmax(scores, 4).reshape([b, nkv, rep * smax, len]);
+                    let ctx = probs.matmul(v).reshape([b, nkv, rep, smax, dh]).permute([0, 3, 1, 2, 4]).reshape([b * smax, nh * dh]);
+                    match &to_packed {
+                        Some(i) => ctx.select(0, i.clone()),
+                        None => ctx,
+                    }
+                }
             };
-            let q = q.reshape([b, smax, nkv, rep, dh]).permute([0, 2, 3, 1, 4]).reshape([b, nkv, rep * smax, dh]);
-            let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale).reshape([b, nkv, rep, smax, len]) + mask.clone();
-            let probs = softmax(scores, 4).reshape([b, nkv, rep * smax, len]);
-            let ctx = probs.matmul(v).reshape([b, nkv, rep, smax, dh]).permute([0, 3, 1, 2, 4]).reshape([b * smax, nh * dh]);
-            let ctx = match &to_packed {
-                Some(i) => ctx.select(0, i.clone()),
-                None => ctx,
-            };
-            x = x + block.out.forward(ctx);
-            let gu = block.gate_up.forward(self.rms_norm(x.clone(), &block.ffn_norm));
-            let gate = gu.clone().slice([0..t, 0..f]);
-            let up = gu.slice([0..t, f..2 * f]);
-            x = x + block.down.forward(silu(gate) * up);
+            x = self.project(&block.out, ctx, Input::Plain, Some(x));
+            let gu = self.project(&block.gate_up, x.clone(), Input::Norm(&block.ffn_norm, cfg.rms_eps), None);
+            x = self.project(&block.down, gu, Input::SiluMul, Some(x));
         }
         let last = i32_tensor(chunks.iter().zip(&starts).map(|(c, s)| (s + c.1.len() - 1) as i32).collect(), dev);
-        let logits = self.output.forward(self.rms_norm(x.select(0, last), &self.out_norm));
+        let logits = self.project(&self.output, x.select(0, last), Input::Norm(&self.out_norm, cfg.rms_eps), None);
         let data = logits.try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
         let values = data.try_into_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))?;
         Ok(values.chunks_exact(cfg.vocab_size).map(<[f32]>::to_vec).collect())

@@ -148,6 +148,11 @@ impl KvPool {
         self.layers[layer].clone().map(|side| side.select(0, ids.clone()).reshape([b, pages * PAGE, self.width]))
     }
 
+    /// Keys and values of layer `layer` as stored, `[pages, PAGE, width]`.
+    pub(crate) fn layer(&self, layer: usize) -> &[Tensor<3>; 2] {
+        &self.layers[layer]
+    }
+
     /// A layer's keys gone, as an op failing part-way through `write` leaves them.
     #[cfg(test)]
     pub(crate) fn lose_a_layer(&mut self) {

@@ -67,6 +67,12 @@ pub const CUBLAS: Var = Var {
     reader: Reader::Library,
     about: "CUDA matrix products on cuBLAS; off keeps Burn's own kernel (gpu/cuda/cublas.rs)",
 };
+pub const ROWS_KERNEL: Var = Var {
+    name: "EXBURN_ROWS_KERNEL",
+    kind: Kind::Switch { default: true },
+    reader: Reader::Library,
+    about: "a GPU decoding step's weight products and single-query attention on the crate's plane kernels; off keeps Burn's ops (gpu/rows.rs, gpu/paged_attention.rs)",
+};
 pub const CUBLAS_EXCLUSIVE: Var = Var {
     name: "EXBURN_CUBLAS_EXCLUSIVE",
     kind: Kind::Switch { default: true },
@@ -117,8 +123,8 @@ pub const TEST_DEVICE: Var = Var {
 };
 
 /// Every variable the crate reads.
-pub const ALL: [&Var; 11] =
-    [&MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE];
+pub const ALL: [&Var; 12] =
+    [&MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &ROWS_KERNEL, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE];
 
 /// `$e`, computed the first time this call site runs and remembered for the process.
 macro_rules! once {
@@ -139,6 +145,10 @@ pub fn flush_elems() -> Option<usize> {
 
 pub fn cublas() -> bool {
     once!(bool, switch(&CUBLAS))
+}
+
+pub fn rows_kernel() -> bool {
+    once!(bool, switch(&ROWS_KERNEL))
 }
 
 pub fn cublas_exclusive() -> bool {

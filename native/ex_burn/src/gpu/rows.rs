@@ -1,0 +1,352 @@
+//! `x @ Wᵀ` for a few rows of `x` on the cube GPU backends, with what surrounds it in a decoder
+//! layer fused in: the input's RMSNorm or SiLU gate, and the residual the result adds to. These
+//! are the weight products of a decoding step, whose rows are the batch's sequences.
+//!
+//! Why: Burn's matmul tiles the output into blocks of rows and columns; with 1 to 32 rows most
+//! of a tile is empty and a product runs on few workgroups, so a batched step's weight products
+//! cost far more than their weight traffic, and each op around them is a kernel launch of its
+//! own. Here one plane (warp/subgroup) computes one output column for every row: its lanes walk
+//! that weight row in coalesced steps, each lane keeps one partial sum per row of `x`, and a
+//! plane sum finishes each. Every weight value is read once per product whatever the number of
+//! rows.
+//!
+//! `fused` hands its operands back where it does not apply (more rows, other dtypes, devices
+//! without plane kernels, the CPU): the caller then runs the same arithmetic in Burn ops.
+
+use burn::tensor::Tensor;
+
+/// The most rows of `x` the kernel takes: its partial sums live in registers.
+pub const MAX_ROWS: usize = 32;
+
+/// What the product's input is made of.
+#[derive(Clone, Copy)]
+pub enum Input<'a> {
+    /// `x` itself.
+    Plain,
+    /// RMSNorm of `x`'s rows with this weight and epsilon.
+    Norm(&'a Tensor<1>, f64),
+    /// `silu(gate) * up` of `x = [gate | up]`, halves of equal width.
+    SiluMul,
+}
+
+/// `input(x) @ wᵀ (+ residual)` for `w: [n, k]`: `[rows of x, n]`, or the operands back.
+#[allow(clippy::result_large_err)]
+pub fn fused(
+    x: Tensor<2>,
+    w: &Tensor<2>,
+    input: Input,
+    residual: Option<Tensor<2>>,
+) -> Result<Tensor<2>, (Tensor<2>, Option<Tensor<2>>)> {
+    #[cfg(any(
+        feature = "cuda",
+        feature = "rocm",
+        feature = "vulkan",
+        feature = "metal"
+    ))]
+    if cube::applies(&x, w) {
+        return Ok(cube::fused(x, w, input, residual));
+    }
+    let _ = (w, input);
+    Err((x, residual))
+}
+
+#[cfg(any(
+    feature = "cuda",
+    feature = "rocm",
+    feature = "vulkan",
+    feature = "metal"
+))]
+mod cube {
+    use burn::backend::fusion::custom::TensorSpec;
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{backend_extension, Backend, Dispatch};
+    use burn::tensor::{DType, Tensor};
+    use burn_cubecl::tensor::CubeTensor;
+    use burn_cubecl::CubeBackend;
+    use cubecl::prelude::*;
+
+    use super::{Input, MAX_ROWS};
+
+    /// Planes per workgroup.
+    const PLANES: usize = 8;
+
+    #[backend_extension(
+        Cube: cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal")),
+        Fusion: cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))
+    )]
+    pub trait RowsMatmul: Backend {
+        /// `input(x) @ wᵀ (+ res)`, f32, `x` of at most `MAX_ROWS` rows. `g` is the norm's
+        /// weight where `norm`, `res` the residual where `residual`; unused ones are any
+        /// tensor. `eps` is the norm's epsilon as f32 bits.
+        #[allow(clippy::too_many_arguments)]
+        #[fusion(meta = rows_meta)]
+        fn rows_fused(
+            x: FloatTensor<Self>,
+            w: FloatTensor<Self>,
+            g: FloatTensor<Self>,
+            res: FloatTensor<Self>,
+            norm: bool,
+            silu: bool,
+            residual: bool,
+            eps: u32,
+        ) -> FloatTensor<Self>;
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rows_meta(
+        x: &TensorSpec,
+        w: &TensorSpec,
+        _g: &TensorSpec,
+        _res: &TensorSpec,
+        _norm: &bool,
+        _silu: &bool,
+        _residual: &bool,
+        _eps: &u32,
+    ) -> TensorSpec {
+        let mut shape = x.shape.clone();
+        shape[1] = w.shape[0];
+        TensorSpec::new(shape, x.dtype)
+    }
+
+    impl RowsMatmul for CubeBackend {
+        fn rows_fused(
+            x: CubeTensor,
+            w: CubeTensor,
+            g: CubeTensor,
+            res: CubeTensor,
+            norm: bool,
+            silu: bool,
+            residual: bool,
+            eps: u32,
+        ) -> CubeTensor {
+            let plane = x.client.properties().hardware.plane_size_max;
+            let contiguous = |t: CubeTensor| {
+                if t.is_contiguous() {
+                    t
+                } else {
+                    burn_cubecl::kernel::into_contiguous(t)
+                }
+            };
+            let (x, w, g, res) = (contiguous(x), contiguous(w), contiguous(g), contiguous(res));
+            let ([m, width], [n, k]) = (
+                [x.meta.shape()[0], x.meta.shape()[1]],
+                [w.meta.shape()[0], w.meta.shape()[1]],
+            );
+            let client = x.client.clone();
+            let handle = client.empty((m * n * x.dtype.size()).max(x.dtype.size()));
+            let out = CubeTensor::new_contiguous(
+                client.clone(),
+                x.device.clone(),
+                [m, n].into(),
+                handle,
+                x.dtype,
+            );
+            rows_by_weight::launch(
+                &client,
+                CubeCount::Static(n.div_ceil(PLANES) as u32, 1, 1),
+                CubeDim::new_1d(plane * PLANES as u32),
+                x.into_buffer_arg(),
+                w.into_buffer_arg(),
+                g.into_buffer_arg(),
+                res.into_buffer_arg(),
+                out.clone().into_buffer_arg(),
+                k,
+                n,
+                width,
+                f32::from_bits(eps),
+                m,
+                norm,
+                silu,
+                residual,
+            );
+            out
+        }
+    }
+
+    /// One plane per output column `col`: lane `i` sums `x'[r, j] * w[col, j]` over
+    /// `j = i, i + PLANE_DIM, ...` for every row `r`, where `x'` is `x`, (`norm`) its RMSNorm
+    /// with weight `g`, or (`silu`) `silu(gate) * up` of its halves; then the plane adds its
+    /// lanes, and (`residual`) `res` is added. `x` rows are `width` apart. Buffers a flag leaves
+    /// unused are bound to any read-only operand.
+    #[cube(launch)]
+    #[allow(clippy::too_many_arguments)]
+    fn rows_by_weight(
+        x: &[f32],
+        w: &[f32],
+        g: &[f32],
+        res: &[f32],
+        out: &mut [f32],
+        k: usize,
+        n: usize,
+        width: usize,
+        eps: f32,
+        #[comptime] rows: usize,
+        #[comptime] norm: bool,
+        #[comptime] silu: bool,
+        #[comptime] residual: bool,
+    ) {
+        let plane = PLANE_DIM as usize;
+        let col = CUBE_POS_X as usize * (CUBE_DIM as usize / plane) + PLANE_POS as usize;
+        // the same for every lane of a plane, so the plane sums below run in uniform control flow
+        if col < n {
+            let mut acc = Array::<f32>::new(rows);
+            let mut sq = Array::<f32>::new(rows);
+            #[unroll]
+            for r in 0..rows {
+                acc[r] = f32::new(0.0);
+                sq[r] = f32::new(0.0);
+            }
+            let mut j = UNIT_POS_PLANE as usize;
+            while j < k {
+                let mut wv = w[col * k + j];
+                if comptime![norm] {
+                    wv *= g[j];
+                }
+                #[unroll]
+                for r in 0..rows {
+                    let mut xv = x[r * width + j];
+                    if comptime![silu] {
+                        xv = xv / (f32::new(1.0) + (-xv).exp()) * x[r * width + k + j];
+                    }
+                    acc[r] += xv * wv;
+                    if comptime![norm] {
+                        sq[r] += xv * xv;
+                    }
+                }
+                j += plane;
+            }
+            #[unroll]
+            for r in 0..rows {
+                let mut s = plane_sum(acc[r]);
+                if comptime![norm] {
+                    let ms = plane_sum(sq[r]) / f32::cast_from(k);
+                    s /= (ms + eps).sqrt();
+                }
+                if UNIT_POS_PLANE == 0 {
+                    if comptime![residual] {
+                        s += res[r * n + col];
+                    }
+                    out[r * n + col] = s;
+                }
+            }
+        }
+    }
+
+    /// Both f32 tensors on a device with plane kernels, `x` of at most `MAX_ROWS` rows.
+    pub fn applies(x: &Tensor<2>, w: &Tensor<2>) -> bool {
+        x.dims()[0] <= MAX_ROWS
+            && x.dtype() == DType::F32
+            && w.dtype() == DType::F32
+            && crate::process::env::rows_kernel()
+            && crate::gpu::plane_kernels(x)
+    }
+
+    pub fn fused(
+        x: Tensor<2>,
+        w: &Tensor<2>,
+        input: Input,
+        residual: Option<Tensor<2>>,
+    ) -> Tensor<2> {
+        let (norm, silu) = (
+            matches!(input, Input::Norm(..)),
+            matches!(input, Input::SiluMul),
+        );
+        let (g, eps) = match input {
+            Input::Norm(g, eps) => (g.clone().unsqueeze::<2>().into_dispatch(), eps as f32),
+            _ => (w.clone().into_dispatch(), 0.0),
+        };
+        let has_residual = residual.is_some();
+        let res = residual.unwrap_or_else(|| x.clone()).into_dispatch();
+        Tensor::from_dispatch(Dispatch::rows_fused(
+            x.into_dispatch(),
+            w.clone().into_dispatch(),
+            g,
+            res,
+            norm,
+            silu,
+            has_residual,
+            eps.to_bits(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DeviceKind;
+    use crate::pretrained::weights::f32_tensor;
+
+    /// Each input form, with and without a residual, against f64 arithmetic on the host, for row
+    /// counts around the kernel's limit and a `k` that is no multiple of a plane. On a GPU the
+    /// kernel must take every case of at most `MAX_ROWS` rows; elsewhere it takes none.
+    #[test]
+    fn rows_kernel_equals_f64_arithmetic() {
+        let device = crate::testing::device();
+        let dev = device.burn().unwrap();
+        let (k, n, eps) = (577, 70, 1e-5);
+        let value =
+            |i: usize, salt: usize| ((i * 7919 + salt * 104729) % 2003) as f64 / 1001.0 - 1.0;
+        let w: Vec<f64> = (0..n * k).map(|i| value(i, 1)).collect();
+        let g: Vec<f64> = (0..k).map(|i| 0.5 + value(i, 2)).collect();
+        let f32s = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<f32>>();
+        let (wt, gt) = (
+            f32_tensor(f32s(&w), [n, k], &dev),
+            f32_tensor(f32s(&g), [k], &dev),
+        );
+        for m in [1, 5, MAX_ROWS, MAX_ROWS + 1] {
+            for form in 0..3 {
+                for with_residual in [false, true] {
+                    let width = if form == 2 { 2 * k } else { k };
+                    // rounded to f32 first, as the kernel sees them
+                    let x: Vec<f64> = (0..m * width)
+                        .map(|i| value(i, m + form) as f32 as f64)
+                        .collect();
+                    let res: Vec<f64> = (0..m * n).map(|i| value(i, 7) as f32 as f64).collect();
+                    let input = match form {
+                        0 => Input::Plain,
+                        1 => Input::Norm(&gt, eps),
+                        _ => Input::SiluMul,
+                    };
+                    let residual = with_residual.then(|| f32_tensor(f32s(&res), [m, n], &dev));
+                    let got =
+                        match fused(f32_tensor(f32s(&x), [m, width], &dev), &wt, input, residual) {
+                            Ok(got) => got,
+                            Err(_) => {
+                                assert!(
+                                    m > MAX_ROWS || device.kind == DeviceKind::Cpu,
+                                    "the kernel refused {m} rows on {device:?}"
+                                );
+                                continue;
+                            }
+                        };
+                    assert!(device.kind != DeviceKind::Cpu, "no kernel on the CPU");
+                    assert_eq!(got.dims(), [m, n]);
+                    let got = got.into_data().try_into_vec::<f32>().unwrap();
+                    for r in 0..m {
+                        let row = &x[r * width..(r + 1) * width];
+                        let xr: Vec<f64> = match form {
+                            0 => row.to_vec(),
+                            1 => {
+                                let scale = 1.0
+                                    / (row.iter().map(|a| a * a).sum::<f64>() / k as f64 + eps)
+                                        .sqrt();
+                                row.iter().zip(&g).map(|(a, b)| a * scale * b).collect()
+                            }
+                            _ => (0..k)
+                                .map(|j| row[j] / (1.0 + (-row[j]).exp()) * row[k + j])
+                                .collect(),
+                        };
+                        for c in 0..n {
+                            let terms = (0..k).map(|j| xr[j] * w[c * k + j]);
+                            let want = terms.clone().sum::<f64>()
+                                + if with_residual { res[r * n + c] } else { 0.0 };
+                            let bound = 1e-5 * (terms.map(f64::abs).sum::<f64>() + 1.0);
+                            let v = got[r * n + c] as f64;
+                            assert!((v - want).abs() <= bound, "m {m} form {form} residual {with_residual} at ({r}, {c}): {v} vs {want}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
