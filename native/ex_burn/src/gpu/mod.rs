@@ -8,17 +8,44 @@ pub mod flush;
 pub mod paged_attention;
 pub mod rows;
 
-/// Whether `t` lies on a GPU whose kernels here can run: a cube device with plane (warp,
-/// subgroup) operations of one fixed size, which `rows` and `paged_attention` sum across.
-#[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
-pub(crate) fn plane_kernels<const D: usize>(t: &burn::tensor::Tensor<D>) -> bool {
-    use burn::backend::{BackendTensor, DispatchTensorKind};
-    match &t.clone().into_dispatch().kind {
-        DispatchTensorKind::Cube(BackendTensor::Float(f)) => {
-            let client = f.client.device().client();
-            let p = client.properties();
-            p.features.plane.contains(cubecl::features::Plane::Ops) && p.hardware.plane_size_min == p.hardware.plane_size_max
-        }
-        _ => false,
+/// Whether the kernels here (`rows`, `paged_attention`) run for tensors on `t`'s device: a cube
+/// device with plane (warp, subgroup) operations of one fixed size, which they sum across, unless
+/// `EXBURN_ROWS_KERNEL` turns them off.
+pub(crate) fn kernels_run<const D: usize>(t: &burn::tensor::Tensor<D>) -> bool {
+    #[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+    {
+        use burn::backend::{BackendTensor, DispatchTensorKind};
+        crate::process::env::rows_kernel()
+            && match &t.clone().into_dispatch().kind {
+                DispatchTensorKind::Cube(BackendTensor::Float(f)) => {
+                    let client = f.client.device().client();
+                    let p = client.properties();
+                    p.features.plane.contains(cubecl::features::Plane::Ops) && p.hardware.plane_size_min == p.hardware.plane_size_max
+                }
+                _ => false,
+            }
     }
+    #[cfg(not(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal")))]
+    {
+        let _ = t;
+        false
+    }
+}
+
+/// `t` with rows laid out one after another, as the kernels here index it.
+#[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+pub(crate) fn contiguous(t: burn_cubecl::tensor::CubeTensor) -> burn_cubecl::tensor::CubeTensor {
+    if t.is_contiguous() {
+        t
+    } else {
+        burn_cubecl::kernel::into_contiguous(t)
+    }
+}
+
+/// A new contiguous `[rows, cols]` tensor on `like`'s device, of its dtype, for a kernel to fill.
+#[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+pub(crate) fn output(like: &burn_cubecl::tensor::CubeTensor, [rows, cols]: [usize; 2]) -> burn_cubecl::tensor::CubeTensor {
+    let size = like.dtype.size();
+    let handle = like.client.empty((rows * cols * size).max(size));
+    burn_cubecl::tensor::CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), [rows, cols].into(), handle, like.dtype)
 }

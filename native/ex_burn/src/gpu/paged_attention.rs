@@ -24,56 +24,25 @@ pub struct Paged<'a> {
     pub lens: &'a Tensor<1, Int>,
 }
 
-/// Whether `attend` runs for tensors on `t`'s device.
-pub fn applies(t: &Tensor<2>) -> bool {
-    #[cfg(any(
-        feature = "cuda",
-        feature = "rocm",
-        feature = "vulkan",
-        feature = "metal"
-    ))]
-    return crate::process::env::rows_kernel() && crate::gpu::plane_kernels(t);
-    #[cfg(not(any(
-        feature = "cuda",
-        feature = "rocm",
-        feature = "vulkan",
-        feature = "metal"
-    )))]
-    {
-        let _ = t;
-        false
-    }
+/// Whether `attend` runs for `q`.
+pub fn applies(q: &Tensor<2>) -> bool {
+    q.dtype() == burn::tensor::DType::F32 && crate::gpu::kernels_run(q)
 }
 
 /// `softmax(q·kᵀ · scale) · v` for `q: [sequences, heads * head_dim]`, one query per sequence,
 /// query head `h` reading K/V head `h / (heads / kv_heads)`: `[sequences, heads * head_dim]`.
 /// Only where `applies`.
 pub fn attend(q: Tensor<2>, pool: &Paged, heads: usize, kv_heads: usize, scale: f32) -> Tensor<2> {
-    #[cfg(any(
-        feature = "cuda",
-        feature = "rocm",
-        feature = "vulkan",
-        feature = "metal"
-    ))]
+    #[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
     return cube::attend(q, pool, heads, kv_heads, scale);
-    #[cfg(not(any(
-        feature = "cuda",
-        feature = "rocm",
-        feature = "vulkan",
-        feature = "metal"
-    )))]
+    #[cfg(not(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal")))]
     {
         let _ = (q, pool, heads, kv_heads, scale);
         unreachable!("paged attention runs only where `applies`")
     }
 }
 
-#[cfg(any(
-    feature = "cuda",
-    feature = "rocm",
-    feature = "vulkan",
-    feature = "metal"
-))]
+#[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
 mod cube {
     use burn::backend::fusion::custom::TensorSpec;
     use burn::backend::tensor::{FloatTensor, IntTensor};
@@ -136,33 +105,13 @@ mod cube {
             pages_each: usize,
             scale: u32,
         ) -> CubeTensor {
-            let contiguous = |t: CubeTensor| {
-                if t.is_contiguous() {
-                    t
-                } else {
-                    burn_cubecl::kernel::into_contiguous(t)
-                }
-            };
-            let (q, k, v, table, lens) = (
-                contiguous(q),
-                contiguous(k),
-                contiguous(v),
-                contiguous(table),
-                contiguous(lens),
-            );
+            let [q, k, v, table, lens] = [q, k, v, table, lens].map(crate::gpu::contiguous);
             let [b, qw] = [q.meta.shape()[0], q.meta.shape()[1]];
             let (page, width) = (k.meta.shape()[1], k.meta.shape()[2]);
             let dh = qw / heads;
             let client = q.client.clone();
             let plane = client.properties().hardware.plane_size_max as usize;
-            let handle = client.empty((b * qw * q.dtype.size()).max(q.dtype.size()));
-            let out = CubeTensor::new_contiguous(
-                client.clone(),
-                q.device.clone(),
-                [b, qw].into(),
-                handle,
-                q.dtype,
-            );
+            let out = crate::gpu::output(&q, [b, qw]);
             paged_decode::launch(
                 &client,
                 CubeCount::Static((b * heads).div_ceil(PLANES) as u32, 1, 1),
@@ -267,13 +216,7 @@ mod cube {
         }
     }
 
-    pub fn attend(
-        q: Tensor<2>,
-        pool: &Paged,
-        heads: usize,
-        kv_heads: usize,
-        scale: f32,
-    ) -> Tensor<2> {
+    pub fn attend(q: Tensor<2>, pool: &Paged, heads: usize, kv_heads: usize, scale: f32) -> Tensor<2> {
         Tensor::from_dispatch(Dispatch::paged_decode_attention(
             q.into_dispatch(),
             pool.k.clone().into_dispatch(),
@@ -303,72 +246,34 @@ mod tests {
         let dev = device.burn().unwrap();
         let (page, pages, heads, kv_heads, dh) = (4, 6, 6, 2, 40);
         let width = kv_heads * dh;
-        let value =
-            |i: usize, salt: usize| ((i * 7919 + salt * 104729) % 2003) as f64 / 1001.0 - 1.0;
-        let kv: [Vec<f64>; 2] = [1, 2].map(|salt| {
-            (0..pages * page * width)
-                .map(|i| value(i, salt) as f32 as f64)
-                .collect()
-        });
-        let [kt, vt] = [0, 1].map(|s| {
-            f32_tensor(
-                kv[s].iter().map(|&a| a as f32).collect(),
-                [pages, page, width],
-                &dev,
-            )
-        });
+        let value = |i: usize, salt: usize| ((i * 7919 + salt * 104729) % 2003) as f64 / 1001.0 - 1.0;
+        let kv: [Vec<f64>; 2] = [1, 2].map(|salt| (0..pages * page * width).map(|i| value(i, salt) as f32 as f64).collect());
+        let [kt, vt] = [0, 1].map(|s| f32_tensor(kv[s].iter().map(|&a| a as f32).collect(), [pages, page, width], &dev));
         // sequence i's pages, and how many positions it attends
         let (table, pages_each, lens) = (vec![3, 1, 0, 5, 2, 4, 1, 0, 0], 3, [9usize, 10, 1]);
-        let q: Vec<f64> = (0..3 * heads * dh)
-            .map(|i| value(i, 3) as f32 as f64)
-            .collect();
+        let q: Vec<f64> = (0..3 * heads * dh).map(|i| value(i, 3) as f32 as f64).collect();
         let qt = f32_tensor(q.iter().map(|&a| a as f32).collect(), [3, heads * dh], &dev);
         if !applies(&qt) {
-            assert_eq!(
-                device.kind,
-                DeviceKind::Cpu,
-                "paged attention declined on {device:?}"
-            );
+            assert_eq!(device.kind, DeviceKind::Cpu, "paged attention declined on {device:?}");
             return;
         }
         assert_ne!(device.kind, DeviceKind::Cpu);
-        let (table_t, lens_t) = (
-            i32_tensor(table.clone(), &dev),
-            i32_tensor(lens.iter().map(|&l| l as i32).collect(), &dev),
-        );
+        let (table_t, lens_t) = (i32_tensor(table.clone(), &dev), i32_tensor(lens.iter().map(|&l| l as i32).collect(), &dev));
         let scale = (dh as f64).powf(-0.5);
-        let paged = Paged {
-            k: &kt,
-            v: &vt,
-            table: &table_t,
-            pages_each,
-            lens: &lens_t,
-        };
-        let got = attend(qt, &paged, heads, kv_heads, scale as f32)
-            .into_data()
-            .try_into_vec::<f32>()
-            .unwrap();
+        let paged = Paged { k: &kt, v: &vt, table: &table_t, pages_each, lens: &lens_t };
+        let got = attend(qt, &paged, heads, kv_heads, scale as f32).into_data().try_into_vec::<f32>().unwrap();
         for (s, &len) in lens.iter().enumerate() {
             for h in 0..heads {
-                let at = |j: usize| {
-                    (table[s * pages_each + j / page] as usize * page + j % page) * width
-                        + (h / (heads / kv_heads)) * dh
-                };
+                let at = |j: usize| (table[s * pages_each + j / page] as usize * page + j % page) * width + (h / (heads / kv_heads)) * dh;
                 let qh = &q[(s * heads + h) * dh..][..dh];
-                let scores: Vec<f64> = (0..len)
-                    .map(|j| (0..dh).map(|d| qh[d] * kv[0][at(j) + d]).sum::<f64>() * scale)
-                    .collect();
+                let scores: Vec<f64> = (0..len).map(|j| (0..dh).map(|d| qh[d] * kv[0][at(j) + d]).sum::<f64>() * scale).collect();
                 let top = scores.iter().cloned().fold(f64::MIN, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|x| (x - top).exp()).collect();
                 let total: f64 = weights.iter().sum();
                 for d in 0..dh {
-                    let want: f64 =
-                        (0..len).map(|j| weights[j] * kv[1][at(j) + d]).sum::<f64>() / total;
+                    let want: f64 = (0..len).map(|j| weights[j] * kv[1][at(j) + d]).sum::<f64>() / total;
                     let v = got[(s * heads + h) * dh + d] as f64;
-                    assert!(
-                        (v - want).abs() <= 1e-5,
-                        "sequence {s} head {h} dim {d}: {v} vs {want}"
-                    );
+                    assert!((v - want).abs() <= 1e-5, "sequence {s} head {h} dim {d}: {v} vs {want}");
                 }
             }
         }

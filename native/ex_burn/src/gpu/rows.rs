@@ -13,7 +13,7 @@
 //! `fused` hands its operands back where it does not apply (more rows, other dtypes, devices
 //! without plane kernels, the CPU): the caller then runs the same arithmetic in Burn ops.
 
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Tensor};
 
 /// The most rows of `x` the kernel takes: its partial sums live in registers.
 pub const MAX_ROWS: usize = 32;
@@ -31,41 +31,27 @@ pub enum Input<'a> {
 
 /// `input(x) @ wᵀ (+ residual)` for `w: [n, k]`: `[rows of x, n]`, or the operands back.
 #[allow(clippy::result_large_err)]
-pub fn fused(
-    x: Tensor<2>,
-    w: &Tensor<2>,
-    input: Input,
-    residual: Option<Tensor<2>>,
-) -> Result<Tensor<2>, (Tensor<2>, Option<Tensor<2>>)> {
-    #[cfg(any(
-        feature = "cuda",
-        feature = "rocm",
-        feature = "vulkan",
-        feature = "metal"
-    ))]
-    if cube::applies(&x, w) {
+pub fn fused(x: Tensor<2>, w: &Tensor<2>, input: Input, residual: Option<Tensor<2>>) -> Result<Tensor<2>, (Tensor<2>, Option<Tensor<2>>)> {
+    let runs = x.dims()[0] <= MAX_ROWS && x.dtype() == DType::F32 && w.dtype() == DType::F32 && crate::gpu::kernels_run(&x);
+    #[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+    if runs {
         return Ok(cube::fused(x, w, input, residual));
     }
-    let _ = (w, input);
+    let _ = (runs, w, input);
     Err((x, residual))
 }
 
-#[cfg(any(
-    feature = "cuda",
-    feature = "rocm",
-    feature = "vulkan",
-    feature = "metal"
-))]
+#[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
 mod cube {
     use burn::backend::fusion::custom::TensorSpec;
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{backend_extension, Backend, Dispatch};
-    use burn::tensor::{DType, Tensor};
+    use burn::tensor::Tensor;
     use burn_cubecl::tensor::CubeTensor;
     use burn_cubecl::CubeBackend;
     use cubecl::prelude::*;
 
-    use super::{Input, MAX_ROWS};
+    use super::Input;
 
     /// Planes per workgroup.
     const PLANES: usize = 8;
@@ -120,27 +106,10 @@ mod cube {
             eps: u32,
         ) -> CubeTensor {
             let plane = x.client.properties().hardware.plane_size_max;
-            let contiguous = |t: CubeTensor| {
-                if t.is_contiguous() {
-                    t
-                } else {
-                    burn_cubecl::kernel::into_contiguous(t)
-                }
-            };
-            let (x, w, g, res) = (contiguous(x), contiguous(w), contiguous(g), contiguous(res));
-            let ([m, width], [n, k]) = (
-                [x.meta.shape()[0], x.meta.shape()[1]],
-                [w.meta.shape()[0], w.meta.shape()[1]],
-            );
+            let [x, w, g, res] = [x, w, g, res].map(crate::gpu::contiguous);
+            let ([m, width], [n, k]) = ([x.meta.shape()[0], x.meta.shape()[1]], [w.meta.shape()[0], w.meta.shape()[1]]);
             let client = x.client.clone();
-            let handle = client.empty((m * n * x.dtype.size()).max(x.dtype.size()));
-            let out = CubeTensor::new_contiguous(
-                client.clone(),
-                x.device.clone(),
-                [m, n].into(),
-                handle,
-                x.dtype,
-            );
+            let out = crate::gpu::output(&x, [m, n]);
             rows_by_weight::launch(
                 &client,
                 CubeCount::Static(n.div_ceil(PLANES) as u32, 1, 1),
@@ -232,25 +201,8 @@ mod cube {
         }
     }
 
-    /// Both f32 tensors on a device with plane kernels, `x` of at most `MAX_ROWS` rows.
-    pub fn applies(x: &Tensor<2>, w: &Tensor<2>) -> bool {
-        x.dims()[0] <= MAX_ROWS
-            && x.dtype() == DType::F32
-            && w.dtype() == DType::F32
-            && crate::process::env::rows_kernel()
-            && crate::gpu::plane_kernels(x)
-    }
-
-    pub fn fused(
-        x: Tensor<2>,
-        w: &Tensor<2>,
-        input: Input,
-        residual: Option<Tensor<2>>,
-    ) -> Tensor<2> {
-        let (norm, silu) = (
-            matches!(input, Input::Norm(..)),
-            matches!(input, Input::SiluMul),
-        );
+    pub fn fused(x: Tensor<2>, w: &Tensor<2>, input: Input, residual: Option<Tensor<2>>) -> Tensor<2> {
+        let (norm, silu) = (matches!(input, Input::Norm(..)), matches!(input, Input::SiluMul));
         let (g, eps) = match input {
             Input::Norm(g, eps) => (g.clone().unsqueeze::<2>().into_dispatch(), eps as f32),
             _ => (w.clone().into_dispatch(), 0.0),
@@ -284,23 +236,17 @@ mod tests {
         let device = crate::testing::device();
         let dev = device.burn().unwrap();
         let (k, n, eps) = (577, 70, 1e-5);
-        let value =
-            |i: usize, salt: usize| ((i * 7919 + salt * 104729) % 2003) as f64 / 1001.0 - 1.0;
+        let value = |i: usize, salt: usize| ((i * 7919 + salt * 104729) % 2003) as f64 / 1001.0 - 1.0;
         let w: Vec<f64> = (0..n * k).map(|i| value(i, 1)).collect();
         let g: Vec<f64> = (0..k).map(|i| 0.5 + value(i, 2)).collect();
         let f32s = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<f32>>();
-        let (wt, gt) = (
-            f32_tensor(f32s(&w), [n, k], &dev),
-            f32_tensor(f32s(&g), [k], &dev),
-        );
+        let (wt, gt) = (f32_tensor(f32s(&w), [n, k], &dev), f32_tensor(f32s(&g), [k], &dev));
         for m in [1, 5, MAX_ROWS, MAX_ROWS + 1] {
             for form in 0..3 {
                 for with_residual in [false, true] {
                     let width = if form == 2 { 2 * k } else { k };
                     // rounded to f32 first, as the kernel sees them
-                    let x: Vec<f64> = (0..m * width)
-                        .map(|i| value(i, m + form) as f32 as f64)
-                        .collect();
+                    let x: Vec<f64> = (0..m * width).map(|i| value(i, m + form) as f32 as f64).collect();
                     let res: Vec<f64> = (0..m * n).map(|i| value(i, 7) as f32 as f64).collect();
                     let input = match form {
                         0 => Input::Plain,
@@ -308,17 +254,13 @@ mod tests {
                         _ => Input::SiluMul,
                     };
                     let residual = with_residual.then(|| f32_tensor(f32s(&res), [m, n], &dev));
-                    let got =
-                        match fused(f32_tensor(f32s(&x), [m, width], &dev), &wt, input, residual) {
-                            Ok(got) => got,
-                            Err(_) => {
-                                assert!(
-                                    m > MAX_ROWS || device.kind == DeviceKind::Cpu,
-                                    "the kernel refused {m} rows on {device:?}"
-                                );
-                                continue;
-                            }
-                        };
+                    let got = match fused(f32_tensor(f32s(&x), [m, width], &dev), &wt, input, residual) {
+                        Ok(got) => got,
+                        Err(_) => {
+                            assert!(m > MAX_ROWS || device.kind == DeviceKind::Cpu, "the kernel refused {m} rows on {device:?}");
+                            continue;
+                        }
+                    };
                     assert!(device.kind != DeviceKind::Cpu, "no kernel on the CPU");
                     assert_eq!(got.dims(), [m, n]);
                     let got = got.into_data().try_into_vec::<f32>().unwrap();
@@ -327,19 +269,14 @@ mod tests {
                         let xr: Vec<f64> = match form {
                             0 => row.to_vec(),
                             1 => {
-                                let scale = 1.0
-                                    / (row.iter().map(|a| a * a).sum::<f64>() / k as f64 + eps)
-                                        .sqrt();
+                                let scale = 1.0 / (row.iter().map(|a| a * a).sum::<f64>() / k as f64 + eps).sqrt();
                                 row.iter().zip(&g).map(|(a, b)| a * scale * b).collect()
                             }
-                            _ => (0..k)
-                                .map(|j| row[j] / (1.0 + (-row[j]).exp()) * row[k + j])
-                                .collect(),
+                            _ => (0..k).map(|j| row[j] / (1.0 + (-row[j]).exp()) * row[k + j]).collect(),
                         };
                         for c in 0..n {
                             let terms = (0..k).map(|j| xr[j] * w[c * k + j]);
-                            let want = terms.clone().sum::<f64>()
-                                + if with_residual { res[r * n + c] } else { 0.0 };
+                            let want = terms.clone().sum::<f64>() + if with_residual { res[r * n + c] } else { 0.0 };
                             let bound = 1e-5 * (terms.map(f64::abs).sum::<f64>() + 1.0);
                             let v = got[r * n + c] as f64;
                             assert!((v - want).abs() <= bound, "m {m} form {form} residual {with_residual} at ({r}, {c}): {v} vs {want}");
