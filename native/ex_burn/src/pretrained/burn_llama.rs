@@ -294,6 +294,8 @@ pub struct Weights {
     host: Option<HostWeights>,
     /// The tensor path's KV caches, every session's (`kv_pool`); held through a whole step.
     pool: Mutex<KvPool>,
+    /// Whether the crate's GPU kernels run on `device` (`gpu::kernels_run`).
+    gpu_kernels: bool,
 }
 
 /// Norm weights and rotary tables as host values.
@@ -391,7 +393,8 @@ impl Weights {
             None
         };
         let pool = Mutex::new(KvPool::new(cfg.block_count, cfg.head_count_kv * dh, &dev));
-        Ok(Weights { cfg, device: dev, embed, blocks, out_norm, output, pair_tables, host, pool })
+        let gpu_kernels = crate::gpu::kernels_run(&out_norm);
+        Ok(Weights { cfg, device: dev, embed, blocks, out_norm, output, pair_tables, host, pool, gpu_kernels })
     }
 
     fn rms_norm(&self, x: Tensor<2>, w: &Tensor<1>) -> Tensor<2> {
@@ -403,11 +406,11 @@ impl Weights {
     /// (`gpu::rows`), else in Burn ops.
     fn project(&self, lin: &Linear, x: Tensor<2>, input: Input, residual: Option<Tensor<2>>) -> Tensor<2> {
         let (x, residual) = match lin {
-            Linear::Dense(w) => match rows::fused(x, w, input, residual) {
+            Linear::Dense(w) if self.gpu_kernels => match rows::fused(x, w, input, residual) {
                 Ok(y) => return y,
                 Err(back) => back,
             },
-            Linear::Quant(_) => (x, residual),
+            _ => (x, residual),
         };
         let x = match input {
             Input::Plain => x,
@@ -529,8 +532,6 @@ impl Weights {
         } else {
             (None, None)
         };
-        // query `tt` of chunk `i`, at position pos + tt, sees keys 0..=pos + tt (a padding query
-        // sees its chunk's first key, and is dropped)
         let scale = (dh as f64).powf(-0.5);
         let mut x = match &self.embed {
             Linear::Dense(e) => e.clone().select(0, i32_tensor(tokens.iter().map(|&t| t as i32).collect(), dev)),
@@ -538,8 +539,10 @@ impl Weights {
         };
         // a decoding step (one token a chunk) on a GPU attends straight from the pages; otherwise
         // the pages are gathered, padded and masked
-        let lens = (smax == 1 && paged_attention::applies(&x)).then(|| i32_tensor(chunks.iter().map(|c| (c.2 + 1) as i32).collect(), dev));
+        let lens = (smax == 1 && self.gpu_kernels && paged_attention::applies(&x)).then(|| i32_tensor(chunks.iter().map(|c| (c.2 + 1) as i32).collect(), dev));
         let mask = lens.is_none().then(|| {
+            // query `tt` of chunk `i`, at position pos + tt, sees keys 0..=pos + tt (a padding
+            // query sees its chunk's first key, and is dropped)
             let mask: Vec<f32> = chunks
                 .iter()
                 .flat_map(|&(_, toks, p0)| (0..smax).flat_map(move |tt| (0..len).map(move |j| if j <= p0 + tt.min(toks.len() - 1) { 0.0 } else { f32::NEG_INFINITY })))
@@ -557,12 +560,12 @@ impl Weights {
             let k = self.rope(self.head_norm(split(nh * dh, nkv), &block.k_norm), &c, &sn);
             pool.write(l, &at, k.reshape([t, nkv * dh]), split((nh + nkv) * dh, nkv).reshape([t, nkv * dh]));
             let q = q.reshape([t, nh * dh]);
-            let ctx = match (&lens, &mask) {
-                (Some(lens), _) => {
+            let ctx = match &lens {
+                Some(lens) => {
                     let [k, v] = pool.layer(l);
                     paged_attention::attend(q, &Paged { k, v, table: &table.0, pages_each: table.1, lens }, nh, nkv, scale as f32)
                 }
-                (None, mask) => {
+                None => {
                     let mask = mask.clone().expect("a mask where the pages are gathered");
                     let [k, v] = pool.read(l, &table, b).map(|s| s.reshape([b, len, nkv, dh]).swap_dims(1, 2));
                     // queries grouped by their K/V head (head = kv * rep + r): no repeated K/V
