@@ -15,7 +15,8 @@
 
 use burn::tensor::{DType, Tensor};
 
-/// The most rows of `x` the kernel takes: its partial sums live in registers.
+/// The most rows of `x` the kernel takes (and it takes at least one): its partial sums live in
+/// registers.
 pub const MAX_ROWS: usize = 32;
 
 /// What the product's input is made of.
@@ -33,7 +34,7 @@ pub enum Input<'a> {
 /// tensors where `gpu::kernels_run`, which the caller asks once for its device.
 #[allow(clippy::result_large_err)]
 pub fn fused(x: Tensor<2>, w: &Tensor<2>, input: Input, residual: Option<Tensor<2>>) -> Result<Tensor<2>, (Tensor<2>, Option<Tensor<2>>)> {
-    let runs = x.dims()[0] <= MAX_ROWS && x.dtype() == DType::F32 && w.dtype() == DType::F32;
+    let runs = (1..=MAX_ROWS).contains(&x.dims()[0]) && x.dtype() == DType::F32 && w.dtype() == DType::F32;
     #[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
     if runs {
         return Ok(cube::fused(x, w, input, residual));
