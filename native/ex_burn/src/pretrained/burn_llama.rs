@@ -397,8 +397,8 @@ impl Weights {
         Ok(Weights { cfg, device: dev, embed, blocks, out_norm, output, pair_tables, host, pool, gpu_kernels })
     }
 
-    fn rms_norm(&self, x: Tensor<2>, w: &Tensor<1>) -> Tensor<2> {
-        let scale = x.clone().square().mean_dim(1).add_scalar(self.cfg.rms_eps).sqrt().recip();
+    fn rms_norm(x: Tensor<2>, w: &Tensor<1>, eps: f64) -> Tensor<2> {
+        let scale = x.clone().square().mean_dim(1).add_scalar(eps).sqrt().recip();
         x * scale * w.clone().unsqueeze::<2>()
     }
 
@@ -414,7 +414,7 @@ impl Weights {
         };
         let x = match input {
             Input::Plain => x,
-            Input::Norm(g, _) => self.rms_norm(x, g),
+            Input::Norm(g, eps) => Self::rms_norm(x, g, eps),
             Input::SiluMul => {
                 let [t, width] = x.dims();
                 silu(x.clone().slice([0..t, 0..width / 2])) * x.slice([0..t, width / 2..width])
