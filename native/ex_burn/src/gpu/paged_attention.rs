@@ -7,8 +7,8 @@
 //! its lanes hold the head's dimensions, walk the sequence's positions through its page table,
 //! and keep a running (online) softmax, so nothing is gathered or padded.
 //!
-//! Where `applies` says no (devices without plane kernels, the CPU) the caller runs the same
-//! arithmetic in Burn ops.
+//! Where the kernels do not run (`gpu::kernels_run`: devices without plane kernels, the CPU) or
+//! `applies` says no, the caller runs the same arithmetic in Burn ops.
 
 use burn::tensor::{Int, Tensor};
 
