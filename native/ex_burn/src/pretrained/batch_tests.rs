@@ -122,6 +122,8 @@ fn pretrained_forward_batch_logits_equal_alone() {
 
 /// Aggregate decode speed by batch size (run with `--ignored --nocapture`; `BATCH_ENGINE=candle`
 /// for Candle); the serving benchmark (`bench/llm_serving.exs`) is where CPU figures come from.
+/// Sessions are driven directly with their argmax, past any end-of-sequence token, so every step
+/// decodes all `n` sequences.
 #[test]
 #[ignore]
 fn pretrained_batched_decode_timing() {
@@ -133,15 +135,25 @@ fn pretrained_batched_decode_timing() {
     let model = TextModel::load(&path, engine, device).unwrap();
     let sizes: Vec<usize> = std::env::var("BATCH_SIZES").map(|s| s.split(',').map(|n| n.parse().unwrap()).collect()).unwrap_or(vec![1, 2, 4, 8, 16, 32]);
     let steps = 64;
+    let argmax = |l: &[f32]| l.iter().enumerate().fold(0, |best, (i, v)| if *v > l[best] { i } else { best }) as u32;
     // the prompt step, then `steps` decoding steps; the seconds of the decoding steps
     let run = |n: usize| {
-        let mut gens: Vec<Generation> = (0..n).map(|i| start(&model, PROMPTS[i % PROMPTS.len()], 1000)).collect();
-        let mut refs: Vec<&mut Generation> = gens.iter_mut().collect();
-        let chunks = vec![512; n];
-        model.step(&mut refs, &chunks).into_iter().for_each(|s| drop(s.unwrap()));
+        let prompts: Vec<Vec<u32>> = (0..n).map(|i| model.tokenizer.encode(PROMPTS[i % PROMPTS.len()], true).unwrap()).collect();
+        let mut sessions: Vec<_> = (0..n).map(|_| model.lm.session().unwrap()).collect();
+        let mut next: Vec<(Vec<u32>, usize)> = prompts.iter().map(|p| (p.clone(), 0)).collect();
+        let step = |sessions: &mut Vec<Box<dyn super::LmSession>>, next: &mut Vec<(Vec<u32>, usize)>| {
+            let mut chunks: Vec<Chunk> = sessions.iter_mut().zip(next.iter()).map(|(s, (t, p))| Chunk { session: s.as_mut(), tokens: t, pos: *p }).collect();
+            let logits: Vec<Vec<f32>> = model.lm.forward_batch(&mut chunks).into_iter().map(|r| r.unwrap()).collect();
+            drop(chunks);
+            for ((tokens, pos), l) in next.iter_mut().zip(logits) {
+                *pos += tokens.len();
+                *tokens = vec![argmax(&l)];
+            }
+        };
+        step(&mut sessions, &mut next);
         let t = std::time::Instant::now();
         for _ in 0..steps {
-            model.step(&mut refs, &chunks).into_iter().for_each(|s| drop(s.unwrap()));
+            step(&mut sessions, &mut next);
         }
         t.elapsed().as_secs_f64()
     };
