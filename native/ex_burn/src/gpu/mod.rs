@@ -1,14 +1,15 @@
 //! Glue between the cube GPU backends and the rest of the crate: when queued work reaches the
-//! device (`flush`, any cube backend), kernels of a decoding step (`rows`, `paged_attention`),
-//! and, on CUDA, vendor libraries on cubecl's tensors (`cuda`).
+//! device (`flush`, any cube backend), kernels of a decoding step (`rows`, `rope_cache`,
+//! `paged_attention`), and, on CUDA, vendor libraries on cubecl's tensors (`cuda`).
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod flush;
 pub mod paged_attention;
+pub mod rope_cache;
 pub mod rows;
 
-/// Whether the kernels here (`rows`, `paged_attention`) run for tensors on `t`'s device: a cube
+/// Whether the kernels here (`rows`, `rope_cache`, `paged_attention`) run for tensors on `t`'s device: a cube
 /// device with plane (warp, subgroup) operations of one fixed size, which they sum across, unless
 /// `EXBURN_ROWS_KERNEL` turns them off.
 pub(crate) fn kernels_run<const D: usize>(t: &burn::tensor::Tensor<D>) -> bool {

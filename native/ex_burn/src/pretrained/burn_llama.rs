@@ -25,6 +25,7 @@ use super::prefix_cache::SavedKv;
 use super::{own_chunks, CausalLm, Chunk, LmSession};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::gpu::paged_attention::{self, Paged};
+use crate::gpu::rope_cache::{self, Rope};
 use crate::gpu::rows::{self, Input};
 use crate::error::{catch, ExError, ExResult};
 
@@ -521,7 +522,9 @@ impl Weights {
         let pos = i32_tensor(positions().map(|(_, p)| p as i32).collect(), dev);
         let rd = cfg.rope_dim;
         let rows = |table: &Tensor<2>| table.clone().select(0, pos.clone()).reshape([t, 1, rd]);
-        let (c, sn) = (rows(&self.pair_tables.0), rows(&self.pair_tables.1));
+        // the positions' rows of the rotary tables, for layers that rotate in Burn ops
+        let mut pair_rows: Option<(Tensor<3>, Tensor<3>)> = None;
+        let rope = Rope { cos: &self.pair_tables.0, sin: &self.pair_tables.1, halves: cfg.family.rope == RopeStyle::Halves };
         // each chunk's rows padded to `smax`; nothing to move when they are as long
         let starts: Vec<usize> = chunks.iter().scan(0, |acc, c| Some(std::mem::replace(acc, *acc + c.1.len()))).collect();
         let ragged = chunks.iter().any(|c| c.1.len() != smax);
@@ -555,11 +558,16 @@ impl Weights {
                 Some(bias) => qkv + bias.clone().unsqueeze::<2>(),
                 None => qkv,
             };
-            let split = |from: usize, heads: usize| -> Tensor<3> { qkv.clone().slice([0..t, from..from + heads * dh]).reshape([t, heads, dh]) };
-            let q = self.rope(self.head_norm(split(0, nh), &block.q_norm), &c, &sn);
-            let k = self.rope(self.head_norm(split(nh * dh, nkv), &block.k_norm), &c, &sn);
-            pool.write(l, &at, k.reshape([t, nkv * dh]), split((nh + nkv) * dh, nkv).reshape([t, nkv * dh]));
-            let q = q.reshape([t, nh * dh]);
+            let q = if self.gpu_kernels && rd > 0 && block.q_norm.is_none() && block.k_norm.is_none() && rope_cache::applies(&qkv) {
+                pool.update(l, |sides| rope_cache::rope_write(qkv, &rope, &pos, &at, sides, nh, dh))
+            } else {
+                let (c, sn) = pair_rows.get_or_insert_with(|| (rows(&self.pair_tables.0), rows(&self.pair_tables.1)));
+                let split = |from: usize, heads: usize| -> Tensor<3> { qkv.clone().slice([0..t, from..from + heads * dh]).reshape([t, heads, dh]) };
+                let q = self.rope(self.head_norm(split(0, nh), &block.q_norm), c, sn);
+                let k = self.rope(self.head_norm(split(nh * dh, nkv), &block.k_norm), c, sn);
+                pool.write(l, &at, k.reshape([t, nkv * dh]), split((nh + nkv) * dh, nkv).reshape([t, nkv * dh]));
+                q.reshape([t, nh * dh])
+            };
             let ctx = match &lens {
                 Some(lens) => {
                     let [k, v] = pool.layer(l);

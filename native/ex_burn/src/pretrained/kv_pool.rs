@@ -133,6 +133,15 @@ impl KvPool {
         }
     }
 
+    /// Layer `layer`'s key and value sides through `f`, which hands them back updated: the pool
+    /// lets go of them meanwhile, so the backend may write them in place (`gpu::rope_cache`).
+    pub(crate) fn update<R>(&mut self, layer: usize, f: impl FnOnce([Tensor<3>; 2]) -> (R, [Tensor<3>; 2])) -> R {
+        let device = self.device.clone();
+        let (r, sides) = f(self.layers[layer].each_mut().map(|side| take(side, &device)));
+        self.layers[layer] = sides;
+        r
+    }
+
     /// The page table of a step: each session's pages, padded with the zero page to the longest
     /// list, and that length. `read` takes it.
     pub(crate) fn table(&self, sessions: &[&Pages]) -> (Tensor<1, Int>, usize) {

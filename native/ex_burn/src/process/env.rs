@@ -71,7 +71,7 @@ pub const ROWS_KERNEL: Var = Var {
     name: "EXBURN_ROWS_KERNEL",
     kind: Kind::Switch { default: true },
     reader: Reader::Library,
-    about: "a GPU decoding step's weight products and single-query attention on the crate's plane kernels; off keeps Burn's ops (gpu/rows.rs, gpu/paged_attention.rs)",
+    about: "a GPU decoding step's weight products, RoPE with the KV pool's writes, and single-query attention on the crate's kernels; off keeps Burn's ops (gpu/rows.rs, gpu/rope_cache.rs, gpu/paged_attention.rs)",
 };
 pub const CUBLAS_EXCLUSIVE: Var = Var {
     name: "EXBURN_CUBLAS_EXCLUSIVE",
