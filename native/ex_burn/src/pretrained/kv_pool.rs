@@ -34,6 +34,9 @@ pub(crate) struct KvPool {
     epoch: u64,
     layer_count: usize,
     device: Device,
+    /// What a side holds while it is out of the pool (`take`): one empty tensor, cloned, so
+    /// taking a side registers no op.
+    vacant: Tensor<3>,
 }
 
 /// A session's pages, in position order, in the pool of one epoch.
@@ -45,7 +48,8 @@ pub(crate) struct Pages {
 
 impl KvPool {
     pub(crate) fn new(layers: usize, width: usize, device: &Device) -> KvPool {
-        let mut pool = KvPool { layers: Vec::new(), pages: 0, width, free: Vec::new(), dirty: Vec::new(), epoch: 0, layer_count: layers, device: device.clone() };
+        let vacant = Tensor::empty([0, 0, 0], (device, DType::F32));
+        let mut pool = KvPool { layers: Vec::new(), pages: 0, width, free: Vec::new(), dirty: Vec::new(), epoch: 0, layer_count: layers, device: device.clone(), vacant };
         pool.reset();
         pool
     }
@@ -98,7 +102,7 @@ impl KvPool {
             let n = zero.len();
             let (at, zeros) = (i32_tensor(zero, &self.device), self.zeros(n));
             for side in self.layers.iter_mut().flatten() {
-                *side = take(side, &self.device).select_assign(0, at.clone(), zeros.clone(), IndexingUpdateOp::Assign);
+                *side = take(side, &self.vacant).select_assign(0, at.clone(), zeros.clone(), IndexingUpdateOp::Assign);
             }
         }
     }
@@ -108,7 +112,7 @@ impl KvPool {
             let add = (self.pages / 4).max(FIRST_PAGES);
             let zeros = self.zeros(add);
             for side in self.layers.iter_mut().flatten() {
-                *side = Tensor::cat(vec![take(side, &self.device), zeros.clone()], 0);
+                *side = Tensor::cat(vec![take(side, &self.vacant), zeros.clone()], 0);
             }
             self.free.extend((self.pages..self.pages + add).rev());
             self.dirty.resize(self.pages + add, false);
@@ -128,7 +132,7 @@ impl KvPool {
     pub(crate) fn write(&mut self, layer: usize, at: &Tensor<1, Int>, k: Tensor<2>, v: Tensor<2>) {
         let (pages, width) = (self.pages, self.width);
         for (side, new) in self.layers[layer].iter_mut().zip([k, v]) {
-            let flat = take(side, &self.device).reshape([pages * PAGE, width]);
+            let flat = take(side, &self.vacant).reshape([pages * PAGE, width]);
             *side = flat.select_assign(0, at.clone(), new, IndexingUpdateOp::Assign).reshape([pages, PAGE, width]);
         }
     }
@@ -136,8 +140,8 @@ impl KvPool {
     /// Layer `layer`'s key and value sides through `f`, which hands them back updated: the pool
     /// lets go of them meanwhile, so the backend may write them in place (`gpu::rope_cache`).
     pub(crate) fn update<R>(&mut self, layer: usize, f: impl FnOnce([Tensor<3>; 2]) -> (R, [Tensor<3>; 2])) -> R {
-        let device = self.device.clone();
-        let (r, sides) = f(self.layers[layer].each_mut().map(|side| take(side, &device)));
+        let vacant = &self.vacant;
+        let (r, sides) = f(self.layers[layer].each_mut().map(|side| take(side, vacant)));
         self.layers[layer] = sides;
         r
     }
@@ -165,7 +169,7 @@ impl KvPool {
     /// A layer's keys gone, as an op failing part-way through `write` leaves them.
     #[cfg(test)]
     pub(crate) fn lose_a_layer(&mut self) {
-        take(&mut self.layers[0][0], &self.device);
+        take(&mut self.layers[0][0], &self.vacant);
     }
 
     /// Bytes the pool holds on its device.
@@ -176,8 +180,8 @@ impl KvPool {
 }
 
 /// The tensor out of the pool, so that the backend may update it in place (its only reference).
-fn take(side: &mut Tensor<3>, device: &Device) -> Tensor<3> {
-    std::mem::replace(side, Tensor::empty([0, 0, 0], (device, DType::F32)))
+fn take(side: &mut Tensor<3>, vacant: &Tensor<3>) -> Tensor<3> {
+    std::mem::replace(side, vacant.clone())
 }
 
 #[cfg(test)]
