@@ -131,10 +131,8 @@ impl KvPool {
     /// Writes `k` and `v` (`[rows, width]`) of layer `layer` at the flat rows `at`.
     pub(crate) fn write(&mut self, layer: usize, at: &Tensor<1, Int>, k: Tensor<2>, v: Tensor<2>) {
         let (pages, width) = (self.pages, self.width);
-        for (side, new) in self.layers[layer].iter_mut().zip([k, v]) {
-            let flat = take(side, &self.vacant).reshape([pages * PAGE, width]);
-            *side = flat.select_assign(0, at.clone(), new, IndexingUpdateOp::Assign).reshape([pages, PAGE, width]);
-        }
+        let put = |side: Tensor<3>, new: Tensor<2>| side.reshape([pages * PAGE, width]).select_assign(0, at.clone(), new, IndexingUpdateOp::Assign).reshape([pages, PAGE, width]);
+        self.update(layer, |[ks, vs]| ((), [put(ks, k), put(vs, v)]))
     }
 
     /// Layer `layer`'s key and value sides through `f`, which hands them back updated: the pool
