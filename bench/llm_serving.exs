@@ -9,9 +9,9 @@
 # For each N: N streaming chat completions sent at once (max_tokens 64, temperature 0, a
 # different prompt per request, by default about 60 to 375 prompt tokens with the chat template),
 # `--rounds` times, first against our server, then against a llama-server started for that N
-# (`-np N -c N*slot_ctx -t T -tb T`) and stopped after it. llama-server gets `ignore_eos`, so its answers are exactly 64 tokens; ours has
-# no such parameter, so the prompts ask for long essays and the completion tokens counted are
-# the servers' own usage figures (the table shows how many answers ended early).
+# (`-np N -c N*slot_ctx -t T -tb T`) and stopped after it. Both servers get `ignore_eos`, so
+# every answer is exactly 64 tokens; the completion tokens counted are still each server's own
+# usage figures (the table shows how many answers ended early, which should be none).
 #
 # Reported per server and N: aggregate tok/s (all completion tokens over the rounds' wall
 # time), time to first token p50 and max, request latency p50 and p99 (nearest rank, over every
@@ -333,7 +333,7 @@ defmodule LLMServing do
         result =
           case side do
             :ours ->
-              client(cfg, ours.url, n, "ours", false)
+              client(cfg, ours.url, n, "ours", true)
 
             :llama ->
               args =
@@ -507,8 +507,8 @@ defmodule LLMServing do
           "from the request's send, per request, nearest rank over every request of the rounds."
       ),
       say.(
-        "short: answers under max_tokens (ours ends at end-of-sequence; llama-server gets " <>
-          "ignore_eos). ours/llama: tok/s > 1 means ours is faster; the times > 1 mean ours is slower."
+        "short: answers under max_tokens (both servers get ignore_eos, so none should be). " <>
+          "ours/llama: tok/s > 1 means ours is faster; the times > 1 mean ours is slower."
       ),
       say.("client: openai #{openai} (Python), one AsyncOpenAI client, N streams at once")
     ]

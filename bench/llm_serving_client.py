@@ -8,8 +8,9 @@ object on stdout with what each request saw. Works against any such server on it
 Each request: `chat.completions.create(stream=True, max_tokens=M, temperature=0,
 stream_options={"include_usage": True})`, a different prompt per request (PROMPTS below, of
 different lengths, each asking for a long answer), made unique per round and request so no
-server answers from a cache of an earlier identical prompt. `--ignore-eos` adds llama.cpp's
-`ignore_eos` (extra_body), which makes every answer exactly M tokens; a server without it may
+server answers from a cache of an earlier identical prompt. `--ignore-eos` adds `ignore_eos`
+(extra_body, as llama.cpp's server and ExBurn.Server take it), which makes every answer exactly
+M tokens; a server without it may
 end earlier at end-of-sequence, so the completion tokens counted are the server's own (the
 usage chunk), else the content chunks.
 
@@ -166,7 +167,7 @@ if __name__ == "__main__":
     p.add_argument("--n", type=int, required=True, help="concurrent requests per round")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--ignore-eos", action="store_true", help="send llama.cpp's ignore_eos")
+    p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos (llama.cpp's server, ExBurn.Server)")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--tag", default="", help="a word in every prompt and progress line")
     p.add_argument(

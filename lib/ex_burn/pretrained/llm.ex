@@ -24,6 +24,9 @@ defmodule ExBurn.LLM do
     * `:seed` - the sampling seed; default a random one, so give it for repeatable samples
     * `:stop` - a string or strings that end generation (not included in the text)
     * `:stop_token_ids` - token ids that end generation, besides the model's end-of-sequence ids
+    * `:ignore_eos` - when `true`, the model's end-of-sequence ids do not end generation, which
+      runs to `:max_tokens` unless a stop string or `:stop_token_ids` ends it (as llama.cpp's and
+      vLLM's `ignore_eos`; for benchmarks that need a fixed token count). Default `false`
 
   Any other option given as `nil` takes its default. An unknown option, or a value of the
   wrong kind, is an `ExBurn.Error` (`details.kind` `:invalid_option`, `details.option` naming
@@ -55,7 +58,15 @@ defmodule ExBurn.LLM do
   @type t :: %__MODULE__{}
   @type prompt :: String.t() | [%{role: String.t(), content: String.t()} | {String.t(), String.t()}]
 
-  @defaults [max_tokens: 256, temperature: 0.8, top_k: 40, top_p: 0.95, stop: [], stop_token_ids: []]
+  @defaults [
+    max_tokens: 256,
+    temperature: 0.8,
+    top_k: 40,
+    top_p: 0.95,
+    stop: [],
+    stop_token_ids: [],
+    ignore_eos: false
+  ]
   @options [:greedy, :seed | Keyword.keys(@defaults)]
   # nil turns these off rather than taking the default
   @nil_turns_off [:top_k, :top_p]
@@ -333,7 +344,8 @@ defmodule ExBurn.LLM do
          top_p: opts[:top_p] && opts[:top_p] / 1,
          seed: opts |> Keyword.get_lazy(:seed, fn -> :rand.uniform(4_294_967_295) end) |> u64(),
          stop: List.wrap(opts[:stop]),
-         stop_token_ids: opts[:stop_token_ids]
+         stop_token_ids: opts[:stop_token_ids],
+         ignore_eos: opts[:ignore_eos]
        }}
     end
   end
@@ -346,7 +358,8 @@ defmodule ExBurn.LLM do
     top_p: "nil or a number from 0 to 1",
     seed: "an integer from -2^63 to 2^64 - 1",
     stop: "a string or a list of strings",
-    stop_token_ids: "a list of token ids (integers from 0 to 2^32 - 1)"
+    stop_token_ids: "a list of token ids (integers from 0 to 2^32 - 1)",
+    ignore_eos: "a boolean"
   ]
 
   defp check_values(opts) do
@@ -368,6 +381,7 @@ defmodule ExBurn.LLM do
   end
 
   defp valid?(:greedy, v), do: is_boolean(v)
+  defp valid?(:ignore_eos, v), do: is_boolean(v)
   defp valid?(:max_tokens, v), do: is_integer(v) and v >= 0
   defp valid?(:temperature, v), do: is_number(v) and v >= 0
   defp valid?(:top_k, v), do: v == nil or (is_integer(v) and v >= 0)

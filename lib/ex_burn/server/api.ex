@@ -8,7 +8,7 @@ defmodule ExBurn.Server.Api do
   #   POST /api/v1/embeddings     {"model"?, "input": text | [text]}
   #                               -> {"model", "dim", "embeddings": [[float]], "usage"}
   #   POST /api/v1/llm/inference  {"model"?, "prompt" | "messages", "max_tokens", "temperature",
-  #                                "top_k", "top_p", "seed", "stop", "greedy"}
+  #                                "top_k", "top_p", "seed", "stop", "greedy", "ignore_eos"}
   #                               -> {"model", "text", "finish_reason", "usage", "timing"}
   #   POST /api/v1/llm/stream     same request -> SSE: "event: token" {"text"}..., then
   #                               "event: done" {"finish_reason", "usage"} or "event: error"

@@ -178,7 +178,7 @@ defmodule ExBurn.Server.Inference do
 
   @doc """
   ExBurn.LLM options from a request's parameters: `max_tokens` (or `max_completion_tokens`),
-  `temperature`, `top_p`, `top_k`, `seed`, `stop`, `greedy`.
+  `temperature`, `top_p`, `top_k`, `seed`, `stop`, `greedy`, `ignore_eos`.
   """
   def llm_options(config, body) do
     with {:ok, max_tokens} <- max_tokens(body, config),
@@ -187,7 +187,8 @@ defmodule ExBurn.Server.Inference do
          {:ok, top_k} <- integer(body, "top_k", 0, 1_000_000),
          {:ok, seed} <- integer(body, "seed", -9_223_372_036_854_775_808, 18_446_744_073_709_551_615),
          {:ok, stop} <- stop(body),
-         {:ok, greedy} <- boolean(body, "greedy") do
+         {:ok, greedy} <- boolean(body, "greedy"),
+         {:ok, ignore_eos} <- boolean(body, "ignore_eos") do
       greedy? = greedy == true or temperature == 0 or top_p == 0
 
       opts =
@@ -197,6 +198,7 @@ defmodule ExBurn.Server.Inference do
         |> put_if(not greedy? and top_p != nil, :top_p, top_p)
         |> put_if(top_k != nil, :top_k, if(top_k == 0, do: nil, else: top_k))
         |> put_if(seed != nil, :seed, seed)
+        |> put_if(ignore_eos != nil, :ignore_eos, ignore_eos)
 
       {:ok, opts}
     end

@@ -121,6 +121,20 @@ defmodule ExBurn.Pretrained.LLMTest do
         assert a.generated_ids == b.generated_ids
       end
 
+      test "ignore_eos generates past the end-of-sequence id, to max_tokens", %{models: models} do
+        m = models[unquote(engine)]
+        # a short answer, so the model ends it well before 16 tokens
+        chat = [%{role: "user", content: "Hi!"}]
+        {:ok, plain} = LLM.generate(m, chat, greedy: true, max_tokens: 16)
+        assert plain.finish_reason == :stop
+
+        {:ok, r} = LLM.generate(m, chat, greedy: true, max_tokens: 16, ignore_eos: true)
+        assert r.finish_reason == :length and r.usage.completion_tokens == 16
+        {before, [eos | _]} = Enum.split(r.generated_ids, length(plain.generated_ids))
+        assert before == plain.generated_ids and eos in m.eos_token_ids
+        assert String.starts_with?(r.text, plain.text)
+      end
+
       test "no sampling options means the documented defaults, applied once", %{models: models} do
         m = models[unquote(engine)]
 

@@ -6,7 +6,15 @@ defmodule ExBurn.Pretrained.OptionsTest do
   import Bitwise
   alias ExBurn.{Embedding, LLM, Native}
 
-  @documented %{max_tokens: 256, temperature: 0.8, top_k: 40, top_p: 0.95, stop: [], stop_token_ids: []}
+  @documented %{
+    max_tokens: 256,
+    temperature: 0.8,
+    top_k: 40,
+    top_p: 0.95,
+    stop: [],
+    stop_token_ids: [],
+    ignore_eos: false
+  }
 
   defp opts!(opts) do
     {:ok, %{opts: opts}} = LLM.start_args("hi", opts)
@@ -32,6 +40,7 @@ defmodule ExBurn.Pretrained.OptionsTest do
                %{@documented | temperature: 1.0, top_k: 5, stop: ["\n"]} |> Map.put(:seed, 3)
 
       assert opts!(greedy: true, temperature: 1.5).temperature == 0.0
+      assert opts!(ignore_eos: true).ignore_eos == true
       # a signed 64-bit seed is taken as its two's complement, as the server passes them
       assert opts!(seed: -1).seed == (1 <<< 64) - 1
       assert %{top_k: nil, top_p: nil} = opts!(top_k: nil, top_p: nil)
@@ -59,7 +68,8 @@ defmodule ExBurn.Pretrained.OptionsTest do
             seed: 1 <<< 64,
             stop: [1],
             stop_token_ids: [-1],
-            stop_token_ids: 7
+            stop_token_ids: 7,
+            ignore_eos: "yes"
           ] do
         assert {reason, %{option: ^key, value: ^bad}} = invalid([{key, bad}])
         assert reason =~ "invalid value for option #{inspect(key)}"

@@ -218,6 +218,8 @@ defmodule ExBurn.Server.HandlerTest do
     assert opts[:stop] == ["a", "b"] and Keyword.has_key?(opts, :top_k) and opts[:top_k] == nil
     assert {:ok, opts} = options.(%{})
     assert opts[:max_tokens] == config.default_max_tokens
+    assert {:ok, opts} = options.(%{"ignore_eos" => true})
+    assert opts[:ignore_eos] == true
 
     for {field, bad} <- [
           {"max_tokens", 0},
@@ -228,7 +230,8 @@ defmodule ExBurn.Server.HandlerTest do
           {"seed", 1.5},
           {"stop", [1]},
           {"stop", ""},
-          {"greedy", 1}
+          {"greedy", 1},
+          {"ignore_eos", "yes"}
         ] do
       assert {:error, response} = options.(%{field => bad})
       assert_error(response, 400, %{"param" => field})

@@ -47,13 +47,16 @@ pub struct GenOptions {
     pub stop: Vec<String>,
     /// Ids that end the generation besides the model's end-of-generation ids (not emitted).
     pub stop_token_ids: Vec<u32>,
+    /// The model's end-of-generation ids do not end it: it runs to `max_tokens` (or the context,
+    /// a stop string or `stop_token_ids`), as llama.cpp's and vLLM's `ignore_eos`.
+    pub ignore_eos: bool,
 }
 
 impl GenOptions {
     /// Greedy decoding of at most `max_tokens`, without stop rules: the deterministic baseline
     /// tests and benchmarks compare engines with.
     pub fn greedy(max_tokens: usize) -> Self {
-        GenOptions { max_tokens, temperature: 0.0, top_k: None, top_p: None, seed: 0, stop: vec![], stop_token_ids: vec![] }
+        GenOptions { max_tokens, temperature: 0.0, top_k: None, top_p: None, seed: 0, stop: vec![], stop_token_ids: vec![], ignore_eos: false }
     }
 
     pub fn sampling(&self) -> Sampling {
@@ -296,7 +299,7 @@ impl Generation {
         // the most it can hold: what `ExBurn.LLM.Scheduler` reserves of its KV budget
         session.reserve((prompt.len() + opts.max_tokens).min(context_length));
         check_prompt(&prompt, context_length, tokenizer.vocab_size())?;
-        let mut stop_ids = tokenizer.eog.clone();
+        let mut stop_ids = if opts.ignore_eos { Vec::new() } else { tokenizer.eog.clone() };
         stop_ids.extend(opts.stop_token_ids.iter().copied());
         let sampler = LogitsProcessor::from_sampling(opts.seed, opts.sampling());
         Ok(Generation {
@@ -574,6 +577,24 @@ mod tests {
         let x = ids_of(&t, "i")[0];
         let opts = GenOptions { stop_token_ids: vec![x], ..GenOptions::greedy(256) };
         assert_eq!(stream(&script, 100, &opts, 3).1, "h");
+    }
+
+    /// With `ignore_eos` the end-of-sequence id is generated like any other and the run goes on
+    /// to `max_tokens`; `stop_token_ids` still end it.
+    #[test]
+    fn ignore_eos_runs_past_the_end_of_sequence() {
+        let t = tiny();
+        let mut script = ids_of(&t, "hi");
+        script.push(t.eos.unwrap());
+        script.extend(ids_of(&t, "more"));
+        let opts = GenOptions { ignore_eos: true, ..GenOptions::greedy(script.len()) };
+        let (_, text, ids, finish) = stream(&script, 100, &opts, 1);
+        assert_eq!((ids.as_slice(), finish), (script.as_slice(), Finish::Length));
+        assert!(text.starts_with("hi") && text.ends_with("more"), "{text:?}");
+        let hi = ids_of(&t, "hi").len();
+        let opts = GenOptions { ignore_eos: true, stop_token_ids: vec![ids_of(&t, "more")[0]], ..GenOptions::greedy(256) };
+        let (_, _, ids, finish) = stream(&script, 100, &opts, 1);
+        assert_eq!((ids.as_slice(), finish), (&script[..hi + 1], Finish::Stop));
     }
 
     #[test]
