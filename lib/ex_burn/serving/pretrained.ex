@@ -59,7 +59,7 @@ defmodule ExBurn.Serving.Pretrained do
   the generation (Nx.Serving has no way to tell the serving); `ExBurn.LLM.stream/3` does.
 
   Options: the generation options of `ExBurn.LLM.generate/3` (`:max_tokens`, `:greedy`,
-  `:temperature`, `:top_k`, `:top_p`, `:seed`, `:stop`, `:stop_token_ids`), `:stream`,
+  `:temperature`, `:top_k`, `:top_p`, `:seed`, `:stop`, `:stop_token_ids`, `:ignore_eos`), `:stream`,
   `:stream_done` and `:partitions`. Without `:seed`, each request samples with a seed of its own.
 
   ## Reranking (`ExBurn.Rerank.serving/2`)
