@@ -565,12 +565,15 @@ mod tests {
         assert_eq!(text, "hello wo world! tail");
     }
 
+    /// "hi", the end-of-sequence id, "more".
+    fn hi_eos_more(t: &LmTokenizer) -> Vec<u32> {
+        [ids_of(t, "hi"), vec![t.eos.unwrap()], ids_of(t, "more")].concat()
+    }
+
     #[test]
     fn eos_and_stop_ids_end_without_being_emitted() {
         let t = tiny();
-        let mut script = ids_of(&t, "hi");
-        script.push(t.eos.unwrap());
-        script.extend(ids_of(&t, "more"));
+        let script = hi_eos_more(&t);
         let (_, text, ids, finish) = stream(&script, 100, &GenOptions::greedy(256), 1);
         assert_eq!((text.as_str(), finish), ("hi", Finish::Stop));
         assert_eq!(ids, ids_of(&t, "hi"));
@@ -584,9 +587,7 @@ mod tests {
     #[test]
     fn ignore_eos_runs_past_the_end_of_sequence() {
         let t = tiny();
-        let mut script = ids_of(&t, "hi");
-        script.push(t.eos.unwrap());
-        script.extend(ids_of(&t, "more"));
+        let script = hi_eos_more(&t);
         let opts = GenOptions { ignore_eos: true, ..GenOptions::greedy(script.len()) };
         let (_, text, ids, finish) = stream(&script, 100, &opts, 1);
         assert_eq!((ids.as_slice(), finish), (script.as_slice(), Finish::Length));
