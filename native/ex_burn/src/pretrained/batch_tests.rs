@@ -135,7 +135,6 @@ fn pretrained_batched_decode_timing() {
     let model = TextModel::load(&path, engine, device).unwrap();
     let sizes: Vec<usize> = std::env::var("BATCH_SIZES").map(|s| s.split(',').map(|n| n.parse().unwrap()).collect()).unwrap_or(vec![1, 2, 4, 8, 16, 32]);
     let steps = 64;
-    let argmax = |l: &[f32]| l.iter().enumerate().fold(0, |best, (i, v)| if *v > l[best] { i } else { best }) as u32;
     // the prompt step, then `steps` decoding steps; the seconds of the decoding steps
     let run = |n: usize| {
         let prompts: Vec<Vec<u32>> = (0..n).map(|i| model.tokenizer.encode(PROMPTS[i % PROMPTS.len()], true).unwrap()).collect();
@@ -147,7 +146,7 @@ fn pretrained_batched_decode_timing() {
             drop(chunks);
             for ((tokens, pos), l) in next.iter_mut().zip(logits) {
                 *pos += tokens.len();
-                *tokens = vec![argmax(&l)];
+                *tokens = vec![super::greedy_check::argmax(&l)];
             }
         };
         step(&mut sessions, &mut next);
