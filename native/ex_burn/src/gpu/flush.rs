@@ -17,7 +17,7 @@ pub fn after_result(h: &Handle) {
     if !crate::process::env::flush_elems().is_some_and(|min| h.numel() >= min) {
         return;
     }
-    #[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+    #[cfg(cube)]
     {
         use burn::backend::{BackendTensor, DispatchTensorKind};
         // float, int and bool primitives of the cube backend are the same fusion tensor type

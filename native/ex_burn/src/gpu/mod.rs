@@ -13,7 +13,7 @@ pub mod rows;
 /// device with plane (warp, subgroup) operations of one fixed size, which they sum across, unless
 /// `EXBURN_ROWS_KERNEL` turns them off.
 pub(crate) fn kernels_run<const D: usize>(t: &burn::tensor::Tensor<D>) -> bool {
-    #[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+    #[cfg(cube)]
     {
         use burn::backend::{BackendTensor, DispatchTensorKind};
         crate::process::env::rows_kernel()
@@ -26,7 +26,7 @@ pub(crate) fn kernels_run<const D: usize>(t: &burn::tensor::Tensor<D>) -> bool {
                 _ => false,
             }
     }
-    #[cfg(not(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal")))]
+    #[cfg(not(cube))]
     {
         let _ = t;
         false
@@ -34,7 +34,7 @@ pub(crate) fn kernels_run<const D: usize>(t: &burn::tensor::Tensor<D>) -> bool {
 }
 
 /// `t` with rows laid out one after another, as the kernels here index it.
-#[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+#[cfg(cube)]
 pub(crate) fn contiguous(t: burn_cubecl::tensor::CubeTensor) -> burn_cubecl::tensor::CubeTensor {
     if t.is_contiguous() {
         t
@@ -44,7 +44,7 @@ pub(crate) fn contiguous(t: burn_cubecl::tensor::CubeTensor) -> burn_cubecl::ten
 }
 
 /// A new contiguous `[rows, cols]` tensor on `like`'s device, of its dtype, for a kernel to fill.
-#[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+#[cfg(cube)]
 pub(crate) fn output(like: &burn_cubecl::tensor::CubeTensor, [rows, cols]: [usize; 2]) -> burn_cubecl::tensor::CubeTensor {
     let size = like.dtype.size();
     let handle = like.client.empty((rows * cols * size).max(size));

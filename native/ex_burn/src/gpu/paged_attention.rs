@@ -34,16 +34,16 @@ pub fn applies(q: &Tensor<2>) -> bool {
 /// query head `h` reading K/V head `h / (heads / kv_heads)`: `[sequences, heads * head_dim]`.
 /// Only where `applies` and `gpu::kernels_run`.
 pub fn attend(q: Tensor<2>, pool: &Paged, heads: usize, kv_heads: usize, scale: f32) -> Tensor<2> {
-    #[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+    #[cfg(cube)]
     return cube::attend(q, pool, heads, kv_heads, scale);
-    #[cfg(not(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal")))]
+    #[cfg(not(cube))]
     {
         let _ = (q, pool, heads, kv_heads, scale);
         unreachable!("paged attention runs only where `applies`")
     }
 }
 
-#[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+#[cfg(cube)]
 mod cube {
     use burn::backend::fusion::custom::TensorSpec;
     use burn::backend::tensor::{FloatTensor, IntTensor};
@@ -58,10 +58,7 @@ mod cube {
     /// Planes per workgroup.
     const PLANES: usize = 4;
 
-    #[backend_extension(
-        Cube: cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal")),
-        Fusion: cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))
-    )]
+    #[backend_extension(Cube: cfg(cube), Fusion: cfg(cube))]
     pub trait PagedAttention: Backend {
         /// See `attend`; `page` positions a page, `scale` as f32 bits.
         #[allow(clippy::too_many_arguments)]

@@ -38,16 +38,16 @@ pub fn rope_write(qkv: Tensor<2>, rope: &Rope, pos: &Tensor<1, Int>, at: &Tensor
     let kw = (qkv.dims()[1] - heads * head_dim) / 2;
     let [k, v] = [pool[0].dims(), pool[1].dims()];
     assert!(k == v && k[2] == kw && k[0] * k[1] > 0, "rope_write: pool sides {k:?} and {v:?} for rows of {kw} keys");
-    #[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+    #[cfg(cube)]
     return cube::rope_write(qkv, rope, pos, at, pool, heads, head_dim);
-    #[cfg(not(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal")))]
+    #[cfg(not(cube))]
     {
         let _ = (qkv, rope, pos, at, pool, heads, head_dim);
         unreachable!("the rotary kernel runs only where `gpu::kernels_run`")
     }
 }
 
-#[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+#[cfg(cube)]
 mod cube {
     use burn::backend::fusion::custom::TensorSpec;
     use burn::backend::tensor::{FloatTensor, IntTensor};
@@ -62,10 +62,7 @@ mod cube {
     /// Threads per workgroup.
     const THREADS: u32 = 256;
 
-    #[backend_extension(
-        Cube: cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal")),
-        Fusion: cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))
-    )]
+    #[backend_extension(Cube: cfg(cube), Fusion: cfg(cube))]
     pub trait RopeCache: Backend {
         /// See `rope_write`: returns the queries and the two pool sides.
         #[allow(clippy::too_many_arguments)]

@@ -35,7 +35,7 @@ pub enum Input<'a> {
 #[allow(clippy::result_large_err)]
 pub fn fused(x: Tensor<2>, w: &Tensor<2>, input: Input, residual: Option<Tensor<2>>) -> Result<Tensor<2>, (Tensor<2>, Option<Tensor<2>>)> {
     let runs = (1..=MAX_ROWS).contains(&x.dims()[0]) && x.dtype() == DType::F32 && w.dtype() == DType::F32;
-    #[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+    #[cfg(cube)]
     if runs {
         return Ok(cube::fused(x, w, input, residual));
     }
@@ -43,7 +43,7 @@ pub fn fused(x: Tensor<2>, w: &Tensor<2>, input: Input, residual: Option<Tensor<
     Err((x, residual))
 }
 
-#[cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))]
+#[cfg(cube)]
 mod cube {
     use burn::backend::fusion::custom::TensorSpec;
     use burn::backend::tensor::FloatTensor;
@@ -58,10 +58,7 @@ mod cube {
     /// Planes per workgroup.
     const PLANES: usize = 8;
 
-    #[backend_extension(
-        Cube: cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal")),
-        Fusion: cfg(any(feature = "cuda", feature = "rocm", feature = "vulkan", feature = "metal"))
-    )]
+    #[backend_extension(Cube: cfg(cube), Fusion: cfg(cube))]
     pub trait RowsMatmul: Backend {
         /// `input(x) @ wᵀ (+ res)`, f32, `x` of at most `MAX_ROWS` rows. `g` is the norm's
         /// weight where `norm`, `res` the residual where `residual`; unused ones are any
