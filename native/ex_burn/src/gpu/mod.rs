@@ -50,3 +50,25 @@ pub(crate) fn output(like: &burn_cubecl::tensor::CubeTensor, [rows, cols]: [usiz
     let handle = like.client.empty((rows * cols * size).max(size));
     burn_cubecl::tensor::CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), [rows, cols].into(), handle, like.dtype)
 }
+
+/// What the kernels' tests share: their inputs, and whether the kernels run where they test.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use crate::device::{DeviceKind, DeviceRef};
+
+    /// A fixed spread of values in [-1, 1], a different one per `salt`.
+    pub fn value(i: usize, salt: usize) -> f64 {
+        ((i * 7919 + salt * 104729) % 2003) as f64 / 1001.0 - 1.0
+    }
+
+    /// Whether the kernels run for `t` on `device`; where they don't (the CPU never runs them,
+    /// nor a GPU without plane operations of one size) the test says it skipped.
+    pub fn kernels_run<const D: usize>(t: &burn::tensor::Tensor<D>, device: &DeviceRef) -> bool {
+        if !super::kernels_run(t) {
+            println!("SKIPPED: the kernels do not run on {device:?}");
+            return false;
+        }
+        assert_ne!(device.kind, DeviceKind::Cpu, "kernels on the CPU");
+        true
+    }
+}

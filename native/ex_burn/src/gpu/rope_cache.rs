@@ -229,7 +229,7 @@ mod cube {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::DeviceKind;
+    use crate::gpu::test_support::{kernels_run, value};
     use crate::pretrained::weights::{f32_tensor, i32_tensor};
 
     /// Against f64 rotation on the host, for both pair layouts and a rotary part narrower than
@@ -241,17 +241,14 @@ mod tests {
         let dev = device.burn().unwrap();
         let (rows, heads, kv_heads, dh, rd, page, pages, ctx) = (3, 4, 2, 12, 8, 4, 3, 10);
         let (width, kw) = ((heads + 2 * kv_heads) * dh, kv_heads * dh);
-        let value = |i: usize, salt: usize| ((i * 7919 + salt * 104729) % 2003) as f64 / 1001.0 - 1.0;
         let qkv: Vec<f64> = (0..rows * width).map(|i| value(i, 1) as f32 as f64).collect();
         let angle = |p: usize, j: usize| p as f64 * 0.37 / (1.0 + j as f64);
         let (pos, at) = ([7usize, 0, 3], [9usize, 2, 5]);
         let pool: [Vec<f32>; 2] = [2, 3].map(|salt| (0..pages * page * kw).map(|i| value(i, salt) as f32).collect());
         let qkv_t = f32_tensor(qkv.iter().map(|&a| a as f32).collect(), [rows, width], &dev);
-        if !crate::gpu::kernels_run(&qkv_t) {
-            println!("SKIPPED: the kernels do not run on {device:?}");
+        if !kernels_run(&qkv_t, &device) {
             return;
         }
-        assert_ne!(device.kind, DeviceKind::Cpu, "kernels on the CPU");
         assert!(applies(&qkv_t));
         for halves in [false, true] {
             // pair j of a head: values (j, j + rd/2) or (2j, 2j + 1); tables in the pair layout

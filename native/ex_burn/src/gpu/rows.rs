@@ -224,7 +224,7 @@ mod cube {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::DeviceKind;
+    use crate::gpu::test_support::{kernels_run, value};
     use crate::pretrained::weights::f32_tensor;
 
     /// Each input form, with and without a residual, against f64 arithmetic on the host, for row
@@ -235,17 +235,13 @@ mod tests {
         let device = crate::testing::device();
         let dev = device.burn().unwrap();
         let (k, n, eps) = (577, 70, 1e-5);
-        let value = |i: usize, salt: usize| ((i * 7919 + salt * 104729) % 2003) as f64 / 1001.0 - 1.0;
         let w: Vec<f64> = (0..n * k).map(|i| value(i, 1)).collect();
         let g: Vec<f64> = (0..k).map(|i| 0.5 + value(i, 2)).collect();
         let f32s = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<f32>>();
         let (wt, gt) = (f32_tensor(f32s(&w), [n, k], &dev), f32_tensor(f32s(&g), [k], &dev));
-        if !crate::gpu::kernels_run(&wt) {
-            // the CPU never runs them, nor a GPU without plane operations of one size
-            println!("SKIPPED: the kernels do not run on {device:?}");
+        if !kernels_run(&wt, &device) {
             return;
         }
-        assert_ne!(device.kind, DeviceKind::Cpu, "kernels on the CPU");
         for m in [1, 5, MAX_ROWS, MAX_ROWS + 1] {
             for form in 0..3 {
                 for with_residual in [false, true] {
