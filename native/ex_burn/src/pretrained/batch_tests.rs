@@ -169,11 +169,21 @@ fn pretrained_batched_decode_timing() {
     }
 }
 
-/// A prompt that starts like a saved one reuses its cache rows, with the tokens it gets without.
+/// A prompt that starts like a saved one reuses its cache rows, with the tokens it gets without:
+/// on the model's own path (the host path on the CPU), and on the tensor path, whose rows are
+/// copied out of the KV pool and back into a new session's pages.
 #[test]
 fn pretrained_prefix_reuse_gives_the_same_tokens() {
     let Some(path) = smollm_path() else { return };
-    let model = TextModel::load(&path, Engine::Burn, crate::testing::device()).unwrap();
+    let dev = crate::testing::device();
+    let mut model = TextModel::load(&path, Engine::Burn, dev.clone()).unwrap();
+    prefix_reuse(&model);
+    model.lm = Box::new(super::burn_llama::BurnLlama::load_with(&path, &dev, false).unwrap());
+    model.prefixes = super::prefix_cache::PrefixCache::new(super::PREFIX_CACHE_BYTES);
+    prefix_reuse(&model);
+}
+
+fn prefix_reuse(model: &TextModel) {
     let shared = "You are a careful assistant. Answer in one short sentence, and never use lists. Question: ";
     let (a, b) = (format!("{shared}What is the capital of France?"), format!("{shared}Why is the sky blue?"));
     let run_steps = |g: &mut Generation| {

@@ -622,19 +622,44 @@ impl CausalLm for BurnLlama {
     }
 
     fn save_prefix(&self, session: &mut dyn LmSession, len: usize) -> Option<SavedKv> {
-        self.w.host.as_ref()?;
         let any: &mut dyn Any = session;
         let s = any.downcast_mut::<BurnLlamaSession>().filter(|s| Arc::ptr_eq(&s.w, &self.w) && !s.failed && s.len >= len)?;
+        if self.w.host.is_none() {
+            let pool = self.w.pool.lock().unwrap_or_else(|e| e.into_inner());
+            let kv = pool.holds(&s.pages).then(|| catch(|| Ok(pool.copy_out(&s.pages, len))).ok()).flatten()?;
+            return Some(Arc::new(SavedPooledKv(kv)));
+        }
         let dh = self.w.cfg.head_dim();
         let kv = s.host_kv.iter().map(|kv| kv.prefix(len, dh)).collect::<Option<Vec<_>>>()?;
         Some(Arc::new(SavedHostKv(kv)))
     }
 
     fn session_from(&self, saved: &(dyn Any + Send + Sync), len: usize) -> Option<Box<dyn LmSession>> {
+        let w = Arc::clone(&self.w);
+        if let Some(saved) = saved.downcast_ref::<SavedPooledKv>() {
+            let n = w.cfg.block_count;
+            let mut s = BurnLlamaSession { w: Arc::clone(&w), pages: Pages::default(), host_kv: vec![HostKv::default(); n], len, failed: false };
+            let mut pool = w.pool.lock().unwrap_or_else(|e| e.into_inner());
+            let written = catch(|| {
+                pool.reserve(&mut [(&mut s.pages, len)]);
+                let at = pool.rows((0..len).map(|pos| (&s.pages, pos)));
+                for (layer, [k, v]) in saved.0.iter().enumerate() {
+                    pool.write(layer, &at, k.clone().slice(0..len), v.clone().slice(0..len));
+                }
+                Ok(())
+            });
+            // a write that failed part-way may have left a layer out: as after a failed step
+            if written.is_err() {
+                pool.reset();
+                return None;
+            }
+            drop(pool);
+            return Some(Box::new(s));
+        }
         let saved = saved.downcast_ref::<SavedHostKv>()?;
-        let dh = self.w.cfg.head_dim();
+        let dh = w.cfg.head_dim();
         let host_kv = saved.0.iter().map(|kv| kv.prefix(len, dh)).collect::<Option<Vec<_>>>()?;
-        Some(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), pages: Pages::default(), host_kv, len, failed: false }))
+        Some(Box::new(BurnLlamaSession { w, pages: Pages::default(), host_kv, len, failed: false }))
     }
 
     /// The chunks of this model's sessions run through the layers together, on either path; a
@@ -649,6 +674,10 @@ impl CausalLm for BurnLlama {
 
 /// The host path's caches of a prompt prefix, for `prefix_cache`.
 struct SavedHostKv(Vec<HostKv>);
+
+/// A prompt's keys and values copied out of the tensor path's pool, `[len, width]` per layer
+/// and side.
+struct SavedPooledKv(Vec<[Tensor<2>; 2]>);
 
 /// One generation: the shared weights and this sequence's KV cache.
 pub struct BurnLlamaSession {

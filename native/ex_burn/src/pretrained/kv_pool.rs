@@ -135,6 +135,14 @@ impl KvPool {
         self.update(layer, |[ks, vs]| ((), [put(ks, k), put(vs, v)]))
     }
 
+    /// Keys and values of positions `0..len` of `pages`, per layer: `[len, width]` each, copies
+    /// that later writes to the pool leave alone.
+    pub(crate) fn copy_out(&self, pages: &Pages, len: usize) -> Vec<[Tensor<2>; 2]> {
+        let at = self.rows((0..len).map(|pos| (pages, pos)));
+        let (rows, width) = (self.pages * PAGE, self.width);
+        self.layers.iter().map(|sides| sides.clone().map(|side| side.reshape([rows, width]).select(0, at.clone()))).collect()
+    }
+
     /// Layer `layer`'s key and value sides through `f`, which hands them back updated: the pool
     /// lets go of them meanwhile, so the backend may write them in place (`gpu::rope_cache`).
     pub(crate) fn update<R>(&mut self, layer: usize, f: impl FnOnce([Tensor<3>; 2]) -> (R, [Tensor<3>; 2])) -> R {

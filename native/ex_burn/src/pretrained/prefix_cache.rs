@@ -3,7 +3,8 @@
 //! only the tokens after the shared part.
 //!
 //! A cache row depends only on the tokens up to it, so a prefix's saved rows are the rows the
-//! new session would compute: the output is the same with or without reuse. The engine copies
+//! new session would compute: the output is the same with or without reuse (where products run
+//! at the step's row count, as on Burn's tensor path, within their last bits). The engine copies
 //! rows out and in (`CausalLm::save_prefix`, `CausalLm::session_from`); engines that can't give
 //! `None`, and their sessions start empty.
 
