@@ -58,6 +58,10 @@ mod cube {
     /// Planes per workgroup.
     const PLANES: usize = 4;
 
+    /// Positions a plane scores before it updates its softmax: their loads and plane sums are
+    /// independent, so they overlap instead of waiting on one another.
+    const UNROLL: usize = 4;
+
     #[backend_extension(Cube: cfg(cube), Fusion: cfg(cube))]
     pub trait PagedAttention: Backend {
         /// See `attend`; `page` positions a page, `scale` as f32 bits.
@@ -129,15 +133,16 @@ mod cube {
                 f32::from_bits(scale),
                 dh,
                 dh.div_ceil(plane),
+                UNROLL,
             );
             out
         }
     }
 
     /// One plane per (sequence, query head): lane `i` holds dimensions `i, i + PLANE_DIM, ...`
-    /// of the head; for each position the plane sums the query-key products, and every lane
-    /// updates the running maximum, the softmax denominator and its dimensions of the weighted
-    /// values.
+    /// of the head; for each `unroll` positions the plane sums their query-key products, and
+    /// every lane updates the running maximum, the softmax denominator and its dimensions of the
+    /// weighted values.
     #[cube(launch)]
     #[allow(clippy::too_many_arguments)]
     fn paged_decode(
@@ -156,6 +161,7 @@ mod cube {
         scale: f32,
         #[comptime] dh: usize,
         #[comptime] per_lane: usize,
+        #[comptime] unroll: usize,
     ) {
         let plane = PLANE_DIM as usize;
         let id = CUBE_POS_X as usize * (CUBE_DIM as usize / plane) + PLANE_POS as usize;
@@ -179,30 +185,49 @@ mod cube {
             let mut max = f32::new(-1.0e30);
             let mut denom = f32::new(0.0);
             let len = lens[seq] as usize;
-            for j in 0..len {
-                let row = table[seq * pages_each + j / page] as usize * page + j % page;
-                let at = row * width + kv_at;
-                let mut part = f32::new(0.0);
+            let pages_at = seq * pages_each;
+            let mut j = 0usize;
+            while j < len {
+                // positions past the end repeat the last one and weigh nothing
+                let mut s = Array::<f32>::new(unroll);
+                let mut top = max;
                 #[unroll]
-                for c in 0..per_lane {
-                    let d = lane + c * plane;
-                    if d < dh {
-                        part += qv[c] * k[at + d];
+                for u in 0..unroll {
+                    let pos = (j + u).min(len - 1);
+                    let at = (table[pages_at + pos / page] as usize * page + pos % page) * width + kv_at;
+                    let mut part = f32::new(0.0);
+                    #[unroll]
+                    for c in 0..per_lane {
+                        let d = lane + c * plane;
+                        if d < dh {
+                            part += qv[c] * k[at + d];
+                        }
                     }
+                    s[u] = select(j + u < len, plane_sum(part), f32::new(-1.0e30));
+                    top = f32::max(top, s[u]);
                 }
-                let s = plane_sum(part);
-                let top = f32::max(max, s);
                 let fade = (max - top).exp();
-                let p = (s - top).exp();
-                denom = denom * fade + p;
+                denom *= fade;
                 #[unroll]
                 for c in 0..per_lane {
-                    let d = lane + c * plane;
-                    if d < dh {
-                        acc[c] = acc[c] * fade + p * v[at + d];
+                    acc[c] *= fade;
+                }
+                #[unroll]
+                for u in 0..unroll {
+                    let pos = (j + u).min(len - 1);
+                    let at = (table[pages_at + pos / page] as usize * page + pos % page) * width + kv_at;
+                    let p = (s[u] - top).exp();
+                    denom += p;
+                    #[unroll]
+                    for c in 0..per_lane {
+                        let d = lane + c * plane;
+                        if d < dh {
+                            acc[c] += p * v[at + d];
+                        }
                     }
                 }
                 max = top;
+                j += unroll;
             }
             #[unroll]
             for c in 0..per_lane {

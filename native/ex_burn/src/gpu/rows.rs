@@ -5,10 +5,11 @@
 //! Why: Burn's matmul tiles the output into blocks of rows and columns; with 1 to 32 rows most
 //! of a tile is empty and a product runs on few workgroups, so a batched step's weight products
 //! cost far more than their weight traffic, and each op around them is a kernel launch of its
-//! own. Here one plane (warp/subgroup) computes one output column for every row: its lanes walk
-//! that weight row in coalesced steps, each lane keeps one partial sum per row of `x`, and a
-//! plane sum finishes each. Every weight value is read once per product whatever the number of
-//! rows.
+//! own. Here one plane (warp/subgroup) computes one output column for a group of rows: its
+//! lanes walk that weight row in coalesced steps, each lane keeps one partial sum per row of the
+//! group, and a plane sum finishes each. The planes of one column sit in one workgroup, so a
+//! weight value comes from memory once per product whatever the number of rows. Splitting the
+//! rows into groups gives a batch more planes in flight and each plane fewer loads in a row.
 //!
 //! `fused` hands its operands back where it does not apply (more rows, other dtypes, devices
 //! without plane kernels, the CPU): the caller then runs the same arithmetic in Burn ops.
@@ -57,6 +58,10 @@ mod cube {
 
     /// Planes per workgroup.
     const PLANES: usize = 8;
+
+    /// The most rows one plane sums; more rows are split into groups of equal size. Four gave
+    /// the fastest 32-row step of 2, 4, 8, 16 and 32 (guides/devices.md).
+    const GROUP_ROWS: usize = 4;
 
     #[backend_extension(Cube: cfg(cube), Fusion: cfg(cube))]
     pub trait RowsMatmul: Backend {
@@ -109,10 +114,12 @@ mod cube {
             let ([m, width], [n, k]) = ([x.meta.shape()[0], x.meta.shape()[1]], [w.meta.shape()[0], w.meta.shape()[1]]);
             let client = x.client.clone();
             let out = crate::gpu::output(&x, [m, n]);
+            let groups = m.div_ceil(GROUP_ROWS);
+            let (columns, rows) = (PLANES / groups.min(PLANES), m.div_ceil(groups));
             rows_by_weight::launch(
                 &client,
-                CubeCount::Static(n.div_ceil(PLANES) as u32, 1, 1),
-                CubeDim::new_1d(plane * PLANES as u32),
+                CubeCount::Static(n.div_ceil(columns) as u32, 1, 1),
+                CubeDim::new_1d(plane * (columns * groups) as u32),
                 x.into_buffer_arg(),
                 w.into_buffer_arg(),
                 g.into_buffer_arg(),
@@ -123,6 +130,8 @@ mod cube {
                 width,
                 f32::from_bits(eps),
                 m,
+                groups,
+                rows,
                 norm,
                 silu,
                 residual,
@@ -131,11 +140,13 @@ mod cube {
         }
     }
 
-    /// One plane per output column `col`: lane `i` sums `x'[r, j] * w[col, j]` over
-    /// `j = i, i + PLANE_DIM, ...` for every row `r`, where `x'` is `x`, (`norm`) its RMSNorm
-    /// with weight `g`, or (`silu`) `silu(gate) * up` of its halves; then the plane adds its
-    /// lanes, and (`residual`) `res` is added. `x` rows are `width` apart. Buffers a flag leaves
-    /// unused are bound to any read-only operand.
+    /// One plane per output column `col` and group of `rows` rows of `x` (`groups` planes a
+    /// column, neighbours in the workgroup): lane `i` sums `x'[r, j] * w[col, j]` over
+    /// `j = i, i + PLANE_DIM, ...` for every row `r` of its group, where `x'` is `x`, (`norm`)
+    /// its RMSNorm with weight `g`, or (`silu`) `silu(gate) * up` of its halves; then the plane
+    /// adds its lanes, and (`residual`) `res` is added. `x` has `m` rows, `width` apart; a last
+    /// group that runs past them repeats the last row and writes nothing for it. Buffers a flag
+    /// leaves unused are bound to any read-only operand.
     #[cube(launch)]
     #[allow(clippy::too_many_arguments)]
     fn rows_by_weight(
@@ -148,13 +159,16 @@ mod cube {
         n: usize,
         width: usize,
         eps: f32,
+        m: usize,
+        #[comptime] groups: usize,
         #[comptime] rows: usize,
         #[comptime] norm: bool,
         #[comptime] silu: bool,
         #[comptime] residual: bool,
     ) {
         let plane = PLANE_DIM as usize;
-        let col = CUBE_POS_X as usize * (CUBE_DIM as usize / plane) + PLANE_POS as usize;
+        let slot = CUBE_POS_X as usize * (CUBE_DIM as usize / plane) + PLANE_POS as usize;
+        let (col, first) = (slot / groups, (slot % groups) * rows);
         // the same for every lane of a plane, so the plane sums below run in uniform control flow
         if col < n {
             let mut acc = Array::<f32>::new(rows);
@@ -172,9 +186,10 @@ mod cube {
                 }
                 #[unroll]
                 for r in 0..rows {
-                    let mut xv = x[r * width + j];
+                    let at = (first + r).min(m - 1) * width + j;
+                    let mut xv = x[at];
                     if comptime![silu] {
-                        xv = xv / (f32::new(1.0) + (-xv).exp()) * x[r * width + k + j];
+                        xv = xv / (f32::new(1.0) + (-xv).exp()) * x[at + k];
                     }
                     acc[r] += xv * wv;
                     if comptime![norm] {
@@ -190,11 +205,12 @@ mod cube {
                     let ms = plane_sum(sq[r]) / f32::cast_from(k);
                     s /= (ms + eps).sqrt();
                 }
-                if UNIT_POS_PLANE == 0 {
+                let row = first + r;
+                if UNIT_POS_PLANE == 0 && row < m {
                     if comptime![residual] {
-                        s += res[r * n + col];
+                        s += res[row * n + col];
                     }
-                    out[r * n + col] = s;
+                    out[row * n + col] = s;
                 }
             }
         }
@@ -228,8 +244,9 @@ mod tests {
     use crate::pretrained::weights::f32_tensor;
 
     /// Each input form, with and without a residual, against f64 arithmetic on the host, for row
-    /// counts around the kernel's limit and a `k` that is no multiple of a plane. Where the
-    /// kernels run, it must take every case of at most `MAX_ROWS` rows; the CPU runs none.
+    /// counts around the kernel's limit, ones whose last group runs past the rows (5 and 17), and
+    /// a `k` that is no multiple of a plane. Where the kernels run, it must take every case of at
+    /// most `MAX_ROWS` rows; the CPU runs none.
     #[test]
     fn rows_kernel_equals_f64_arithmetic() {
         let device = crate::testing::device();
@@ -242,7 +259,7 @@ mod tests {
         if !kernels_run(&wt, &device) {
             return;
         }
-        for m in [1, 5, MAX_ROWS, MAX_ROWS + 1] {
+        for m in [1, 5, 17, MAX_ROWS, MAX_ROWS + 1] {
             for form in 0..3 {
                 for with_residual in [false, true] {
                     let width = if form == 2 { 2 * k } else { k };
