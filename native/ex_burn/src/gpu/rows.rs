@@ -59,8 +59,8 @@ mod cube {
     /// Planes per workgroup.
     const PLANES: usize = 8;
 
-    /// The most rows one plane sums; more rows are split into groups of equal size. Four gave
-    /// the fastest 32-row step of 2, 4, 8, 16 and 32 (guides/devices.md).
+    /// The most rows one plane sums; more rows are split into groups of equal size (the size
+    /// was picked by measuring several, guides/devices.md).
     const GROUP_ROWS: usize = 4;
 
     #[backend_extension(Cube: cfg(cube), Fusion: cfg(cube))]
