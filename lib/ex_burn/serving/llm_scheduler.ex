@@ -46,7 +46,7 @@ defmodule ExBurn.LLM.Scheduler do
 
     * `:name` - registers the server (any `GenServer` name)
     * `:group` - joins replica group `group` (any term; see Replicas)
-    * `:max_concurrent` - generations in a step at most (default 16)
+    * `:max_concurrent` - generations in a step at most (default 32)
     * `:step_tokens` - tokens a step runs at most, prompts' chunks and decoded tokens together
       (default 256)
     * `:kv_memory` - bytes of KV cache the running generations may reserve together (default
@@ -763,7 +763,7 @@ defmodule ExBurn.LLM.Scheduler do
 
     %{
       group: opts[:group],
-      max_concurrent: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :max_concurrent, 16),
+      max_concurrent: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :max_concurrent, 32),
       step_tokens: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :step_tokens, 256),
       kv_memory: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :kv_memory, 1024 * 1024 * 1024),
       max_queue:
