@@ -66,30 +66,32 @@ impl BertConfig {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| super::errors::io(&path, e))?;
         let mut cfg: BertConfig = serde_json::from_str(&text).map_err(|e| super::errors::bad_config(&path, format!("not a BERT config: {e}")))?;
-        cfg.check()?;
+        cfg.check("burn")?;
         Ok(cfg)
     }
 
-    fn check(&mut self) -> ExResult<()> {
+    /// Sets the family from `model_type` and refuses what the forward passes don't compute,
+    /// naming `engine` in the error.
+    pub(super) fn check(&mut self, engine: &'static str) -> ExResult<()> {
         self.family = match self.model_type.as_deref().map(Family::from_model_type) {
             None => Family::Bert,
             Some(Some(f)) => f,
             Some(None) => {
                 return Err(super::errors::unsupported(
-                    "burn",
+                    engine,
                     format!("unsupported model_type `{}` for the BERT-family engine (expected one of {})", self.model_type.as_deref().unwrap_or(""), MODEL_TYPES.join(", ")),
                 ))
             }
         };
         if self.hidden_act != "gelu" {
             return Err(super::errors::unsupported(
-                "burn",
+                engine,
                 format!("unsupported hidden_act `{}` for the BERT engine (only `gelu`, the exact erf GELU)", self.hidden_act),
             ));
         }
         if let Some(p) = &self.position_embedding_type {
             if p != "absolute" {
-                return Err(super::errors::unsupported("burn", format!("unsupported position_embedding_type `{p}` (only `absolute`)")));
+                return Err(super::errors::unsupported(engine, format!("unsupported position_embedding_type `{p}` (only `absolute`)")));
             }
         }
         if self.num_attention_heads == 0 || !self.hidden_size.is_multiple_of(self.num_attention_heads) {

@@ -1,6 +1,6 @@
 //! BERT-family encoder on the Candle engine (CPU): `candle_transformers`' `BertModel` and
-//! `XLMRobertaModel` over the `model.safetensors` read tensor by tensor. MPNet has no Candle
-//! model; it runs on Burn.
+//! `XLMRobertaModel`, and MPNet from `candle_mpnet`, over the `model.safetensors` read tensor by
+//! tensor.
 
 use std::path::Path;
 
@@ -9,6 +9,8 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config};
 use candle_transformers::models::xlm_roberta::{Config as XlmRobertaConfig, XLMRobertaModel};
 
+use super::burn_bert::BertConfig;
+use super::candle_mpnet::MpNet;
 use super::encoder_family::Family;
 use super::errors::{self, kind};
 use super::{Encoder, TokenBatch};
@@ -18,6 +20,7 @@ use crate::error::{Detail, ExResult};
 enum Model {
     Bert(BertModel),
     XlmRoberta(XLMRobertaModel),
+    MpNet(MpNet),
 }
 
 struct CandleBert {
@@ -60,6 +63,7 @@ impl Encoder for CandleBert {
         let out = match &self.model {
             Model::Bert(m) => m.forward(&ids, &types, Some(&mask)),
             Model::XlmRoberta(m) => m.forward(&ids, &mask, &types, None, None, None),
+            Model::MpNet(m) => m.forward(&batch.ids, &batch.mask, shape),
         }
         .map_err(engine_err)?;
         out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(engine_err)
@@ -112,9 +116,6 @@ fn config<T: for<'de> serde::Deserialize<'de>>(dir: &Path, raw: serde_json::Valu
 pub fn load(dir: &Path, device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
     check_cpu(device)?;
     let (family, raw) = read_config(dir)?;
-    if family == Family::MpNet {
-        return Err(errors::unsupported("candle", "MPNet encoders run on the burn engine only"));
-    }
     let weights = dir.join("model.safetensors");
     super::files::check_safetensors(&weights)?;
     // Read tensor by tensor through our reader, which drops each tensor's file pages once
@@ -142,6 +143,11 @@ pub fn load(dir: &Path, device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
         Family::XlmRoberta => {
             let cfg: XlmRobertaConfig = config(dir, raw)?;
             (Model::XlmRoberta(XLMRobertaModel::new(&cfg, vb).map_err(mismatch)?), cfg.hidden_size, cfg.intermediate_size)
+        }
+        Family::MpNet => {
+            let mut cfg: BertConfig = config(dir, raw)?;
+            cfg.check("candle")?;
+            (Model::MpNet(MpNet::load(vb, &cfg).map_err(mismatch)?), cfg.hidden_size, cfg.intermediate_size)
         }
         _ => {
             let cfg: Config = config(dir, raw)?;

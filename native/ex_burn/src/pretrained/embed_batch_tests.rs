@@ -74,9 +74,6 @@ fn minilm_embedding_alone_equals_batched_on_candle() {
 fn tiny_encoder_embedding_alone_equals_batched_on_both_engines() {
     for dir in tiny_encoders() {
         alone_equals_batched(&dir, Engine::Burn);
-        // MPNet has no Candle model (refused at load, tested in encoder_tests)
-        if !dir.ends_with("tiny-mpnet-mean") {
-            alone_equals_batched(&dir, Engine::Candle);
-        }
+        alone_equals_batched(&dir, Engine::Candle);
     }
 }

@@ -38,13 +38,7 @@ fn embeddings_match(engine: Engine) {
     for (name, m) in r["embeddings"].as_object().unwrap() {
         let dir = data_dir().join(m["path"].as_str().unwrap());
         let arch = m["arch"].as_str().unwrap();
-        let loaded = EmbeddingModel::load(&dir, engine, DeviceRef::CPU);
-        if engine == Engine::Candle && arch == "mpnet" {
-            let e = loaded.err().expect("MPNet on candle is refused");
-            assert_eq!(kind_of(&e), Some(kind::UNSUPPORTED_FEATURE), "{e}");
-            continue;
-        }
-        let model = loaded.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let model = EmbeddingModel::load(&dir, engine, DeviceRef::CPU).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(model.arch, arch);
         assert_eq!(model.dim(), m["dim"].as_u64().unwrap() as usize, "{name}");
         assert_eq!(model.max_seq_len, m["max_seq_length"].as_u64().unwrap() as usize, "{name}");
