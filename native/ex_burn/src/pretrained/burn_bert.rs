@@ -9,7 +9,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, Int, Tensor};
 use serde::Deserialize;
 
-use super::encoder_family::{mpnet_position_bias, Family, MODEL_TYPES};
+use super::encoder_family::{mpnet_position_bias, padding_bias, Family, MODEL_TYPES};
 use super::weights::{f32_tensor, i32_tensor, Safetensors};
 use super::{Encoder, TokenBatch};
 use crate::device::DeviceRef;
@@ -323,12 +323,8 @@ impl BurnBert {
             None => t,
         };
 
-        // transformers' extended attention mask: (1 - mask) * finfo(f32).min, added to the scores;
         // none when no position is masked (one text, or texts of equal length), where it adds 0
-        let mask_bias = batch.mask.contains(&0).then(|| {
-            let bias: Vec<f32> = batch.mask.iter().map(|&m| if m != 0 { 0.0 } else { f32::MIN }).collect();
-            f32_tensor(bias, [b, 1, 1, s], &self.device)
-        });
+        let mask_bias = batch.mask.contains(&0).then(|| f32_tensor(padding_bias(&batch.mask), [b, 1, 1, s], &self.device));
         // MPNet adds its relative position bias (per head, the same for every text) before the mask.
         let bias = match (&self.relative_bias, mask_bias) {
             (Some(table), mask) => {

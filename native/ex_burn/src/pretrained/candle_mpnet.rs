@@ -7,7 +7,7 @@ use candle_core::{Module, Result, Tensor, D};
 use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, Linear, VarBuilder};
 
 use super::burn_bert::BertConfig;
-use super::encoder_family::{mpnet_position_bias, Family};
+use super::encoder_family::{mpnet_position_bias, padding_bias, Family};
 
 struct Layer {
     q: Linear,
@@ -75,11 +75,10 @@ impl MpNet {
         let positions = Tensor::from_vec(Family::MpNet.position_ids(ids, s, self.pad), (b, s), dev)?;
         let ids = Tensor::from_slice(ids, (b, s), dev)?;
         let mut x = self.emb_norm.forward(&(self.word.forward(&ids)? + self.position.forward(&positions)?)?)?;
-        // the relative bias (per head, the same for every text) and transformers' padding mask,
-        // (1 - mask) * f32::MIN, both added to the scores
+        // the relative bias (per head, the same for every text) and the padding mask, both added
+        // to the scores
         let relative = Tensor::from_vec(mpnet_position_bias(&self.relative, nh, s), (1, nh, s, s), dev)?;
-        let padding: Vec<f32> = mask.iter().map(|&m| if m != 0 { 0.0 } else { f32::MIN }).collect();
-        let bias = relative.broadcast_add(&Tensor::from_vec(padding, (b, 1, 1, s), dev)?)?;
+        let bias = relative.broadcast_add(&Tensor::from_vec(padding_bias(mask), (b, 1, 1, s), dev)?)?;
         let heads = |t: Tensor| t.reshape((b, s, nh, dh))?.transpose(1, 2)?.contiguous();
         let scale = (dh as f64).powf(-0.5);
         for layer in &self.layers {

@@ -109,6 +109,12 @@ impl Family {
     }
 }
 
+/// transformers' extended attention mask of a padded batch's `mask` (0 at padding): 0 where a
+/// token is real, `f32::MIN` where it is padding, added to the attention scores.
+pub fn padding_bias(mask: &[u32]) -> Vec<f32> {
+    mask.iter().map(|&m| if m != 0 { 0.0 } else { f32::MIN }).collect()
+}
+
 /// MPNet's `relative_position_bucket` for `key - query` (32 buckets, max distance 128, as
 /// `compute_position_bias` calls it): half the buckets for each direction, exact up to 8 apart,
 /// then logarithmic. The log runs in f32, as torch's does, so the boundaries match.
