@@ -617,8 +617,7 @@ impl CausalLm for BurnLlama {
     }
 
     fn session(&self) -> ExResult<Box<dyn LmSession>> {
-        let n = self.w.cfg.block_count;
-        Ok(Box::new(BurnLlamaSession { w: Arc::clone(&self.w), pages: Pages::default(), host_kv: vec![HostKv::default(); n], len: 0, failed: false }))
+        Ok(Box::new(BurnLlamaSession::empty(Arc::clone(&self.w), 0)))
     }
 
     fn save_prefix(&self, session: &mut dyn LmSession, len: usize) -> Option<SavedKv> {
@@ -637,8 +636,7 @@ impl CausalLm for BurnLlama {
     fn session_from(&self, saved: &(dyn Any + Send + Sync), len: usize) -> Option<Box<dyn LmSession>> {
         let w = Arc::clone(&self.w);
         if let Some(saved) = saved.downcast_ref::<SavedPooledKv>() {
-            let n = w.cfg.block_count;
-            let mut s = BurnLlamaSession { w: Arc::clone(&w), pages: Pages::default(), host_kv: vec![HostKv::default(); n], len, failed: false };
+            let mut s = BurnLlamaSession::empty(Arc::clone(&w), len);
             let mut pool = w.pool.lock().unwrap_or_else(|e| e.into_inner());
             let written = catch(|| {
                 pool.reserve(&mut [(&mut s.pages, len)]);
@@ -692,6 +690,13 @@ pub struct BurnLlamaSession {
 }
 
 impl BurnLlamaSession {
+    /// A session holding no pages and empty host caches, that counts `len` tokens cached (the
+    /// caller fills them).
+    fn empty(w: Arc<Weights>, len: usize) -> BurnLlamaSession {
+        let n = w.cfg.block_count;
+        BurnLlamaSession { w, pages: Pages::default(), host_kv: vec![HostKv::default(); n], len, failed: false }
+    }
+
     /// Whether `tokens` at `pos` may run next.
     fn check(&self, tokens: &[u32], pos: usize) -> ExResult<()> {
         let cfg = &self.w.cfg;
