@@ -56,6 +56,13 @@ fn batched(model: &TextModel, requests: &[(String, usize)], chunk: usize) -> (Ve
     (ids, widest)
 }
 
+/// `model` (loaded from `path` on the test device) on Burn's tensor path, every weight
+/// dequantised as on GPUs, with an empty prefix cache.
+fn on_the_tensor_path(model: &mut TextModel, path: &std::path::Path) {
+    model.lm = Box::new(super::burn_llama::BurnLlama::load_with(path, &crate::testing::device(), false).unwrap());
+    model.prefixes = super::prefix_cache::PrefixCache::new(super::PREFIX_CACHE_BYTES);
+}
+
 #[test]
 fn pretrained_batched_steps_equal_alone() {
     let Some(path) = smollm_path() else { return };
@@ -85,9 +92,8 @@ fn pretrained_batched_steps_equal_alone() {
 fn pretrained_batched_steps_equal_alone_on_the_tensor_path() {
     let Some(path) = smollm_path() else { return };
     let requests = requests();
-    let dev = crate::testing::device();
-    let mut model = TextModel::load(&path, Engine::Burn, dev.clone()).unwrap();
-    model.lm = Box::new(super::burn_llama::BurnLlama::load_with(&path, &dev, false).unwrap());
+    let mut model = TextModel::load(&path, Engine::Burn, crate::testing::device()).unwrap();
+    on_the_tensor_path(&mut model, &path);
     let want = alone(&model, &requests);
     let (got, widest) = batched(&model, &requests, 7);
     assert!(widest >= 10, "at most {widest} generations ran together");
@@ -186,11 +192,9 @@ fn pretrained_batched_decode_timing() {
 #[test]
 fn pretrained_prefix_reuse_gives_the_same_tokens() {
     let Some(path) = smollm_path() else { return };
-    let dev = crate::testing::device();
-    let mut model = TextModel::load(&path, Engine::Burn, dev.clone()).unwrap();
+    let mut model = TextModel::load(&path, Engine::Burn, crate::testing::device()).unwrap();
     prefix_reuse(&model);
-    model.lm = Box::new(super::burn_llama::BurnLlama::load_with(&path, &dev, false).unwrap());
-    model.prefixes = super::prefix_cache::PrefixCache::new(super::PREFIX_CACHE_BYTES);
+    on_the_tensor_path(&mut model, &path);
     prefix_reuse(&model);
 }
 
