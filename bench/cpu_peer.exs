@@ -130,15 +130,19 @@ cases =
   if Code.ensure_loaded?(Nx) do
     nx_sq = Nx.iota({1024, 1024}, type: :f32, backend: ExBurn.Backend) |> Nx.multiply(0.37) |> Nx.sin()
 
-    nx_softmax = fn x ->
-      e = Nx.exp(Nx.subtract(x, Nx.reduce_max(x, axes: [1], keep_axes: true)))
-      Nx.divide(e, Nx.sum(e, axes: [1], keep_axes: true))
-    end
+    # compiled functions, as defn modules and Axon models are: a script's own closures are run
+    # by erl_eval, whose closures carry their code, which every jit call hashes into its key
+    defmodule CpuPeer.NxFns do
+      def softmax(x) do
+        e = Nx.exp(Nx.subtract(x, Nx.reduce_max(x, axes: [1], keep_axes: true)))
+        Nx.divide(e, Nx.sum(e, axes: [1], keep_axes: true))
+      end
 
-    nx_layer_norm = fn x ->
-      c = Nx.subtract(x, Nx.mean(x, axes: [1], keep_axes: true))
-      var = Nx.mean(Nx.multiply(c, c), axes: [1], keep_axes: true)
-      Nx.multiply(c, Nx.rsqrt(Nx.add(var, 1.0e-5)))
+      def layer_norm(x) do
+        c = Nx.subtract(x, Nx.mean(x, axes: [1], keep_axes: true))
+        var = Nx.mean(Nx.multiply(c, c), axes: [1], keep_axes: true)
+        Nx.multiply(c, Nx.rsqrt(Nx.add(var, 1.0e-5)))
+      end
     end
 
     consume_nx = fn t ->
@@ -147,7 +151,7 @@ cases =
     end
 
     jit = fn f -> Nx.Defn.jit(f, compiler: ExBurn) end
-    {sm, ln} = {jit.(nx_softmax), jit.(nx_layer_norm)}
+    {sm, ln} = {jit.(&CpuPeer.NxFns.softmax/1), jit.(&CpuPeer.NxFns.layer_norm/1)}
 
     cases ++
       [

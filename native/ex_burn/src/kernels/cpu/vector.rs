@@ -884,16 +884,24 @@ fn expf8<S: Isa>(x: &[f32; 8]) -> [f32; 8] {
 /// FMA instructions mul_add is a libm call, and glibc runs its non-FMA build there anyway).
 #[inline(always)]
 fn exp_f32_slice<S: Isa>(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
+    exp_minus_slice::<S>(xs, 0.0, out)
+}
+
+/// `out = exp(xs - m)`, the f32 difference rounded as a pass of its own would round it (`x - 0`
+/// is `x`, NaN payloads included), so softmax's shift costs no pass over memory.
+#[inline(always)]
+fn exp_minus_slice<S: Isa>(xs: &[f32], m: f32, out: &mut [MaybeUninit<f32>]) {
     if !S::FMA {
         for (o, &x) in out.iter_mut().zip(xs) {
-            o.write(x.exp());
+            o.write((x - m).exp());
         }
         return;
     }
     let mut outs = out.chunks_exact_mut(8);
     let mut ins = xs.chunks_exact(8);
     for (o, x) in (&mut outs).zip(&mut ins) {
-        let y = expf8::<S>(x.try_into().unwrap());
+        let x: &[f32; 8] = x.try_into().unwrap();
+        let y = expf8::<S>(&x.map(|x| x - m));
         for (o, y) in o.iter_mut().zip(y) {
             o.write(y);
         }
@@ -902,7 +910,7 @@ fn exp_f32_slice<S: Isa>(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
     let rest = ins.remainder();
     let mut pad = [0f32; 8];
     pad[..rest.len()].copy_from_slice(rest);
-    let y = expf8::<S>(&pad);
+    let y = expf8::<S>(&pad.map(|x| x - m));
     for (o, y) in outs.into_remainder().iter_mut().zip(y) {
         o.write(y);
     }
@@ -963,14 +971,63 @@ pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
 /// The sum `sum` gives one row of an f32 reduction over the last axis of `total` values, on the
 /// calling thread: `row_sums` takes `par_sum` (`PAR_MIN`-long parts added in order) where it
 /// runs row after row, else `sum_wide` over the whole row; NaN made positive as `sum` does.
-pub(super) fn row_sum_as_sum(level: Simd, row: &[f32], total: usize) -> f64 {
+#[inline(always)]
+fn row_sum_lanes<S: Isa>(row: &[f32], total: usize) -> f64 {
     positive_nan(if rows_in_turn(total, row.len()) {
-        let parts: Vec<f64> = row.chunks(PAR_MIN).map(|c| sum_wide(level, c)).collect();
-        parts.into_iter().sum()
+        row.chunks(PAR_MIN).map(sum_lanes::<f32, S>).sum()
     } else {
-        sum_wide(level, row)
+        sum_lanes::<f32, S>(row)
     })
 }
+
+wide!(pub(super) fn row_sum_as_sum(row: &[f32], total: usize) -> f64 = row_sum_lanes;);
+
+/// One row of `softmax_last`, every pass in `S`'s vector registers (the division above all:
+/// baseline x86-64 code divides four lanes at a time).
+#[inline(always)]
+fn softmax_row<S: Isa>(row: &[f32], o: &mut [MaybeUninit<f32>], recip: bool, total: usize) {
+    exp_minus_slice::<S>(row, max_lanes::<f32, S>(row), o);
+    // SAFETY: exp_minus_slice wrote every element of `o`.
+    let e: &mut [f32] = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
+    let s = row_sum_lanes::<S>(e, total) as f32;
+    if recip {
+        let r = 1.0 / s;
+        e.iter_mut().for_each(|v| *v *= r);
+    } else {
+        divide_by::<S>(e, s);
+    }
+}
+
+/// `v / s` for every `v` with the division's bits, in multiplications where that is proven:
+/// with `r` the rounded `1/s`, `q = v r` is within an ulp of `v / s`, the residual `v - q s` is
+/// exact in a fused multiply-add, and `q + (v - q s) r` rounds to the rounded quotient
+/// (Markstein's theorem), while no value nears the subnormal or overflow range. Values outside
+/// `[2^-60, 2^60]` (zeros, NaN) divide; a row of in-range values, the common case, takes the
+/// multiplications alone.
+#[inline(always)]
+fn divide_by<S: Isa>(e: &mut [f32], s: f32) {
+    const LO: f32 = 8.673_617e-19; // 2^-60
+    const HI: f32 = 1.152_921_5e18; // 2^60
+    if !S::FMA || !(9.536_743e-7..=1_048_576.0).contains(&s) {
+        // outside [2^-20, 2^20]
+        e.iter_mut().for_each(|v| *v /= s);
+        return;
+    }
+    let r = 1.0 / s;
+    let fast = |v: f32| {
+        let q = v * r;
+        (-q).mul_add(s, v).mul_add(r, q)
+    };
+    if e.iter().fold(true, |ok, &v| ok & (v >= LO) & (v <= HI)) {
+        e.iter_mut().for_each(|v| *v = fast(*v));
+    } else {
+        e.iter_mut().for_each(|v| *v = if (LO..=HI).contains(v) { fast(*v) } else { *v / s });
+    }
+}
+
+wide!(#[cfg(test)] fn divide_by_wide(e: &mut [f32], s: f32) = divide_by;);
+
+wide!(fn softmax_row_wide(row: &[f32], o: &mut [MaybeUninit<f32>], recip: bool, total: usize) = softmax_row;);
 
 /// Softmax over the last axis of a contiguous f32 flex tensor in one pass per row, the same bits
 /// as the composition `Program` fuses into it (`compiler::fuse`): `e = exp(x - reduce_max(x))`
@@ -982,22 +1039,7 @@ pub fn softmax_last(x: &Prim, recip: bool) -> Option<Prim> {
         return None;
     }
     let (level, total) = (simd(), flex_f32(x)?.len());
-    map_last_rows(x, |row, o, shifted| {
-        let m = max_wide(level, row);
-        for (d, &v) in shifted.iter_mut().zip(row) {
-            *d = v - m;
-        }
-        exp_f32_into(level, shifted, o);
-        // SAFETY: exp_f32_into wrote every element of `o`.
-        let e: &mut [f32] = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
-        let s = row_sum_as_sum(level, e, total) as f32;
-        if recip {
-            let r = 1.0 / s;
-            e.iter_mut().for_each(|v| *v *= r);
-        } else {
-            e.iter_mut().for_each(|v| *v /= s);
-        }
-    })
+    map_last_rows(x, |row, o, _| softmax_row_wide(level, row, o, recip, total))
 }
 
 /// A contiguous f32 flex tensor of `x`'s shape whose every last-axis row `row_kernel(row, out,
@@ -1249,6 +1291,39 @@ mod tests {
             if b & 0x8000_0000 != 0 { -(b & 0x7fff_ffff) } else { b }
         };
         (key(a) - key(b)).unsigned_abs()
+    }
+
+    #[test]
+    fn divide_by_gives_the_division_bits() {
+        // a 64-bit LCG's high bits: values spread over the whole f32 range by their bit patterns
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (state >> 32) as u32
+        };
+        let specials = [0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, 1e-45, 1e-40, 1e-30, f32::MAX];
+        let mut divisors: Vec<f32> = vec![1.0, 3.0, 7.0, 1024.0, 1023.999_94, 2.0f32.powi(-20), 2.0f32.powi(20), 1e-7, 1e7, 0.0, f32::INFINITY, f32::NAN];
+        divisors.extend((0..40).map(|_| 1.0 + (next() % 2048) as f32 * 0.999_7));
+        divisors.extend((0..20).map(|_| f32::from_bits(0x3000_0000 + next() % 0x1800_0000)));
+        // all of [0.5, 1) in a release build (softmax's values are in (0, 1]), a stride otherwise
+        let stride = if cfg!(debug_assertions) { 997 } else { 1 };
+        let mut values: Vec<f32> = (0x3f00_0000u32..0x3f80_0000).step_by(stride).map(f32::from_bits).collect();
+        values.extend((0..200_000).map(|_| f32::from_bits(next())));
+        // rows of 64 as softmax passes them: every third row holds specials (the mixed path),
+        // the others only values (most of them in range: the multiplications alone)
+        for i in (0..values.len()).step_by(37).filter(|i| i / 64 % 3 == 0) {
+            values[i] = specials[i % specials.len()];
+        }
+        for level in levels() {
+            for &d in &divisors {
+                let mut got = values.clone();
+                got.chunks_mut(64).for_each(|row| divide_by_wide(level, row, d));
+                for (v, g) in values.iter().zip(&got) {
+                    let want = v / d;
+                    assert!(g.to_bits() == want.to_bits(), "{level:?}: {v:e} / {d:e} = {want:e}, got {g:e}");
+                }
+            }
+        }
     }
 
     #[test]
