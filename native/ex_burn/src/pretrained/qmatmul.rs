@@ -171,6 +171,30 @@ mod tests {
         f64_product(&candle_dequantised(f, data, rows, cols), rows, cols, x, m)
     }
 
+    /// Wall time of one decoding step's worth of a SmolLM2-sized gate/up projection (`[3072,
+    /// 576]` Q4_1, 30 layers, so the weights stream from memory as in a step) for 1 to 8
+    /// activation rows, beside the same product on one matrix 30 times (from the caches).
+    #[test]
+    #[ignore]
+    fn quant_matmul_step_timing() {
+        let (rows, cols, layers) = (3072, 576, 30);
+        let stacks: Vec<QStack> = (0..layers).map(|l| QStack::new(vec![QMatrix::new(QFormat::Q4_1, rows, cols, random_blocks(QFormat::Q4_1, rows, cols, l as u64)).unwrap()]).unwrap()).collect();
+        for m in [1, 2, 4, 8] {
+            let x = inputs(m, cols);
+            let time = |pick: &dyn Fn(usize) -> usize| {
+                let t = std::time::Instant::now();
+                for _ in 0..20 {
+                    for l in 0..layers {
+                        std::hint::black_box(stacks[pick(l)].matmul(&x, m));
+                    }
+                }
+                t.elapsed().as_secs_f64() * 1e3 / 20.0
+            };
+            let (streamed, cached) = (time(&|l| l), time(&|_| 0));
+            println!("m={m}: {streamed:.3} ms a step from memory, {cached:.3} ms from the caches ({} threads)", rayon::current_num_threads());
+        }
+    }
+
     #[test]
     fn quantised_matmul_equals_candles_dequantised_product() {
         for f in QUANTISED.into_iter().chain([QFormat::F32, QFormat::F16]) {

@@ -75,6 +75,10 @@ unsafe fn quant_word<const F: u8>(blk: *const u8, s: usize, g: usize) -> __m256i
     _mm256_or_si256(w, _mm256_and_si256(bit, _mm256_set1_epi8(0x10)))
 }
 
+/// Bytes between the block being summed and the one being prefetched (a few KiB of a weight
+/// stream; measured by `quant_matmul_step_timing`).
+const AHEAD: usize = 4096;
+
 #[inline(always)]
 unsafe fn dots<const F: u8, const R: usize, const VNNI: bool>(group: &[u8], a: &Q8Rows, first: usize, out: &mut [[f32; LANES]]) {
     let f = QFormat::of(F);
@@ -86,6 +90,15 @@ unsafe fn dots<const F: u8, const R: usize, const VNNI: bool>(group: &[u8], a: &
     let (mut acc, mut acc_m) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
     for b in 0..nb {
         let (blk, s) = (group.as_ptr().add(b / subs * pb), b % subs);
+        if R > 1 && s == 0 {
+            // the bytes `AHEAD` on, as many as this block holds: with several activation rows a
+            // block is enough work that the hardware's prefetch falls behind the stream (with
+            // one it keeps up, and the extra loads cost)
+            let ahead = blk.wrapping_add(AHEAD);
+            for line in (0..pb).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+            }
+        }
         let (dw, mw) = headers::<F>(blk, s);
         let mut sums = [_mm256_setzero_si256(); R];
         if f == QFormat::Q6_K {
