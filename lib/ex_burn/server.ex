@@ -48,6 +48,9 @@ defmodule ExBurn.Server do
     * `:max_concurrent`, `:step_tokens`, `:kv_memory` - per LLM: generations in a batched step,
       tokens a step runs and bytes of KV cache the running generations may reserve (defaults
       those of `ExBurn.LLM.Scheduler`)
+    * `:warmup` - per LLM: its scheduler's `:warmup` (every batch size of a step runs once
+      before the scheduler takes requests), part of loading the model: at start with
+      `:preload`, else on the model's first request. Default `false`
     * `:max_queue` - generations waiting per LLM before requests get 503 (default 256)
     * `:replicas` - LLM replicas: a count (that many copies of each LLM on `:device`) or a list
       of devices (one copy on each, e.g. `[{:cuda, 0}, {:cuda, 1}]`); each copy has its own
@@ -92,6 +95,7 @@ defmodule ExBurn.Server do
     :max_concurrent,
     :step_tokens,
     :kv_memory,
+    :warmup,
     :max_queue,
     :replicas,
     :shutdown_timeout
@@ -202,7 +206,7 @@ defmodule ExBurn.Server do
       default_max_tokens: ExBurn.Tensor.Util.int_option!(:server, opts, :default_max_tokens, 256),
       batch_size: ExBurn.Tensor.Util.int_option!(:server, opts, :batch_size, 32),
       batch_timeout: ExBurn.Tensor.Util.int_option!(:server, opts, :batch_timeout, 5, 0),
-      scheduler: Keyword.take(opts, [:max_concurrent, :step_tokens, :kv_memory]),
+      scheduler: Keyword.take(opts, [:max_concurrent, :step_tokens, :kv_memory, :warmup]),
       max_queue: ExBurn.Tensor.Util.int_option!(:server, opts, :max_queue, 256),
       replicas: replicas!(opts[:replicas]),
       shutdown_timeout: ExBurn.Tensor.Util.int_option!(:server, opts, :shutdown_timeout, 30_000, 0),

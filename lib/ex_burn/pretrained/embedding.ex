@@ -156,6 +156,30 @@ defmodule ExBurn.Embedding do
   def embed_ids!(model, rows, opts \\ []), do: bang(embed_ids(model, rows, opts))
 
   @doc """
+  Embeds a short text once at each batch size, so that the first requests don't pay for what a
+  first call costs (on GPUs, compiling and tuning the kernels of each shape).
+
+  Options: `:batch_sizes` - the sizes, in order (default `[1]`; the serving's `warmup: true`
+  takes 1 and its `:batch_size`). Returns `{:ok, %{batch_sizes: sizes, ms: elapsed}}`.
+  """
+  @spec warm_up(t, keyword) :: {:ok, %{batch_sizes: [pos_integer], ms: non_neg_integer}} | {:error, Error.t()}
+  def warm_up(model, opts \\ [])
+
+  def warm_up(model, _opts) when not is_struct(model, __MODULE__),
+    do: Pretrained.not_a_model(:embed_warm_up, __MODULE__, model)
+
+  def warm_up(%__MODULE__{} = model, opts) do
+    with :ok <- keyword_list(:embed_warm_up, opts),
+         :ok <- Pretrained.known_options(:embed_warm_up, opts, [:batch_sizes]),
+         {:ok, sizes} <-
+           ExBurn.Pretrained.WarmUp.sizes(:embed_warm_up, Keyword.get(opts, :batch_sizes, [1]), [1]) do
+      ExBurn.Pretrained.WarmUp.run(sizes, fn n ->
+        with {:ok, _} <- run(model, List.duplicate("A short sentence to warm up with.", n)), do: :ok
+      end)
+    end
+  end
+
+  @doc """
   An `Nx.Serving` that embeds texts for many callers in shared batches (needs Nx):
   `Nx.Serving.run(serving, "text")` gives `%{embedding: tensor}`, a list of texts a list of
   them, as Bumblebee's `text_embedding`. Options `:batch_size` (32), `:batch_timeout` (10 ms),

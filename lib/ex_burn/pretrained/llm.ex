@@ -174,6 +174,59 @@ defmodule ExBurn.LLM do
   end
 
   @doc """
+  Runs the model once at each batch size, so that the first requests don't pay for what a
+  first call costs (on GPUs, compiling and tuning the kernels of each batch size of a decoding
+  step). For each size `n`, `n` generations of a one-word prompt run their prompt step, then
+  one decoding step together, as `ExBurn.LLM.Scheduler` runs its batched steps.
+
+  Options: `:batch_sizes` - the sizes, in order (default `[1]`). The scheduler's, the serving's
+  and the HTTP server's `warmup: true` warms every size from 1 to their most generations in a
+  step.
+
+  Returns `{:ok, %{batch_sizes: sizes, ms: elapsed}}`.
+  """
+  @spec warm_up(t, keyword) :: {:ok, %{batch_sizes: [pos_integer], ms: non_neg_integer}} | {:error, Error.t()}
+  def warm_up(model, opts \\ [])
+
+  def warm_up(model, _opts) when not is_struct(model, __MODULE__),
+    do: Pretrained.not_a_model(:llm_warm_up, __MODULE__, model)
+
+  def warm_up(%__MODULE__{ref: ref}, opts) do
+    with {:ok, opts} <- keyword(:llm_warm_up, opts),
+         :ok <- Pretrained.known_options(:llm_warm_up, opts, [:batch_sizes]),
+         {:ok, sizes} <-
+           ExBurn.Pretrained.WarmUp.sizes(:llm_warm_up, Keyword.get(opts, :batch_sizes, [1]), [1]) do
+      {:ok, start} = start_args("Hello", max_tokens: 2, greedy: true)
+
+      ExBurn.Pretrained.WarmUp.run(sizes, fn n ->
+        with {:ok, gens} <- start_all(ref, start, n),
+             {:ok, ids} <- Pretrained.wrap(ExBurn.Native.llm_prompt_ids(hd(gens))),
+             :ok <- warm_step(gens, length(ids)),
+             do: warm_step(gens, 1)
+      end)
+    end
+  end
+
+  defp start_all(ref, start, n) do
+    Enum.reduce_while(1..n, {:ok, []}, fn _, {:ok, gens} ->
+      case Pretrained.wrap(ExBurn.Native.llm_start(ref, start.prompt, start.opts)) do
+        {:ok, gen} -> {:cont, {:ok, [gen | gens]}}
+        error -> {:halt, error}
+      end
+    end)
+  end
+
+  # one batched step feeding `chunk` tokens to every generation; the first failure is the result
+  defp warm_step(gens, chunk) do
+    with {:ok, results} <- Pretrained.wrap(ExBurn.Native.llm_step(gens, List.duplicate(chunk, length(gens)))) do
+      Enum.find_value(results, :ok, fn
+        {:error, _} = error -> Pretrained.wrap(error)
+        _ -> nil
+      end)
+    end
+  end
+
+  @doc """
   An `Nx.Serving` for generation (needs Nx): `Nx.Serving.run(serving, prompt)` gives
   `%{results: [%{text: ..., token_summary: ...}]}` as Bumblebee's `generation`, and with
   `stream: true` a stream of text pieces. Takes the generation options of `generate/3`; see

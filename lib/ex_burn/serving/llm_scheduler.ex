@@ -53,6 +53,11 @@ defmodule ExBurn.LLM.Scheduler do
       1 GiB)
     * `:max_queue` - the most requests waiting (not running); more are refused at once with an
       `ExBurn.Error` whose `details.cause` is `:overloaded` (default 256, or `:infinity`)
+    * `:warmup` - `true` runs `ExBurn.LLM.warm_up/2` at every batch size from 1 to
+      `:max_concurrent` before the server starts (`start_link/2` returns once it is done, or
+      `{:error, %ExBurn.Error{}}`), a list of sizes runs those; default
+      `false`. On GPUs each batch size of a step compiles its own kernels on first use, which
+      would otherwise stall the steps where concurrency first reaches it
 
   ## Replicas
 
@@ -104,12 +109,13 @@ defmodule ExBurn.LLM.Scheduler do
   alias ExBurn.{Error, Pretrained}
   alias ExBurn.LLM.Scheduler.Group
 
-  @options [:name, :group, :max_concurrent, :step_tokens, :kv_memory, :max_queue]
+  @options [:name, :group, :max_concurrent, :step_tokens, :kv_memory, :max_queue, :warmup]
   @call_options [:timeout, :alive?, :check_interval]
 
   defstruct [
     :model,
     :group,
+    :warmup,
     :max_concurrent,
     :step_tokens,
     :kv_memory,
@@ -131,9 +137,12 @@ defmodule ExBurn.LLM.Scheduler do
   @doc "Starts a server for a loaded `ExBurn.LLM` model (see the moduledoc for the options)."
   def start_link(%ExBurn.LLM{} = model, opts) do
     opts = keyword!(opts)
-    config = config!(opts)
+    {warmup, config} = Map.pop(config!(opts), :warmup)
     gen_opts = if name = opts[:name], do: [name: name], else: []
-    GenServer.start_link(__MODULE__, Map.put(config, :model, model), gen_opts)
+
+    # in the caller, before the server exists: nothing can reach it until the model is warm
+    with {:ok, warmed} <- warm_up(model, warmup),
+         do: GenServer.start_link(__MODULE__, Map.merge(config, %{model: model, warmup: warmed}), gen_opts)
   end
 
   def start_link(other, _opts),
@@ -318,8 +327,9 @@ defmodule ExBurn.LLM.Scheduler do
 
   @doc """
   Queue and model facts: `%{model: name, queued: n, running: n, max_concurrent: n,
-  step_tokens: n, kv_memory: bytes, kv_reserved: bytes, kv_peak: bytes, max_queue: n}`
-  (`kv_peak`: the most ever reserved at once).
+  step_tokens: n, kv_memory: bytes, kv_reserved: bytes, kv_peak: bytes, max_queue: n,
+  warmup: nil | %{batch_sizes: [n], ms: ms}}` (`kv_peak`: the most ever reserved at once;
+  `warmup`: what `:warmup` ran at start, and how long it took).
 
   For `{:group, name}`: `%{group: name, queued: n, running: n, members: [info]}`, the totals
   and each member's facts that answered (with its `:pid` and `:node`), least loaded first.
@@ -506,7 +516,8 @@ defmodule ExBurn.LLM.Scheduler do
        step_tokens: s.step_tokens,
        kv_memory: s.kv_memory,
        kv_reserved: s.kv_reserved,
-       kv_peak: s.kv_peak
+       kv_peak: s.kv_peak,
+       warmup: s.warmup
      }, s}
   end
 
@@ -740,6 +751,9 @@ defmodule ExBurn.LLM.Scheduler do
     %{s | stepping: {pid, refs}, requests: requests}
   end
 
+  defp warm_up(_model, []), do: {:ok, nil}
+  defp warm_up(model, sizes), do: ExBurn.LLM.warm_up(model, batch_sizes: sizes)
+
   defp overloaded(why, details) do
     %Error{
       op: :llm_scheduler,
@@ -761,9 +775,18 @@ defmodule ExBurn.LLM.Scheduler do
         key not in @options,
         do: fail!("unknown option #{inspect(key)}", %{option: key, allowed: @options})
 
+    max_concurrent = ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :max_concurrent, 32)
+
     %{
       group: opts[:group],
-      max_concurrent: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :max_concurrent, 32),
+      max_concurrent: max_concurrent,
+      warmup:
+        ExBurn.Pretrained.WarmUp.sizes!(
+          :llm_scheduler,
+          opts[:warmup],
+          Enum.to_list(1..max_concurrent),
+          max_concurrent
+        ),
       step_tokens: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :step_tokens, 256),
       kv_memory: ExBurn.Tensor.Util.int_option!(:llm_scheduler, opts, :kv_memory, 1024 * 1024 * 1024),
       max_queue:

@@ -33,6 +33,10 @@ defmodule ExBurn.Serving.Pretrained do
       Texts with more tokens keep their first `sequence_length - 1` tokens and their last one
       (the closing special token), as a tokenizer truncating at that length does
     * `:partitions` - how many batches run at once (default 1), each in its own task
+    * `:warmup` - `true` embeds a text at batch sizes 1 and `:batch_size` (a list: those
+      sizes) in the serving process before it takes batches (`ExBurn.Embedding.warm_up/2`;
+      for GPUs, which compile kernels per shape on first use). Default `false`; an inline
+      `Nx.Serving.run/2` never warms up
 
   ## Text generation (`ExBurn.LLM.serving/2`)
 
@@ -60,7 +64,10 @@ defmodule ExBurn.Serving.Pretrained do
 
   Options: the generation options of `ExBurn.LLM.generate/3` (`:max_tokens`, `:greedy`,
   `:temperature`, `:top_k`, `:top_p`, `:seed`, `:stop`, `:stop_token_ids`, `:ignore_eos`), `:stream`,
-  `:stream_done` and `:partitions`. Without `:seed`, each request samples with a seed of its own.
+  `:stream_done`, `:partitions` and `:warmup` (`true`: the started serving's scheduler runs
+  every batch size from 1 to `:partitions` once before it takes requests, as
+  `ExBurn.LLM.Scheduler`'s `:warmup`; a list: those sizes; default `false`). Without `:seed`,
+  each request samples with a seed of its own.
 
   ## Reranking (`ExBurn.Rerank.serving/2`)
 
@@ -136,16 +143,17 @@ if Code.ensure_loaded?(Nx) do
     alias ExBurn.{Embedding, Pretrained}
     import ExBurn.Serving.Pretrained.Util
 
-    @options [:batch_size, :batch_timeout, :sequence_length, :partitions]
+    @options [:batch_size, :batch_timeout, :sequence_length, :partitions, :warmup]
 
     def build(%Embedding{} = model, opts) do
       opts = options!(opts, @options)
       batch_size = ExBurn.Tensor.Util.int_option!(:serving, opts, :batch_size, 32)
       batch_timeout = ExBurn.Tensor.Util.int_option!(:serving, opts, :batch_timeout, 10, 0)
-      partitions = ExBurn.Tensor.Util.int_option!(:serving, opts, :partitions, 16)
+      partitions = ExBurn.Tensor.Util.int_option!(:serving, opts, :partitions, 1)
       seq_len = sequence_length!(opts, model)
+      warmup = ExBurn.Pretrained.WarmUp.sizes!(:serving, opts[:warmup], Enum.uniq([1, batch_size]))
 
-      Nx.Serving.new(__MODULE__, model, partition_options(partitions))
+      Nx.Serving.new(__MODULE__, {model, warmup}, partition_options(partitions))
       |> Nx.Serving.batch_size(batch_size)
       |> Nx.Serving.process_options(batch_timeout: batch_timeout, partitions: partitions > 1)
       |> Nx.Serving.client_preprocessing(&preprocess(model, seq_len, &1))
@@ -171,7 +179,13 @@ if Code.ensure_loaded?(Nx) do
     ## Serving callbacks
 
     @impl true
-    def init(_type, model, _partitions), do: {:ok, model}
+    # a serving process warms its model before Nx.Serving lets batches reach it
+    def init(:process, {model, [_ | _] = warmup}, _partitions) do
+      with {:error, error} <- Embedding.warm_up(model, batch_sizes: warmup), do: raise(error)
+      {:ok, model}
+    end
+
+    def init(_type, {model, _warmup}, _partitions), do: {:ok, model}
 
     @impl true
     def handle_batch(batch, _partition, model), do: {:execute, fn -> execute(model, batch) end, model}
@@ -307,19 +321,26 @@ if Code.ensure_loaded?(Nx) do
     import ExBurn.Serving.Pretrained.Util
 
     @generation LLM.generation_options()
-    @options [:stream, :stream_done, :partitions | @generation]
+    @options [:stream, :stream_done, :partitions, :warmup | @generation]
 
     def build(%LLM{} = model, opts) do
       opts = options!(opts, @options)
-      partitions = ExBurn.Tensor.Util.int_option!(:serving, opts, :partitions, 1)
+      partitions = ExBurn.Tensor.Util.int_option!(:serving, opts, :partitions, 16)
       stream? = boolean!(opts, :stream)
       done? = boolean!(opts, :stream_done)
       generation = Keyword.take(opts, @generation)
       # checked now, so a bad option fails at build time rather than on every request
       with {:error, e} <- LLM.start_args("", generation), do: raise(e)
 
+      warmup =
+        ExBurn.Pretrained.WarmUp.sizes!(:serving, opts[:warmup], Enum.to_list(1..partitions), partitions)
+
       serving =
-        Nx.Serving.new(__MODULE__, %{model: model, stream: stream?}, partition_options(partitions))
+        Nx.Serving.new(
+          __MODULE__,
+          %{model: model, stream: stream?, warmup: warmup},
+          partition_options(partitions)
+        )
         |> Nx.Serving.batch_size(1)
         |> Nx.Serving.process_options(partitions: partitions > 1)
         |> Nx.Serving.client_preprocessing(&preprocess(generation, &1))
@@ -354,8 +375,12 @@ if Code.ensure_loaded?(Nx) do
 
       scheduler =
         if type == :process do
-          {:ok, pid} = ExBurn.LLM.Scheduler.start_link(arg.model, max_concurrent: length(partitions))
-          pid
+          opts = [max_concurrent: length(partitions), warmup: arg.warmup != [] and arg.warmup]
+
+          case ExBurn.LLM.Scheduler.start_link(arg.model, opts) do
+            {:ok, pid} -> pid
+            {:error, error} -> raise error
+          end
         end
 
       {:ok, Map.merge(arg, %{hooks: hooks, scheduler: scheduler})}

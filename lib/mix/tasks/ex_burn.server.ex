@@ -5,7 +5,7 @@ defmodule Mix.Tasks.ExBurn.Server do
 
       mix ex_burn.server --port 8080 [--host 0.0.0.0] [--models DIR] [--device cpu] [--engine auto]
                          [--token SECRET] [--rate-limit 10] [--burst 20] [--preload all|id,id]
-                         [--max-concurrent 16] [--replicas 2|cpu,cuda:0] [--body-limit BYTES]
+                         [--max-concurrent 16] [--warmup] [--replicas 2|cpu,cuda:0] [--body-limit BYTES]
 
   * `--port` - TCP port (default 8080; 0 picks a free one)
   * `--host` - address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)
@@ -17,6 +17,8 @@ defmodule Mix.Tasks.ExBurn.Server do
   * `--max-concurrent`, `--step-tokens`, `--kv-memory BYTES` - per LLM: generations in a
     batched step, tokens a step runs, KV cache bytes the running generations may reserve
     (`ExBurn.LLM.Scheduler`'s options and defaults)
+  * `--warmup` - each LLM's scheduler runs every batch size once before it takes requests
+    (`ExBurn.LLM.Scheduler`'s `:warmup`), as part of loading the model (with `--preload`, at start)
   * `--replicas` - copies of each LLM, each with its scheduler: a count (on `--device`) or a
     comma-separated list of devices; requests go to the least loaded (`ExBurn.Server`'s `:replicas`)
   * `--body-limit` - the largest request body in bytes (default 4 MiB)
@@ -38,6 +40,7 @@ defmodule Mix.Tasks.ExBurn.Server do
     max_concurrent: :integer,
     step_tokens: :integer,
     kv_memory: :integer,
+    warmup: :boolean,
     replicas: :string,
     body_limit: :integer
   ]
@@ -92,6 +95,7 @@ defmodule Mix.Tasks.ExBurn.Server do
       max_concurrent: opts[:max_concurrent],
       step_tokens: opts[:step_tokens],
       kv_memory: opts[:kv_memory],
+      warmup: opts[:warmup],
       replicas: opts[:replicas] && replicas(opts[:replicas]),
       body_limit: opts[:body_limit]
     ]

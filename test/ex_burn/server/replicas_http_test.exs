@@ -2,8 +2,8 @@ Code.require_file("support.exs", __DIR__)
 
 defmodule ExBurn.Server.ReplicasHttpTest do
   # The server's :replicas option with the real SmolLM2 model: two copies of the LLM, each with
-  # its scheduler, share the HTTP requests, answer with ExBurn.LLM's text, and stop a stream
-  # whose client hangs up on whichever replica runs it.
+  # its scheduler (warmed up first), share the HTTP requests, answer with ExBurn.LLM's text, and
+  # stop a stream whose client hangs up on whichever replica runs it.
   use ExUnit.Case, async: false
   import ExBurn.TestHelpers, only: [wait_until: 1]
 
@@ -17,7 +17,7 @@ defmodule ExBurn.Server.ReplicasHttpTest do
 
   setup_all do
     name = :replicas_http_test
-    opts = [name: name, port: 0, token: nil, preload: [@llm], max_concurrent: 2]
+    opts = [name: name, port: 0, token: nil, preload: [@llm], max_concurrent: 2, warmup: true]
     start_supervised!({ExBurn.Server, opts ++ [replicas: [{:cpu, 0}, {:cpu, 0}]]})
     {:ok, llm} = ExBurn.LLM.load(@llm)
 
@@ -34,6 +34,8 @@ defmodule ExBurn.Server.ReplicasHttpTest do
     assert {:group, group} = server
     assert [a, b] = Scheduler.members(group)
     assert a != b and node(a) == node() and node(b) == node()
+    # `warmup: true` ran each replica at every batch size of its steps before it joined
+    for member <- [a, b], do: assert(%{warmup: %{batch_sizes: [1, 2]}} = Scheduler.info(member))
 
     port = ExBurn.Server.port(name)
     test = self()
