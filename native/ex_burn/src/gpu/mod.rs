@@ -33,6 +33,23 @@ pub(crate) fn kernels_run<const D: usize>(t: &burn::tensor::Tensor<D>) -> bool {
     }
 }
 
+/// Whether `t` lives on a CUDA device.
+pub(crate) fn on_cuda<const D: usize>(t: &burn::tensor::Tensor<D>) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        use burn::backend::{BackendTensor, DispatchTensorKind};
+        match &t.clone().into_dispatch().kind {
+            DispatchTensorKind::Cube(BackendTensor::Float(f)) => matches!(f.client.device(), cubecl::Device::Cuda(_)),
+            _ => false,
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = t;
+        false
+    }
+}
+
 /// `t` with rows laid out one after another, as the kernels here index it.
 #[cfg(cube)]
 pub(crate) fn contiguous(t: burn_cubecl::tensor::CubeTensor) -> burn_cubecl::tensor::CubeTensor {

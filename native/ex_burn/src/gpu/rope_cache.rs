@@ -26,7 +26,9 @@ pub struct Rope<'a> {
 /// Whether `rope_write` takes `qkv`, on a device where `gpu::kernels_run` (the caller asks that
 /// once for its device).
 pub fn applies(qkv: &Tensor<2>) -> bool {
-    qkv.dtype() == burn::tensor::DType::F32
+    // On CUDA the kernel's own test finds wrong keys in the pool (guides/devices.md), so Burn's
+    // ops rotate and append there.
+    qkv.dtype() == burn::tensor::DType::F32 && !crate::gpu::on_cuda(qkv)
 }
 
 /// For `qkv: [rows, (heads + 2 kv_heads) * head_dim]` at positions `pos` (`[rows]`): the rotated
@@ -234,7 +236,8 @@ mod tests {
 
     /// Against f64 rotation on the host, for both pair layouts and a rotary part narrower than
     /// the head: the queries, the keys and values at scattered pool rows, the rows not written
-    /// left as they were, and a pool side still held elsewhere left untouched (written in a copy).
+    /// left as they were, with the pool written in place, and with a side still held elsewhere
+    /// (left untouched: written in a copy).
     #[test]
     fn rope_cache_equals_f64_rotation() {
         let device = crate::testing::device();
@@ -249,8 +252,11 @@ mod tests {
         if !kernels_run(&qkv_t, &device) {
             return;
         }
-        assert!(applies(&qkv_t));
-        for halves in [false, true] {
+        if !applies(&qkv_t) {
+            eprintln!("rope_cache does not run on {device:?}: skipped");
+            return;
+        }
+        for (halves, hold) in [(false, false), (true, false), (false, true), (true, true)] {
             // pair j of a head: values (j, j + rd/2) or (2j, 2j + 1); tables in the pair layout
             let pair = |d: usize| if halves { (d % (rd / 2), d < rd / 2) } else { (d / 2, d % 2 == 0) };
             let partner = |d: usize| if halves { (d + rd / 2) % rd } else { d ^ 1 };
@@ -261,11 +267,14 @@ mod tests {
             let (cos_t, sin_t) = (f32_tensor(cos, [ctx, rd], &dev), f32_tensor(sin, [ctx, rd], &dev));
             let rope = Rope { cos: &cos_t, sin: &sin_t, halves };
             let sides = pool.clone().map(|p| f32_tensor(p, [pages, page, kw], &dev));
-            let held = sides[0].clone();
+            // a side still held elsewhere is written in a copy; one held nowhere else in place
+            let held = hold.then(|| sides[0].clone());
             let (pos_t, at_t) = (i32_tensor(pos.iter().map(|&p| p as i32).collect(), &dev), i32_tensor(at.iter().map(|&p| p as i32).collect(), &dev));
             let (q, [k, v]) = rope_write(qkv_t.clone(), &rope, &pos_t, &at_t, sides, heads, dh);
-            let [q, k, v, held] = [q.reshape([rows * heads * dh]), k.reshape([pages * page * kw]), v.reshape([pages * page * kw]), held.reshape([pages * page * kw])].map(|t| t.into_data().try_into_vec::<f32>().unwrap());
-            assert_eq!(held, pool[0], "a side held elsewhere is not written");
+            let [q, k, v] = [q.reshape([rows * heads * dh]), k.reshape([pages * page * kw]), v.reshape([pages * page * kw])].map(|t| t.into_data().try_into_vec::<f32>().unwrap());
+            if let Some(held) = held {
+                assert_eq!(held.reshape([pages * page * kw]).into_data().try_into_vec::<f32>().unwrap(), pool[0], "a side held elsewhere is not written");
+            }
             let rotated = |r: usize, c: usize| -> f64 {
                 let (d, x) = (c % dh, qkv[r * width + c]);
                 if d >= rd {
@@ -276,7 +285,7 @@ mod tests {
                 let y = qkv[r * width + c - d + partner(d)];
                 if first { x * cs - y * sn } else { x * cs + y * sn }
             };
-            let close = |got: f32, want: f64, what: &str| assert!((got as f64 - want).abs() <= 1e-6, "{what} (halves {halves}): {got} vs {want}");
+            let close = |got: f32, want: f64, what: &str| assert!((got as f64 - want).abs() <= 1e-6, "{what} (halves {halves}, held {hold}): {got} vs {want}");
             for r in 0..rows {
                 (0..heads * dh).for_each(|c| close(q[r * heads * dh + c], rotated(r, c), &format!("q[{r}, {c}]")));
                 for c in 0..kw {

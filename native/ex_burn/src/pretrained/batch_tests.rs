@@ -25,6 +25,29 @@ fn alone(model: &TextModel, requests: &[(String, usize)]) -> Vec<Vec<u32>> {
     requests.iter().map(|(p, n)| start(model, p, *n).run(&|| true).unwrap().1).collect()
 }
 
+/// A batched request's ids against the same request alone: equal, or, where the model's f32
+/// products round differently at another row count (GPUs: TF32 tensor cores on CUDA), equal up
+/// to a first difference at a near tie (`greedy_check::NEAR_TIE`) of the alone logits there,
+/// after which the two texts go their own ways. On the CPU the ids must be equal.
+fn assert_same_or_near_tie(model: &TextModel, prompt: &str, got: &[u32], want: &[u32], what: &str) {
+    if got == want {
+        return;
+    }
+    assert!(model.device.kind != crate::device::DeviceKind::Cpu, "{what} differs from alone: {got:?} against {want:?}");
+    let d = got.iter().zip(want).position(|(g, w)| g != w).unwrap_or_else(|| panic!("{what}: {} ids against {} alone", got.len(), want.len()));
+    let mut ids = model.prompt_ids(&super::generate::Prompt::Text(prompt.into())).unwrap();
+    ids.extend(&want[..d]);
+    let logits = model.lm.session().unwrap().forward(&ids, 0).unwrap();
+    let margin = (logits[want[d] as usize] - logits[got[d] as usize]) as f64;
+    assert!(
+        margin.abs() <= super::greedy_check::NEAR_TIE,
+        "{what}: token {d} is {} in the batch and {} alone, {margin} apart in the logits alone (near tie: {})",
+        got[d],
+        want[d],
+        super::greedy_check::NEAR_TIE
+    );
+}
+
 fn start(model: &TextModel, prompt: &str, max_tokens: usize) -> Generation {
     model.start(&super::generate::Prompt::Text(prompt.into()), GenOptions::greedy(max_tokens)).unwrap()
 }
@@ -78,7 +101,7 @@ fn pretrained_batched_steps_equal_alone() {
         let (got, widest) = batched(&model, &requests, chunk);
         assert!(widest >= 10, "{engine:?}: at most {widest} generations ran together");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g, w, "{engine:?}: request {i} in a batch differs from alone");
+            assert_same_or_near_tie(&model, &requests[i].0, g, w, &format!("{engine:?}: request {i} in a batch"));
         }
         assert!(want.iter().filter(|w| w.len() >= 3).count() >= 12, "{engine:?}: most requests generate text");
     }
@@ -87,7 +110,8 @@ fn pretrained_batched_steps_equal_alone() {
 /// The same on Burn's tensor path (every weight dequantised, as on GPUs), whose steps run the
 /// sessions' chunks together over the shared KV pool: ragged prompt chunks and decodes in one
 /// padded, masked attention. Its products run at the batch's row count, so logits may differ
-/// from alone in last bits; on this file's prompts no greedy pick is that close.
+/// from alone in last bits: on the CPU no greedy pick of these prompts is that close, while
+/// CUDA's TF32 products can flip one at a near tie (`assert_same_or_near_tie`).
 #[test]
 fn pretrained_batched_steps_equal_alone_on_the_tensor_path() {
     let Some(path) = smollm_path() else { return };
@@ -98,14 +122,16 @@ fn pretrained_batched_steps_equal_alone_on_the_tensor_path() {
     let (got, widest) = batched(&model, &requests, 7);
     assert!(widest >= 10, "at most {widest} generations ran together");
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g, w, "request {i} in a batch differs from alone");
+        assert_same_or_near_tie(&model, &requests[i].0, g, w, &format!("request {i} in a batch"));
     }
     assert!(want.iter().filter(|w| w.len() >= 3).count() >= 12, "most requests generate text");
 }
 
 /// The logits of a batched forward, those of each session alone: bit for bit on the CPU's host
-/// path, whose rows are summed alike whatever the batch; within last bits on a GPU, whose
-/// products are tiled by the batch's shape (`CausalLm::forward_batch`).
+/// path, whose rows are summed alike whatever the batch; on a GPU, whose products are tiled by
+/// the batch's shape (`CausalLm::forward_batch`), within last bits of f32 (1e-4 of the logits'
+/// scale), or of TF32 on CUDA, whose f32 products run on tensor cores with 10-bit mantissas
+/// (3e-3).
 #[test]
 fn pretrained_forward_batch_logits_equal_alone() {
     let Some(path) = smollm_path() else { return };
@@ -117,7 +143,8 @@ fn pretrained_forward_batch_logits_equal_alone() {
         }
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let worst = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(got.len() == want.len() && worst <= 1e-4 * scale, "{what}: off by {worst} at scale {scale}");
+        let rel = if device.kind == crate::device::DeviceKind::Cuda { 3e-3 } else { 1e-4 };
+        assert!(got.len() == want.len() && worst <= rel * scale, "{what}: off by {worst} at scale {scale}");
     };
     let lm = &*model.lm;
     let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| model.tokenizer.encode(p, true).unwrap()).collect();
