@@ -37,16 +37,22 @@ pub(crate) fn kernels_run<const D: usize>(t: &burn::tensor::Tensor<D>) -> bool {
 pub(crate) fn on_cuda<const D: usize>(t: &burn::tensor::Tensor<D>) -> bool {
     #[cfg(feature = "cuda")]
     {
-        use burn::backend::{BackendTensor, DispatchTensorKind};
-        match &t.clone().into_dispatch().kind {
-            DispatchTensorKind::Cube(BackendTensor::Float(f)) => matches!(f.client.device(), cubecl::Device::Cuda(_)),
-            _ => false,
-        }
+        dispatch_on_cuda(&t.clone().into_dispatch())
     }
     #[cfg(not(feature = "cuda"))]
     {
         let _ = t;
         false
+    }
+}
+
+/// Whether the float tensor `t` lives on a CUDA device.
+#[cfg(feature = "cuda")]
+pub(crate) fn dispatch_on_cuda(t: &burn::backend::DispatchTensor) -> bool {
+    use burn::backend::{BackendTensor, DispatchTensorKind};
+    match &t.kind {
+        DispatchTensorKind::Cube(BackendTensor::Float(f)) => matches!(f.client.device(), cubecl::Device::Cuda(_)),
+        _ => false,
     }
 }
 

@@ -23,9 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use burn::backend::fusion::custom::TensorSpec;
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{
-    backend_extension, Backend, BackendTensor, Dispatch, DispatchTensor, DispatchTensorKind,
-};
+use burn::backend::{backend_extension, Backend, Dispatch, DispatchTensor};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
@@ -75,16 +73,10 @@ fn warn_once(reason: &str) {
 /// Whether `dot` should route this product to cuBLAS: both operands untracked float tensors on a
 /// CUDA device, of a dtype cuBLAS multiplies.
 pub fn applies(a: &DispatchTensor, b: &DispatchTensor, dtype: DType) -> bool {
-    let on_cuda = |t: &DispatchTensor| match &t.kind {
-        DispatchTensorKind::Cube(BackendTensor::Float(f)) => {
-            matches!(f.client.device(), cubecl::Device::Cuda(_))
-        }
-        _ => false,
-    };
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
         && enabled()
-        && on_cuda(a)
-        && on_cuda(b)
+        && crate::gpu::dispatch_on_cuda(a)
+        && crate::gpu::dispatch_on_cuda(b)
         && library_present()
 }
 

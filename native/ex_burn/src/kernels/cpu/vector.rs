@@ -982,8 +982,8 @@ fn row_sum_lanes<S: Isa>(row: &[f32], total: usize) -> f64 {
 
 wide!(pub(super) fn row_sum_as_sum(row: &[f32], total: usize) -> f64 = row_sum_lanes;);
 
-/// One row of `softmax_last`, every pass in `S`'s vector registers (the division above all:
-/// baseline x86-64 code divides four lanes at a time).
+/// One row of `softmax_last`, every pass in `S`'s vector registers (baseline x86-64 code works
+/// four lanes at a time).
 #[inline(always)]
 fn softmax_row<S: Isa>(row: &[f32], o: &mut [MaybeUninit<f32>], recip: bool, total: usize) {
     exp_minus_slice::<S>(row, max_lanes::<f32, S>(row), o);
