@@ -33,19 +33,6 @@ pub(crate) fn kernels_run<const D: usize>(t: &burn::tensor::Tensor<D>) -> bool {
     }
 }
 
-/// Whether `t` lives on a CUDA device.
-pub(crate) fn on_cuda<const D: usize>(t: &burn::tensor::Tensor<D>) -> bool {
-    #[cfg(feature = "cuda")]
-    {
-        dispatch_on_cuda(&t.clone().into_dispatch())
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = t;
-        false
-    }
-}
-
 /// Whether the float tensor `t` lives on a CUDA device.
 #[cfg(feature = "cuda")]
 pub(crate) fn dispatch_on_cuda(t: &burn::backend::DispatchTensor) -> bool {

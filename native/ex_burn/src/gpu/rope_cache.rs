@@ -26,9 +26,7 @@ pub struct Rope<'a> {
 /// Whether `rope_write` takes `qkv`, on a device where `gpu::kernels_run` (the caller asks that
 /// once for its device).
 pub fn applies(qkv: &Tensor<2>) -> bool {
-    // On CUDA the kernel's own test finds wrong keys in the pool (guides/devices.md), so Burn's
-    // ops rotate and append there.
-    qkv.dtype() == burn::tensor::DType::F32 && !crate::gpu::on_cuda(qkv)
+    qkv.dtype() == burn::tensor::DType::F32
 }
 
 /// For `qkv: [rows, (heads + 2 kv_heads) * head_dim]` at positions `pos` (`[rows]`): the rotated
@@ -101,10 +99,12 @@ mod cube {
         (TensorSpec::new(shape, qkv.dtype), k.clone(), v.clone())
     }
 
-    /// `side` itself where this op holds its only reference, else a copy: the pool is written in
-    /// place, never under another reader.
+    /// `side` itself where this op holds its only reference and its rows are laid out one after
+    /// another, else a contiguous copy: the pool is written in place, never under another reader,
+    /// and never through strides (CUDA pads the rows of uploaded tensors; a copy keeps them).
     fn writable(side: CubeTensor) -> CubeTensor {
-        if side.can_mut() && side.is_contiguous() {
+        let side = crate::gpu::contiguous(side);
+        if side.can_mut() {
             side
         } else {
             side.copy()
@@ -236,8 +236,8 @@ mod tests {
 
     /// Against f64 rotation on the host, for both pair layouts and a rotary part narrower than
     /// the head: the queries, the keys and values at scattered pool rows, the rows not written
-    /// left as they were, with the pool written in place, and with a side still held elsewhere
-    /// (left untouched: written in a copy).
+    /// left as they were, with the pool written in place, with a side still held elsewhere (left
+    /// untouched: written in a copy), and with sides laid out through strides.
     #[test]
     fn rope_cache_equals_f64_rotation() {
         let device = crate::testing::device();
@@ -252,11 +252,11 @@ mod tests {
         if !kernels_run(&qkv_t, &device) {
             return;
         }
-        if !applies(&qkv_t) {
-            eprintln!("rope_cache does not run on {device:?}: skipped");
-            return;
-        }
-        for (halves, hold) in [(false, false), (true, false), (false, true), (true, true)] {
+        assert!(applies(&qkv_t));
+        // the pool written in place; with a side still held elsewhere (written in a copy); and
+        // with sides laid out through strides (a permuted view, as CUDA pads uploaded rows)
+        for (halves, layout) in [(false, 0), (true, 0), (false, 1), (true, 1), (false, 2), (true, 2)] {
+            let hold = layout == 1;
             // pair j of a head: values (j, j + rd/2) or (2j, 2j + 1); tables in the pair layout
             let pair = |d: usize| if halves { (d % (rd / 2), d < rd / 2) } else { (d / 2, d % 2 == 0) };
             let partner = |d: usize| if halves { (d + rd / 2) % rd } else { d ^ 1 };
@@ -266,8 +266,14 @@ mod tests {
             let (cos, sin) = (table(f64::cos, 1.0), table(f64::sin, -1.0));
             let (cos_t, sin_t) = (f32_tensor(cos, [ctx, rd], &dev), f32_tensor(sin, [ctx, rd], &dev));
             let rope = Rope { cos: &cos_t, sin: &sin_t, halves };
-            let sides = pool.clone().map(|p| f32_tensor(p, [pages, page, kw], &dev));
-            // a side still held elsewhere is written in a copy; one held nowhere else in place
+            let sides = pool.clone().map(|p| {
+                if layout == 2 {
+                    let t: Vec<f32> = (0..kw * page * pages).map(|i| p[(i % pages * page + i / pages % page) * kw + i / (pages * page)]).collect();
+                    f32_tensor(t, [kw, page, pages], &dev).permute([2, 1, 0])
+                } else {
+                    f32_tensor(p, [pages, page, kw], &dev)
+                }
+            });
             let held = hold.then(|| sides[0].clone());
             let (pos_t, at_t) = (i32_tensor(pos.iter().map(|&p| p as i32).collect(), &dev), i32_tensor(at.iter().map(|&p| p as i32).collect(), &dev));
             let (q, [k, v]) = rope_write(qkv_t.clone(), &rope, &pos_t, &at_t, sides, heads, dh);
@@ -285,7 +291,7 @@ mod tests {
                 let y = qkv[r * width + c - d + partner(d)];
                 if first { x * cs - y * sn } else { x * cs + y * sn }
             };
-            let close = |got: f32, want: f64, what: &str| assert!((got as f64 - want).abs() <= 1e-6, "{what} (halves {halves}, held {hold}): {got} vs {want}");
+            let close = |got: f32, want: f64, what: &str| assert!((got as f64 - want).abs() <= 1e-6, "{what} (halves {halves}, layout {layout}): {got} vs {want}");
             for r in 0..rows {
                 (0..heads * dh).for_each(|c| close(q[r * heads * dh + c], rotated(r, c), &format!("q[{r}, {c}]")));
                 for c in 0..kw {
