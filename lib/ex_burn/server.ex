@@ -49,8 +49,9 @@ defmodule ExBurn.Server do
       tokens a step runs and bytes of KV cache the running generations may reserve (defaults
       those of `ExBurn.LLM.Scheduler`)
     * `:warmup` - per LLM: its scheduler's `:warmup` (every batch size of a step runs once
-      before the scheduler takes requests), part of loading the model: at start with
-      `:preload`, else on the model's first request. Default `false`
+      before the scheduler takes requests); per embedding model: `ExBurn.Embedding.warm_up/2`
+      at batch sizes 1 and `:batch_size`. Part of loading the model: at start with `:preload`,
+      else on the model's first request. Default `false`
     * `:max_queue` - generations waiting per LLM before requests get 503 (default 256)
     * `:replicas` - LLM replicas: a count (that many copies of each LLM on `:device`) or a list
       of devices (one copy on each, e.g. `[{:cuda, 0}, {:cuda, 1}]`); each copy has its own

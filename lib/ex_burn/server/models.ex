@@ -192,11 +192,24 @@ defmodule ExBurn.Server.Model do
   defp load(:reranker, id, opts), do: ExBurn.Rerank.load(id, opts)
 
   defp serve(%ExBurn.Embedding{} = model, config) do
-    ExBurn.Serving.Batcher.start_link(model,
-      batch_size: config.batch_size,
-      batch_timeout: config.batch_timeout,
-      max_queue: max(4 * config.max_inputs, 1024)
-    )
+    with :ok <- warm_up(model, config) do
+      ExBurn.Serving.Batcher.start_link(model,
+        batch_size: config.batch_size,
+        batch_timeout: config.batch_timeout,
+        max_queue: max(4 * config.max_inputs, 1024)
+      )
+    end
+  end
+
+  # the server's `:warmup` warms an embedder at batch sizes 1 and `:batch_size` (the schedulers
+  # take it as their own option)
+  defp warm_up(model, config) do
+    if config.scheduler[:warmup] in [nil, false] do
+      :ok
+    else
+      with {:ok, _} <- ExBurn.Embedding.warm_up(model, batch_sizes: Enum.uniq([1, config.batch_size])),
+           do: :ok
+    end
   end
 
   # A reranker scores in each request's process (ExBurn.Server.Inference.rerank/3); its process

@@ -18,7 +18,8 @@ defmodule Mix.Tasks.ExBurn.Server do
     batched step, tokens a step runs, KV cache bytes the running generations may reserve
     (`ExBurn.LLM.Scheduler`'s options and defaults)
   * `--warmup` - each LLM's scheduler runs every batch size once before it takes requests
-    (`ExBurn.LLM.Scheduler`'s `:warmup`), as part of loading the model (with `--preload`, at start)
+    (`ExBurn.LLM.Scheduler`'s `:warmup`), and each embedding model batch sizes 1 and the
+    server's batch size, as part of loading the model (with `--preload`, at start)
   * `--replicas` - copies of each LLM, each with its scheduler: a count (on `--device`) or a
     comma-separated list of devices; requests go to the least loaded (`ExBurn.Server`'s `:replicas`)
   * `--body-limit` - the largest request body in bytes (default 4 MiB)

@@ -17,7 +17,10 @@ defmodule ExBurn.Server.ModelsHttpTest do
   setup_all do
     name = :models_http_test
     # one generation at a time, so the tests can hold a request in the queue behind another
-    start_supervised!({ExBurn.Server, name: name, port: 0, token: nil, preload: :all, max_concurrent: 1})
+    start_supervised!(
+      {ExBurn.Server, name: name, port: 0, token: nil, preload: :all, max_concurrent: 1, warmup: true}
+    )
+
     {:ok, embedding} = ExBurn.Embedding.load(@emb)
     {:ok, llm} = ExBurn.LLM.load(@llm)
     %{name: name, url: ExBurn.Server.url(name), embedding: embedding, llm: llm}
@@ -31,6 +34,11 @@ defmodule ExBurn.Server.ModelsHttpTest do
     config = ExBurn.Server.Instance.config(name)
     ExBurn.TestHelpers.wait_until(fn -> ExBurn.Server.Models.lookup(config, @llm) != nil end, 6_000)
     ExBurn.Server.Models.lookup(config, @llm).server
+  end
+
+  test "warmup: true warmed the LLM's one batch size before its scheduler took requests", %{name: name} do
+    assert %{warmup: %{batch_sizes: [1], ms: ms}} = ExBurn.LLM.Scheduler.info(llm_server(name))
+    assert is_integer(ms)
   end
 
   test "models are listed by directory name, with their kind", %{url: url} do
