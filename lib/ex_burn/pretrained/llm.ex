@@ -196,7 +196,8 @@ defmodule ExBurn.LLM do
          :ok <- Pretrained.known_options(:llm_warm_up, opts, [:batch_sizes]),
          {:ok, sizes} <-
            ExBurn.Pretrained.WarmUp.sizes(:llm_warm_up, Keyword.get(opts, :batch_sizes, [1]), [1]) do
-      {:ok, start} = start_args("Hello", max_tokens: 2, greedy: true)
+      # ignore_eos: the decoding step must find every generation still running
+      {:ok, start} = start_args("Hello", max_tokens: 2, greedy: true, ignore_eos: true)
 
       ExBurn.Pretrained.WarmUp.run(sizes, fn n ->
         with {:ok, gens} <- start_all(ref, start, n),
