@@ -22,6 +22,9 @@ defmodule ExBurn.Pretrained.WarmUp do
 
   def sizes(op, other, _all, max), do: invalid(op, other, max)
 
+  @doc "The sizes `warmup: true` warms an embedder at: one text, and a full batch."
+  def embedder_sizes(batch_size), do: Enum.uniq([1, batch_size])
+
   @doc "Like `sizes/4`, but raises `ExBurn.Error`."
   def sizes!(op, value, all, max \\ nil) do
     case sizes(op, value, all, max) do

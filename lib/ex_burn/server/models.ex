@@ -207,7 +207,10 @@ defmodule ExBurn.Server.Model do
     if config.scheduler[:warmup] in [nil, false] do
       :ok
     else
-      with {:ok, _} <- ExBurn.Embedding.warm_up(model, batch_sizes: Enum.uniq([1, config.batch_size])),
+      with {:ok, _} <-
+             ExBurn.Embedding.warm_up(model,
+               batch_sizes: ExBurn.Pretrained.WarmUp.embedder_sizes(config.batch_size)
+             ),
            do: :ok
     end
   end

@@ -55,9 +55,9 @@ defmodule ExBurn.LLM.Scheduler do
       `ExBurn.Error` whose `details.cause` is `:overloaded` (default 256, or `:infinity`)
     * `:warmup` - `true` runs `ExBurn.LLM.warm_up/2` at every batch size from 1 to
       `:max_concurrent` before the server starts (`start_link/2` returns once it is done, or
-      `{:error, %ExBurn.Error{}}`), a list of sizes runs those; default
-      `false`. On GPUs each batch size of a step compiles its own kernels on first use, which
-      would otherwise stall the steps where concurrency first reaches it
+      `{:error, %ExBurn.Error{}}`), a list of sizes runs those; default `false`. On GPUs each
+      batch size of a step compiles its own kernels on first use, which would otherwise stall
+      the steps where concurrency first reaches it
 
   ## Replicas
 

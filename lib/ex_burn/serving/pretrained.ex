@@ -151,7 +151,13 @@ if Code.ensure_loaded?(Nx) do
       batch_timeout = ExBurn.Tensor.Util.int_option!(:serving, opts, :batch_timeout, 10, 0)
       partitions = ExBurn.Tensor.Util.int_option!(:serving, opts, :partitions, 1)
       seq_len = sequence_length!(opts, model)
-      warmup = ExBurn.Pretrained.WarmUp.sizes!(:serving, opts[:warmup], Enum.uniq([1, batch_size]))
+
+      warmup =
+        ExBurn.Pretrained.WarmUp.sizes!(
+          :serving,
+          opts[:warmup],
+          ExBurn.Pretrained.WarmUp.embedder_sizes(batch_size)
+        )
 
       Nx.Serving.new(__MODULE__, {model, warmup}, partition_options(partitions))
       |> Nx.Serving.batch_size(batch_size)
