@@ -1,13 +1,15 @@
 defmodule ExBurn.LLM do
   @moduledoc """
   Text generation with pre-trained Llama-family models (GGUF architectures `llama`, `qwen2`,
-  `qwen3` and `phi3`) from GGUF files.
+  `qwen3` and `phi3`; config.json `model_type` `llama`, `mistral`, `qwen2`, `qwen3` and `phi3`)
+  from GGUF files or Hugging Face directories (config.json, safetensors weights, tokenizer.json).
 
       {:ok, model} = ExBurn.LLM.load("smollm2-135m-instruct")
       {:ok, result} = ExBurn.LLM.generate(model, "The capital of France is", max_tokens: 16, greedy: true)
       result.text
 
-      # Chat: the model's own template (GGUF `tokenizer.chat_template`) renders the messages.
+      # Chat: the model's own template (GGUF `tokenizer.chat_template`, or a directory's
+      # chat_template.jinja or tokenizer_config.json) renders the messages.
       ExBurn.LLM.stream(model, [%{role: "user", content: "Tell me a joke"}], max_tokens: 64)
       |> Enum.each(&IO.write/1)
 
@@ -75,7 +77,10 @@ defmodule ExBurn.LLM do
   # The generation options (for the servings that take them alongside their own).
   def generation_options, do: @options
 
-  @doc "Loads a model by name (in the models directory) or path (a .gguf file or its directory)."
+  @doc """
+  Loads a model by name (in the models directory) or path: a .gguf file, a directory holding one,
+  or a Hugging Face directory.
+  """
   @spec load(String.t(), keyword) :: {:ok, t} | {:error, Error.t()}
   def load(name_or_path, opts \\ []) do
     Pretrained.load_struct(

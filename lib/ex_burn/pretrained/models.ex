@@ -6,7 +6,8 @@ defmodule ExBurn.Models do
 
       <models dir>/
         embeddings/<name>/   model.safetensors, config.json, tokenizer.json, 1_Pooling/, ...
-        llm/<name>/          one .gguf file
+        llm/<name>/          one .gguf file, or a Hugging Face directory: config.json,
+                             model.safetensors (or shards and their index), tokenizer.json
         rerankers/<name>/    a cross-encoder: model.safetensors, config.json, tokenizer.json
         registry.json        optional catalog
 

@@ -1,6 +1,7 @@
-//! Llama-family decoder on the Burn engine, from a GGUF file: Llama, Qwen2, Qwen3 and Phi-3, whose
-//! differences (Q/K/V biases, per-head Q/K norms, which pairs RoPE rotates) are a `Family` read
-//! from `general.architecture`. On the CPU the linear layers and the embedding keep the file's
+//! Llama-family decoder on the Burn engine, from a GGUF file or a Hugging Face directory
+//! (`decoder_source`): Llama, Qwen2, Qwen3 and Phi-3, whose differences (Q/K/V biases, per-head
+//! Q/K norms, which pairs RoPE rotates) are a `Family` read from `general.architecture` (or
+//! config.json's `model_type`). On the CPU the linear layers and the embedding keep the file's
 //! F16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks (`qmatmul`); elsewhere, and for other
 //! formats, tensors are dequantised to f32 at load.
 //!
@@ -19,6 +20,7 @@ use burn::tensor::{Device, Tensor};
 use super::kv_pool::{KvPool, Pages, PAGE};
 use super::llama_host::{self, HostBlock, HostKv, HostSeq, Shape};
 use super::qmatmul::QStack;
+use super::decoder_source::DecoderSource;
 use super::weights::{f32_tensor, i32_tensor, Gguf};
 use crate::kernels::cpu::vector::flex_f32;
 use super::prefix_cache::SavedKv;
@@ -68,7 +70,7 @@ impl LlamaConfig {
     /// base^(-2i / rope_dim), divided by `rope_freqs.weight`'s factors where the file has them
     /// (Llama 3.1-style scaling, as llama.cpp applies them); angle = position · scale · θ_i, in f64.
     /// Both engines and both rope styles rotate with these.
-    pub(crate) fn rope_tables(&self, g: &mut Gguf) -> ExResult<(Vec<f32>, Vec<f32>)> {
+    pub(crate) fn rope_tables(&self, g: &mut DecoderSource) -> ExResult<(Vec<f32>, Vec<f32>)> {
         let (half, ctx) = (self.rope_dim / 2, self.context_length.max(1));
         let factors = if g.contains("rope_freqs.weight") { g.values("rope_freqs.weight", &[half])? } else { vec![1.0; half] };
         let inv: Vec<f64> =
@@ -93,12 +95,7 @@ impl LlamaConfig {
         let head_count = g.usize(&key("attention.head_count"))?;
         let head_count_kv = g.opt_usize(&key("attention.head_count_kv"))?.unwrap_or(head_count);
         let key_length = g.opt_usize(&key("attention.key_length"))?;
-        if head_count == 0
-            || (key_length.is_none() && embedding_length % head_count != 0)
-            || head_count_kv == 0
-            || head_count % head_count_kv != 0
-            || key_length == Some(0)
-        {
+        if head_count == 0 || (key_length.is_none() && embedding_length % head_count != 0) {
             return Err(ExError::invalid(format!(
                 "inconsistent attention shape in {}: embedding_length {embedding_length}, head_count {head_count}, head_count_kv {head_count_kv}",
                 g.path().display()
@@ -114,9 +111,6 @@ impl LlamaConfig {
             }
         }
         let rope_dim = g.opt_usize(&key("rope.dimension_count"))?.unwrap_or(head_dim);
-        if rope_dim > head_dim || rope_dim % 2 != 0 {
-            return Err(ExError::invalid(format!("rope dimension {rope_dim} does not fit heads of {head_dim}")));
-        }
         let rope_position_scale = match g.metadata().get(&key("rope.scaling.type")) {
             None => 1.0,
             Some(_) => match g.string(&key("rope.scaling.type"))? {
@@ -158,7 +152,7 @@ impl LlamaConfig {
                 return Err(ExError::invalid(format!("{arch}.vocab_size {v} disagrees with token_embd.weight's {vocab_size} rows")));
             }
         }
-        Ok(LlamaConfig {
+        LlamaConfig {
             block_count: g.usize(&key("block_count"))?,
             embedding_length,
             feed_forward_length: g.usize(&key("feed_forward_length"))?,
@@ -173,13 +167,32 @@ impl LlamaConfig {
             vocab_size,
             arch,
             family,
-        })
+        }
+        .checked(g.path())
+    }
+
+    /// The config, where its attention and rotary shapes are ones the engines run (`path`
+    /// names the file it came from).
+    pub(crate) fn checked(self, path: &Path) -> ExResult<Self> {
+        let (h, kv) = (self.head_count, self.head_count_kv);
+        if h == 0 || kv == 0 || h % kv != 0 || self.head_dim == 0 {
+            return Err(ExError::invalid(format!(
+                "inconsistent attention shape in {}: embedding_length {}, head_count {h}, head_count_kv {kv}, head_dim {}",
+                path.display(),
+                self.embedding_length,
+                self.head_dim
+            )));
+        }
+        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+            return Err(ExError::invalid(format!("rope dimension {} does not fit heads of {} in {}", self.rope_dim, self.head_dim, path.display())));
+        }
+        Ok(self)
     }
 }
 
 impl HeadExtras {
     /// Layer `l`'s extras from the file.
-    pub(crate) fn read(g: &mut Gguf, cfg: &LlamaConfig, l: usize) -> ExResult<HeadExtras> {
+    pub(crate) fn read(g: &mut DecoderSource, cfg: &LlamaConfig, l: usize) -> ExResult<HeadExtras> {
         let (dh, f) = (cfg.head_dim(), cfg.family);
         let n = |name: &str| format!("blk.{l}.{name}");
         let qkv_bias = if f.qkv_bias {
@@ -216,7 +229,7 @@ enum Linear {
 impl Linear {
     /// The matrices `parts` (each `[rows, cols]`) stacked along their rows: kept quantised when
     /// `quantised` and every part's format allows, else dequantised.
-    fn load(g: &mut Gguf, parts: &[(&str, usize)], cols: usize, dev: &Device, quantised: bool) -> ExResult<Linear> {
+    fn load(g: &mut DecoderSource, parts: &[(&str, usize)], cols: usize, dev: &Device, quantised: bool) -> ExResult<Linear> {
         if quantised {
             let mut q = Vec::with_capacity(parts.len());
             for (name, rows) in parts {
@@ -320,9 +333,9 @@ pub struct BurnLlama {
     w: Arc<Weights>,
 }
 
-/// Loads a Llama-architecture GGUF file.
-pub fn load(gguf: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
-    Ok(Box::new(BurnLlama::load(gguf, device)?))
+/// Loads a Llama-family GGUF file or Hugging Face directory.
+pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
+    Ok(Box::new(BurnLlama::load(path, device)?))
 }
 
 impl BurnLlama {
@@ -333,8 +346,8 @@ impl BurnLlama {
     /// `quantised: false` dequantises every weight, as devices other than the CPU do: the tensor
     /// path. Tests use it to check that path on the CPU.
     pub(crate) fn load_with(path: &Path, device: &DeviceRef, quantised: bool) -> ExResult<BurnLlama> {
-        let mut g = Gguf::open(path)?;
-        let cfg = LlamaConfig::read(&g)?;
+        let mut g = DecoderSource::open(path)?;
+        let cfg = g.config()?;
         let dev = device.burn()?;
         let w = catch(|| Weights::load(&mut g, cfg, dev, quantised))?;
         Ok(BurnLlama { w: Arc::new(w) })
@@ -346,10 +359,10 @@ impl BurnLlama {
 }
 
 impl Weights {
-    fn load(g: &mut Gguf, cfg: LlamaConfig, dev: Device, quantised: bool) -> ExResult<Weights> {
+    fn load(g: &mut DecoderSource, cfg: LlamaConfig, dev: Device, quantised: bool) -> ExResult<Weights> {
         let (h, f, dh) = (cfg.embedding_length, cfg.feed_forward_length, cfg.head_dim());
         let (q_rows, kv_rows) = (cfg.head_count * dh, cfg.head_count_kv * dh);
-        let linear = |g: &mut Gguf, parts: &[(&str, usize)], cols: usize| Linear::load(g, parts, cols, &dev, quantised);
+        let linear = |g: &mut DecoderSource, parts: &[(&str, usize)], cols: usize| Linear::load(g, parts, cols, &dev, quantised);
         let embed = linear(g, &[("token_embd.weight", cfg.vocab_size)], h)?;
         let mut blocks = Vec::with_capacity(cfg.block_count);
         for l in 0..cfg.block_count {
@@ -1157,7 +1170,7 @@ mod tests {
         let (cfg, dev) = (&dense.w.cfg, &dense.w.device);
         let (dh, rd, heads) = (cfg.head_dim(), cfg.rope_dim, 2);
         let half = rd / 2;
-        let (cos, sin) = cfg.rope_tables(&mut Gguf::open(path).unwrap()).unwrap();
+        let (cos, sin) = cfg.rope_tables(&mut DecoderSource::open(path).unwrap()).unwrap();
         let positions = [0usize, 17, 3, 4, 29, 11];
         let t = positions.len();
         let values: Vec<f32> = (0..t * heads * dh).map(|i| ((i as f32) * 0.731).sin() * 3.0).collect();

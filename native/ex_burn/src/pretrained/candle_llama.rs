@@ -5,13 +5,14 @@
 //! a tied output projection multiplies the same blocks).
 //! `candle-transformers`' quantised Llama dequantises the embedding to f32, which for a small
 //! model is more memory than the whole file (guides/pretrained.md). Hyperparameters and
-//! rotary tables are the Burn engine's (`burn_llama::LlamaConfig`), so both engines read a GGUF
-//! the same way.
+//! rotary tables are the Burn engine's (`burn_llama::LlamaConfig`), and tensors come through the
+//! same `DecoderSource`, so both engines read a GGUF file or a Hugging Face directory the same
+//! way.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, QMatMul, QTensor};
+use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::burn_llama::LlamaConfig;
@@ -20,7 +21,8 @@ use super::candle_bert::check_cpu;
 use super::errors;
 use super::gguf::{self, Header};
 use super::qmatmul::{dequantise_row, QFormat};
-use super::weights::Gguf;
+use super::decoder_source::DecoderSource;
+use super::hf_decoder::is_hf_dir;
 use super::{own_chunks, CausalLm, Chunk, LmSession};
 use crate::device::DeviceRef;
 use crate::error::{ExError, ExResult};
@@ -310,14 +312,16 @@ pub fn declared_context(h: &Header) -> Option<usize> {
     h.arch_int("context_length").and_then(|v| usize::try_from(v).ok()).filter(|v| *v > 0)
 }
 
-/// Loads a Llama-architecture GGUF file. The file's metadata (the tokenizer's vocabulary and
-/// merges among it) is parsed by three readers in turn, each dropped before the next, so a
-/// load's peak is the weights plus one parse.
+/// Loads a Llama-family GGUF file or Hugging Face directory. A GGUF file's metadata (the
+/// tokenizer's vocabulary and merges among it) is parsed by two readers in turn, the first
+/// dropped before the second, so a load's peak is the weights plus one parse.
 pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     check_cpu(device)?;
-    check_header(&gguf::read_header(path)?, ARCHITECTURES, TENSOR_TYPES)?;
-    let mut g = Gguf::open(path)?;
-    let cfg = LlamaConfig::read(&g)?;
+    if !is_hf_dir(path) {
+        check_header(&gguf::read_header(path)?, ARCHITECTURES, TENSOR_TYPES)?;
+    }
+    let mut g = DecoderSource::open(path)?;
+    let cfg = g.config()?;
     if cfg.rope_dim != cfg.head_dim() {
         return Err(errors::unsupported(
             "candle",
@@ -335,11 +339,7 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     let out_norm = norm("output_norm.weight")?;
     let extras = (0..cfg.block_count).map(|l| HeadExtras::read(&mut g, &cfg, l)).collect::<ExResult<Vec<_>>>()?;
     let tied = !g.contains("output.weight");
-    drop(g);
-
-    let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| errors::io(path, e))?);
-    let content = gguf_file::Content::read(&mut file).map_err(engine_err)?;
-    let mut qtensor = |name: &str| -> ExResult<QTensor> { content.tensor(&mut file, name, &Device::Cpu).map_err(engine_err) };
+    let mut qtensor = |name: &str| -> ExResult<QTensor> { g.qtensor(name) };
     let qmat = |t: QTensor| -> ExResult<QMatMul> { QMatMul::from_qtensor(t).map_err(engine_err) };
     // the largest tensor first, while little else is resident: candle's reader holds a tensor
     // twice on the way in (its raw bytes, then the blocks), and that peak would otherwise come on

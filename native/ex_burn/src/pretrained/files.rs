@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! <dir>/embeddings/<name>/     config.json + model.safetensors (+ tokenizer.json, modules.json, …)
-//! <dir>/llm/<name>/            one .gguf file, or model.safetensors + config.json
+//! <dir>/llm/<name>/            one .gguf file, or a Hugging Face directory: config.json,
+//!                              model.safetensors (or shards and their index), tokenizer.json
 //! <dir>/rerankers/<name>/      a cross-encoder: config.json + model.safetensors + tokenizer.json
 //! <dir>/registry.json          optional: {"models": [{"name", "kind", "path", "description"}]}
 //! ```
@@ -145,7 +146,7 @@ fn describe(name: String, kind: ModelKind, path: &Path, description: Option<Stri
     if !path.is_dir() {
         return vec![];
     }
-    if path.join("model.safetensors").is_file() {
+    if path.join("model.safetensors").is_file() || super::hf_decoder::is_hf_dir(path) {
         return vec![ModelEntry {
             name,
             kind,

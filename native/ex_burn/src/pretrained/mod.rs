@@ -13,11 +13,13 @@ pub mod candle_bert;
 pub mod candle_mpnet;
 pub mod candle_llama;
 pub mod decoder_family;
+pub mod decoder_source;
 pub mod encoder_family;
 pub mod errors;
 pub mod files;
 pub mod generate;
 pub mod gguf;
+pub mod hf_decoder;
 mod kv_pool;
 mod llama_host;
 #[cfg(test)]
@@ -38,6 +40,8 @@ mod batch_tests;
 mod embed_batch_tests;
 #[cfg(test)]
 mod llm_family_tests;
+#[cfg(test)]
+mod hf_llm_tests;
 #[cfg(test)]
 mod spm_tests;
 pub mod tokenizer;
@@ -383,7 +387,8 @@ pub struct TextModel {
 /// Bytes of saved prompt caches a model keeps for reuse, beside its generations' own caches.
 const PREFIX_CACHE_BYTES: usize = 64 << 20;
 
-/// The GGUF file `path` names: the file itself, or the only `.gguf` in a directory.
+/// The GGUF file `path` names: the file itself, or the only `.gguf` in a directory (one that is
+/// not a Hugging Face model directory, `hf_decoder::is_hf_dir`).
 pub fn gguf_path(path: &Path) -> ExResult<PathBuf> {
     if path.is_file() {
         return Ok(path.to_path_buf());
@@ -395,11 +400,7 @@ pub fn gguf_path(path: &Path) -> ExResult<PathBuf> {
     match found.len() {
         1 => Ok(found[0].clone()),
         0 => Err(if path.join("model.safetensors").is_file() {
-            errors::err(
-                kind::UNSUPPORTED_MODULE,
-                format!("{} holds a safetensors LLM; LLMs load from GGUF files only", path.display()),
-                vec![errors::path_detail(path), ("format", Detail::Atom("safetensors"))],
-            )
+            errors::missing_file(&path.join("config.json"))
         } else {
             errors::err(kind::MISSING_FILE, format!("no .gguf file in {}", path.display()), vec![errors::path_detail(path)])
         }),
@@ -412,17 +413,24 @@ pub fn gguf_path(path: &Path) -> ExResult<PathBuf> {
 }
 
 impl TextModel {
-    /// Loads a GGUF LLM (a `.gguf` file, or a directory holding one).
+    /// Loads an LLM: a `.gguf` file, a directory holding one, or a Hugging Face directory
+    /// (config.json, safetensors weights, tokenizer.json).
     pub fn load(path: &Path, engine: Engine, device: DeviceRef) -> ExResult<Self> {
-        let file = gguf_path(path)?;
-        let header = gguf::read_header(&file)?;
-        let arch = header.architecture().unwrap_or("").to_string();
         // The architecture check comes first so an unknown model never reaches the tokenizer.
-        if !candle_llama::ARCHITECTURES.contains(&arch.as_str()) {
-            candle_llama::check_header(&header, candle_llama::ARCHITECTURES, &[])?;
-        }
-        let tokenizer = Arc::new(LmTokenizer::from_gguf(&header)?);
-        let chat_template = header.str("tokenizer.chat_template").map(str::to_string);
+        let (file, arch, tokenizer, chat_template) = if hf_decoder::is_hf_dir(path) {
+            let (arch, rows) = hf_decoder::peek(path)?;
+            (path.to_path_buf(), arch.to_string(), LmTokenizer::from_hf_dir(path, rows)?, hf_decoder::chat_template(path)?)
+        } else {
+            let file = gguf_path(path)?;
+            let header = gguf::read_header(&file)?;
+            let arch = header.architecture().unwrap_or("").to_string();
+            if !candle_llama::ARCHITECTURES.contains(&arch.as_str()) {
+                candle_llama::check_header(&header, candle_llama::ARCHITECTURES, &[])?;
+            }
+            let chat_template = header.str("tokenizer.chat_template").map(str::to_string);
+            (file, arch, LmTokenizer::from_gguf(&header)?, chat_template)
+        };
+        let tokenizer = Arc::new(tokenizer);
         let lm = match engine {
             Engine::Burn => burn_llama::load(&file, &device)?,
             Engine::Candle => candle_llama::load(&file, &device)?,

@@ -1,5 +1,5 @@
-//! Tokenizers: Hugging Face `tokenizers`, built from `tokenizer.json` (BERT-family encoders) or
-//! from a GGUF file's metadata (Llama-family LLMs).
+//! Tokenizers: Hugging Face `tokenizers`, built from `tokenizer.json` (encoders, and LLMs in
+//! Hugging Face directories) or from a GGUF file's metadata (LLMs in GGUF files).
 //!
 //! Both engines share these, so token ids never depend on the engine.
 
@@ -273,13 +273,85 @@ impl LmTokenizer {
         if !added.is_empty() {
             tok.add_special_tokens(added).map_err(tokenizer_error)?;
         }
-        let mut eog: Vec<u32> = spec.eos.into_iter().chain(spec.extra_eos.iter().copied()).filter(|&i| (i as usize) < n).collect();
-        for (i, t) in spec.tokens.iter().enumerate() {
-            if ty(i) == TOKEN_CONTROL && EOG_TEXTS.contains(&t.as_str()) && !eog.contains(&(i as u32)) {
-                eog.push(i as u32);
-            }
-        }
+        let controls = spec.tokens.iter().enumerate().filter(|&(i, _)| ty(i) == TOKEN_CONTROL).map(|(i, t)| (i as u32, t.as_str()));
+        let eog = end_of_generation(spec.eos.into_iter().chain(spec.extra_eos.iter().copied()), controls, n);
         Ok(LmTokenizer { tok, token_bytes, bos: spec.bos, eos: spec.eos, eog, add_bos: spec.add_bos, add_eos: spec.add_eos, special })
+    }
+
+    /// A Hugging Face directory's `tokenizer.json`, with the special tokens its
+    /// `tokenizer_config.json`, `generation_config.json` and `config.json` name. `rows` is the
+    /// model's vocabulary (its embedding's rows), which may be padded past the tokenizer's: the
+    /// ids past it stand for no text.
+    pub fn from_hf_dir(dir: &Path, rows: usize) -> ExResult<Self> {
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(errors::missing_file(&path));
+        }
+        let tok = Tokenizer::from_file(&path).map_err(|e| tokenizer_error(format!("{}: {e}", path.display())))?;
+        let added = tok.get_added_tokens_decoder();
+        let decoder = serde_json::to_string(&tok.get_decoder()).unwrap_or_default();
+        let byte_level = decoder.contains("\"ByteLevel\"");
+        let byte_fallback = decoder.contains("\"ByteFallback\"");
+        let n = rows.max(tok.get_vocab_size(true)).max(added.keys().map(|&i| i as usize + 1).max().unwrap_or(0));
+        let inverse: HashMap<char, u8> = bytes_to_unicode().iter().enumerate().map(|(b, c)| (*c, b as u8)).collect();
+        let mut special = vec![false; n];
+        let mut token_bytes = Vec::with_capacity(n);
+        for id in 0..n as u32 {
+            if let Some(a) = added.get(&id) {
+                special[id as usize] = true;
+                token_bytes.push(a.content.as_bytes().to_vec());
+                continue;
+            }
+            let Some(t) = tok.id_to_token(id) else {
+                // a padding row of the embedding
+                special[id as usize] = true;
+                token_bytes.push(Vec::new());
+                continue;
+            };
+            token_bytes.push(if byte_level {
+                t.chars().flat_map(|c| match inverse.get(&c) {
+                    Some(b) => vec![*b],
+                    None => c.to_string().into_bytes(),
+                }).collect()
+            } else {
+                match t.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')).filter(|h| byte_fallback && h.len() == 2) {
+                    Some(hex) => u8::from_str_radix(hex, 16).map(|b| vec![b]).unwrap_or_else(|_| t.clone().into_bytes()),
+                    None => t.replace(SPM_SPACE, " ").into_bytes(),
+                }
+            });
+        }
+        let config = |file: &str| -> ExResult<serde_json::Value> {
+            let p = dir.join(file);
+            if !p.is_file() {
+                return Ok(serde_json::Value::Null);
+            }
+            let text = std::fs::read_to_string(&p).map_err(|e| errors::io(&p, e))?;
+            serde_json::from_str(&text).map_err(|e| errors::bad_config(&p, e))
+        };
+        let (tok_config, gen_config, model_config) = (config("tokenizer_config.json")?, config("generation_config.json")?, config("config.json")?);
+        // `bos_token` is a string or an added token's {"content": …}
+        let named = |key: &str| -> Option<u32> {
+            let v = tok_config.get(key)?;
+            tok.token_to_id(v.as_str().or_else(|| v.get("content")?.as_str())?)
+        };
+        let ids = |v: Option<&serde_json::Value>| -> Vec<u32> {
+            match v {
+                Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+                Some(x) => x.as_u64().map(|x| x as u32).into_iter().collect(),
+                None => vec![],
+            }
+        };
+        let bos = named("bos_token").or_else(|| ids(model_config.get("bos_token_id")).first().copied());
+        let eos = named("eos_token").or_else(|| ids(model_config.get("eos_token_id")).first().copied());
+        // what the tokenizer's own post-processor adds around a text
+        let (with, without) = (tok.encode("a", true).map_err(tokenizer_error)?, tok.encode("a", false).map_err(tokenizer_error)?);
+        let (with, without) = (with.get_ids(), without.get_ids());
+        let add_bos = bos.is_some_and(|b| with.first() == Some(&b) && without.first() != Some(&b));
+        let add_eos = eos.is_some_and(|e| with.last() == Some(&e) && without.last() != Some(&e));
+        let extra = ids(gen_config.get("eos_token_id")).into_iter().chain(ids(model_config.get("eos_token_id")));
+        let controls = added.iter().filter(|(_, a)| a.special).map(|(&i, a)| (i, a.content.as_str()));
+        let eog = end_of_generation(eos.into_iter().chain(extra), controls, n);
+        Ok(LmTokenizer { tok, token_bytes, bos, eos, eog, add_bos, add_eos, special })
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -328,6 +400,21 @@ impl LmTokenizer {
     pub fn token_text(&self, id: u32) -> Option<String> {
         self.token_bytes.get(id as usize).map(|b| String::from_utf8_lossy(b).into_owned())
     }
+}
+
+/// Every id that ends a generation: `ids` (eos and the others the model names), then the
+/// control tokens whose text closes a turn, once each, below `n`.
+fn end_of_generation<'a>(ids: impl IntoIterator<Item = u32>, controls: impl Iterator<Item = (u32, &'a str)>, n: usize) -> Vec<u32> {
+    let mut eog: Vec<u32> = Vec::new();
+    let mut controls: Vec<(u32, &str)> = controls.collect();
+    controls.sort();
+    let found = controls.into_iter().filter(|(_, t)| EOG_TEXTS.contains(t)).map(|(i, _)| i);
+    for i in ids.into_iter().chain(found) {
+        if (i as usize) < n && !eog.contains(&i) {
+            eog.push(i);
+        }
+    }
+    eog
 }
 
 /// A vocabulary as `tokenizers` takes it: as Python's dict(zip(tokens, ids)), a repeated token

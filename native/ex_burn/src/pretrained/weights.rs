@@ -100,23 +100,37 @@ impl Safetensors {
         self.metadata.info(name).is_some_and(|i| matches!(i.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16))
     }
 
+    /// The float type of `name`'s weights (F32, F16 or BF16), checked against `shape`.
+    pub fn float_dtype(&self, name: &str, shape: &[usize]) -> ExResult<Dtype> {
+        let info = self.metadata.info(name).ok_or_else(|| missing_tensor(&self.path, name))?;
+        check_shape(&self.path, name, &info.shape, shape)?;
+        match info.dtype {
+            d @ (Dtype::F32 | Dtype::F16 | Dtype::BF16) => Ok(d),
+            other => Err(err(
+                kind::UNSUPPORTED_DTYPE,
+                format!("tensor `{name}` in {} has dtype {other:?}; only F32, F16 and BF16 weights are supported", self.path.display()),
+                vec![path_detail(&self.path), ("tensor", Detail::Text(name.to_string()))],
+            )),
+        }
+    }
+
+    /// The stored little-endian bytes of `name` (checked against `shape`) and their float type.
+    pub fn raw(&self, name: &str, shape: &[usize]) -> ExResult<(Dtype, &[u8])> {
+        let dtype = self.float_dtype(name, shape)?;
+        let (start, end) = self.metadata.info(name).expect("checked above").data_offsets;
+        let base = 8 + self.header_len;
+        Ok((dtype, &self.mmap[base + start..base + end]))
+    }
+
     /// The tensor `name` as f32 host values, checked against `shape`.
     pub fn values(&self, name: &str, shape: &[usize]) -> ExResult<Vec<f32>> {
-        let info =
-            self.metadata.info(name).ok_or_else(|| missing_tensor(&self.path, name))?;
-        check_shape(&self.path, name, &info.shape, shape)?;
-        let (start, end) = info.data_offsets;
+        let dtype = self.float_dtype(name, shape)?;
+        let (start, end) = self.metadata.info(name).expect("checked above").data_offsets;
         let base = 8 + self.header_len;
-        let (width, convert): (usize, fn(&[u8]) -> f32) = match info.dtype {
-            Dtype::F32 => (4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        let (width, convert): (usize, fn(&[u8]) -> f32) = match dtype {
             Dtype::F16 => (2, |c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
             Dtype::BF16 => (2, |c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
-            other => {
-                return Err(err(kind::UNSUPPORTED_DTYPE, format!(
-                    "tensor `{name}` in {} has dtype {other:?}; only F32, F16 and BF16 weights are supported",
-                    self.path.display()
-                ), vec![path_detail(&self.path)]))
-            }
+            _ => (4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         };
         let mut values = Vec::with_capacity((end - start) / width);
         // Converted a few MiB at a time, each piece's file pages dropped from this process's
@@ -314,6 +328,13 @@ impl Gguf {
     /// The tensor `name` as an f32 Burn tensor on `device`, checked against `shape`.
     pub fn tensor<const D: usize>(&mut self, name: &str, shape: [usize; D], device: &Device) -> ExResult<Tensor<D>> {
         Ok(f32_tensor(self.values(name, &shape)?, shape, device))
+    }
+
+    /// The tensor `name` as the file stores it, for the Candle engine.
+    pub fn qtensor(&mut self, name: &str) -> ExResult<candle_core::quantized::QTensor> {
+        self.content
+            .tensor(&mut self.file, name, &candle_core::Device::Cpu)
+            .map_err(|e| errors::engine("candle", format!("cannot read tensor `{name}` from {}: {e}", self.path.display())))
     }
 
     /// The `[rows, cols]` matrix `name` in its GGML blocks, when `qmatmul` decodes its format

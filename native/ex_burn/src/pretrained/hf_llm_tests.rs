@@ -1,0 +1,261 @@
+//! Hugging Face LLM directories (`hf_decoder`) on both engines against transformers, on the tiny
+//! models `test/data/gen_hf_llm_dirs.py` writes to `test/data/llm/hf/` (committed, so nothing
+//! skips): the Qwen2 (f16), Qwen3 (f32, tied output), Llama and Phi-3 (f16, SentencePiece
+//! tokenizer.json) models whose GGUF files the other tests run, held to the same references, and
+//! a Llama with Llama 3 rope scaling in bf16 shards, held to its own.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value as Json;
+
+use super::burn_llama::BurnLlama;
+use super::errors::{self, kind};
+use super::generate::Prompt;
+use super::greedy_check::{self, argmax, ids};
+use super::weights::test_support::TempDir;
+use super::{files, CausalLm, Engine, TextModel};
+use crate::device::{DeviceKind, DeviceRef};
+use crate::error::ExError;
+
+fn llm_dir() -> PathBuf {
+    crate::process::env::reference_dir().parent().expect("reference dir has a parent").join("llm")
+}
+
+fn json(path: &Path) -> Json {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("reference JSON")
+}
+
+/// A directory and what it is held to.
+struct Model {
+    name: &'static str,
+    arch: &'static str,
+    vocab: usize,
+    /// Reference cases: prompt ids, greedy tokens and margins, and the first step's full logits
+    /// (`first_step_logits`) or its top 10 (`first_step_top10`).
+    cases: Vec<Json>,
+    /// Where greedy decoding stops (the SentencePiece references ran on past eos).
+    eos: Option<u32>,
+}
+
+fn models() -> Vec<Model> {
+    let (qwen, hf, spm) = (json(&llm_dir().join("reference.json")), json(&llm_dir().join("hf/reference.json")), json(&llm_dir().join("reference_spm.json")));
+    let cases = |v: &Json| v.as_array().unwrap().clone();
+    let eos = |v: &Json| Some(v["eos_token_id"].as_u64().unwrap() as u32);
+    vec![
+        Model { name: "tiny-qwen2", arch: "qwen2", vocab: 384, cases: cases(&qwen["qwen2"]["generate"]), eos: eos(&qwen["qwen2"]) },
+        Model { name: "tiny-qwen3", arch: "qwen3", vocab: 384, cases: cases(&qwen["qwen3"]["generate"]), eos: eos(&qwen["qwen3"]) },
+        Model { name: "tiny-llama3", arch: "llama", vocab: 384, cases: cases(&hf["tiny-llama3"]["generate"]), eos: eos(&hf["tiny-llama3"]) },
+        Model { name: "tiny-llama-spm", arch: "llama", vocab: 400, cases: cases(&spm["models"]["llama"]["generate"]), eos: None },
+        Model { name: "tiny-phi3", arch: "phi3", vocab: 400, cases: cases(&spm["models"]["phi3"]["generate"]), eos: None },
+    ]
+}
+
+fn dir(name: &str) -> PathBuf {
+    llm_dir().join("hf").join(name)
+}
+
+/// Greedy decoding of `n` tokens, stopping at (and leaving out) `eos`.
+fn greedy(lm: &dyn CausalLm, prompt: &[u32], n: usize, eos: Option<u32>) -> Vec<u32> {
+    let mut s = lm.session().unwrap();
+    let mut logits = s.forward(prompt, 0).unwrap();
+    let mut out = vec![];
+    while out.len() < n {
+        let tok = argmax(&logits);
+        if Some(tok) == eos {
+            break;
+        }
+        out.push(tok);
+        logits = s.forward(&[tok], prompt.len() + out.len() - 1).unwrap();
+    }
+    out
+}
+
+/// The largest distance of the first-step logits from the reference's, as a fraction of the
+/// reference logits' range (full logits) or of the top logit (top 10).
+fn first_step_error(first: &[f32], case: &Json) -> f64 {
+    match case.get("first_step_logits") {
+        Some(want) => {
+            let want: Vec<f64> = want.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            let diff = first.iter().zip(&want).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
+            let (lo, hi) = want.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+            diff / (hi - lo)
+        }
+        None => greedy_check::first_step_error(first, case) / case["first_step_top10"][0][1].as_f64().unwrap().abs().max(1.0),
+    }
+}
+
+/// Burn as loaded for the test device (on the CPU, f16 weights keep their rows: the host path),
+/// Burn with every weight as f32 tensors (the other devices' path), and Candle.
+fn engines(path: &Path) -> Vec<(&'static str, Box<dyn CausalLm>, bool)> {
+    let dev = crate::testing::device();
+    let cpu = dev.kind == DeviceKind::Cpu;
+    vec![
+        ("burn", TextModel::load(path, Engine::Burn, dev.clone()).unwrap().lm, cpu),
+        ("burn f32", Box::new(BurnLlama::load_with(path, &dev, false).unwrap()) as Box<dyn CausalLm>, cpu),
+        ("candle", TextModel::load(path, Engine::Candle, DeviceRef::CPU).unwrap().lm, true),
+    ]
+}
+
+/// The weights are f16-, f32- or bf16-stored copies of the reference model's own (rounded to
+/// be exact in each), so on the CPU the logits differ from transformers' by f32 summation order
+/// only; off the CPU, f32 products may run on TF32.
+#[test]
+fn hf_dirs_generate_as_transformers_on_both_engines() {
+    for m in models() {
+        assert_eq!(super::hf_decoder::peek(&dir(m.name)).unwrap(), (m.arch, m.vocab), "{}", m.name);
+        for (engine, lm, on_cpu) in engines(&dir(m.name)) {
+            let tag = format!("{} {engine}", m.name);
+            assert_eq!((lm.vocab_size(), lm.context_length()), (m.vocab, 128), "{tag}");
+            let (mut worst, mut flips, mut identical) = (0f64, 0, 0);
+            for (i, case) in m.cases.iter().enumerate() {
+                let case_tag = format!("{tag} case {i}");
+                let forced = greedy_check::teacher_forced(lm.session().unwrap().as_mut(), case);
+                greedy_check::assert_forced(&case_tag, &forced);
+                flips += forced.flips.len();
+                let got = greedy(&*lm, &ids(&case["prompt_ids"]), ids(&case["generated_ids"]).len(), m.eos);
+                identical += greedy_check::assert_free_run(&case_tag, &got, case) as usize;
+                let err = first_step_error(&forced.first, case);
+                worst = worst.max(err);
+                let bound = if on_cpu { 1e-5 } else { 1e-2 };
+                assert!(err < bound, "{case_tag}: first-step logits differ from transformers' by {err} of their range");
+            }
+            println!(
+                "{tag}: {identical}/{} greedy runs identical, {flips} teacher-forced picks at near ties differ, first-step logits within {worst:.1e}",
+                m.cases.len()
+            );
+        }
+    }
+}
+
+/// tokenizer.json gives transformers' ids; the chat template, BOS and end-of-generation ids come
+/// from the directory's configs.
+#[test]
+fn hf_dirs_tokenize_and_template_as_transformers() {
+    let (qwen, hf) = (json(&llm_dir().join("reference.json")), json(&llm_dir().join("hf/reference.json")));
+    for arch in ["qwen2", "qwen3"] {
+        let model = TextModel::load(&dir(&format!("tiny-{arch}")), Engine::Candle, DeviceRef::CPU).unwrap();
+        let r = &qwen[arch];
+        assert_eq!((model.arch.as_str(), model.bos_token_id), (arch, None));
+        assert!(model.eos_token_ids.contains(&(r["eos_token_id"].as_u64().unwrap() as u32)), "{arch}: {:?}", model.eos_token_ids);
+        assert_eq!(model.chat_template.as_deref(), r["chat_template"].as_str());
+        for c in r["tokenize"].as_array().unwrap() {
+            let text = c["text"].as_str().unwrap();
+            assert_eq!(model.tokenizer.encode(text, true).unwrap(), ids(&c["ids"]), "{arch}: {text:?}");
+            assert_eq!(model.tokenizer.decode(&ids(&c["ids"])).unwrap(), text);
+        }
+        let mut chats = 0;
+        for g in r["generate"].as_array().unwrap() {
+            let prompt = match g["kind"].as_str().unwrap() {
+                "raw" => Prompt::Text(g["prompt"].as_str().unwrap().into()),
+                "chat" => {
+                    let messages = greedy_check::chat_messages(&g["messages"]);
+                    assert_eq!(model.render_chat(&messages).unwrap(), g["prompt"].as_str().unwrap());
+                    chats += 1;
+                    Prompt::Chat(messages)
+                }
+                _ => continue,
+            };
+            assert_eq!(model.prompt_ids(&prompt).unwrap(), ids(&g["prompt_ids"]), "{arch}: {:?}", g["prompt"]);
+        }
+        assert_eq!(chats, 1);
+    }
+    // SentencePiece with byte fallback, a BOS the tokenizer's post-processor adds, no template
+    let spm = json(&llm_dir().join("reference_spm.json"));
+    for name in ["tiny-llama-spm", "tiny-phi3"] {
+        let model = TextModel::load(&dir(name), Engine::Candle, DeviceRef::CPU).unwrap();
+        let tok = &model.tokenizer;
+        assert_eq!((tok.bos, tok.eos, tok.add_bos, tok.add_eos), (Some(1), Some(2), true, false), "{name}");
+        assert_eq!(model.chat_template, None);
+        for c in hf["spm_tokenize"].as_array().unwrap() {
+            let (text, want) = (c["text"].as_str().unwrap(), ids(&c["ids"]));
+            assert_eq!(tok.encode(text, false).unwrap(), want, "{name}: {text:?}");
+            // `▁` pieces and `<0xNN>` byte pieces give the text back, after the prefixed space
+            // (transformers' Metaspace merges that space into a text's leading ones)
+            if !want.iter().any(|&id| tok.is_special(id)) && !text.starts_with(' ') {
+                assert_eq!(tok.decode(&want).unwrap(), format!(" {text}"), "{name}");
+            }
+        }
+        for g in spm["models"]["phi3"]["generate"].as_array().unwrap() {
+            assert_eq!(model.prompt_ids(&Prompt::Text(g["prompt"].as_str().unwrap().into())).unwrap(), ids(&g["prompt_ids"]), "{name}");
+        }
+    }
+}
+
+/// Every file of `from` copied into a new temporary directory.
+fn copy_of(from: &Path, tag: &str) -> TempDir {
+    let to = TempDir::new(tag);
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, to.path().join(p.file_name().unwrap())).unwrap();
+    }
+    to
+}
+
+fn edit_json(path: &Path, f: impl FnOnce(&mut Json)) {
+    let mut v = json(path);
+    f(&mut v);
+    std::fs::write(path, v.to_string()).unwrap();
+}
+
+fn load_kind(path: &Path, engine: Engine) -> Option<&'static str> {
+    let e: ExError = TextModel::load(path, engine, DeviceRef::CPU).err().expect("the load fails");
+    errors::kind_of(&e)
+}
+
+/// Unsupported or damaged directories get typed errors, before any weight is read where the
+/// configs alone say so.
+#[test]
+fn hf_dir_errors_are_typed() {
+    for engine in [Engine::Burn, Engine::Candle] {
+        // an architecture neither engine runs, found before the tokenizer (removed here) is read
+        let d = copy_of(&dir("tiny-qwen2"), "hf-arch");
+        edit_json(&d.path().join("config.json"), |c| c["model_type"] = "gemma7".into());
+        std::fs::remove_file(d.path().join("tokenizer.json")).unwrap();
+        assert_eq!(load_kind(d.path(), engine), Some(kind::UNKNOWN_ARCHITECTURE), "{engine:?}");
+
+        let d = copy_of(&dir("tiny-qwen2"), "hf-tokenizer");
+        std::fs::remove_file(d.path().join("tokenizer.json")).unwrap();
+        assert_eq!(load_kind(d.path(), engine), Some(kind::MISSING_FILE), "{engine:?}");
+
+        let d = copy_of(&dir("tiny-qwen2"), "hf-truncated");
+        let weights = d.path().join("model.safetensors");
+        let len = std::fs::metadata(&weights).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&weights).unwrap().set_len(len - 100).unwrap();
+        assert_eq!(load_kind(d.path(), engine), Some(kind::TRUNCATED_FILE), "{engine:?}");
+
+        let d = copy_of(&dir("tiny-llama3"), "hf-rope");
+        edit_json(&d.path().join("config.json"), |c| c["rope_parameters"]["rope_type"] = "yarn".into());
+        assert_eq!(load_kind(d.path(), engine), Some(kind::UNSUPPORTED_FEATURE), "{engine:?}");
+
+        let d = copy_of(&dir("tiny-llama3"), "hf-shard");
+        std::fs::remove_file(d.path().join("model-00002-of-00002.safetensors")).unwrap();
+        assert_eq!(load_kind(d.path(), engine), Some(kind::MISSING_FILE), "{engine:?}");
+
+        let d = copy_of(&dir("tiny-qwen3"), "hf-tensor");
+        edit_json(&d.path().join("config.json"), |c| c["num_hidden_layers"] = 3.into());
+        assert_eq!(load_kind(d.path(), engine), Some(kind::MISSING_TENSOR), "{engine:?}");
+
+        // weights without config.json are neither a Hugging Face model nor a GGUF directory
+        let d = copy_of(&dir("tiny-qwen2"), "hf-config");
+        std::fs::remove_file(d.path().join("config.json")).unwrap();
+        assert_eq!(load_kind(d.path(), engine), Some(kind::MISSING_FILE), "{engine:?}");
+    }
+}
+
+/// The models directory lists Hugging Face LLM directories, sharded ones too.
+#[test]
+fn hf_dirs_are_listed() {
+    let root = TempDir::new("hf-list");
+    std::fs::create_dir(root.path().join("llm")).unwrap();
+    for name in ["tiny-qwen2", "tiny-llama3"] {
+        let d = copy_of(&dir(name), "hf-list-model");
+        std::fs::rename(d.path(), root.path().join("llm").join(name)).unwrap();
+    }
+    let listed: Vec<(String, Option<String>, &str)> =
+        files::list(root.path()).unwrap().into_iter().map(|e| (e.name, e.arch, e.format.name())).collect();
+    assert_eq!(
+        listed,
+        [("tiny-llama3".to_string(), Some("llama".to_string()), "safetensors"), ("tiny-qwen2".to_string(), Some("qwen2".to_string()), "safetensors")]
+    );
+}
