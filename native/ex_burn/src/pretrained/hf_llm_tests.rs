@@ -259,3 +259,49 @@ fn hf_dirs_are_listed() {
         [("tiny-llama3".to_string(), Some("llama".to_string()), "safetensors"), ("tiny-qwen2".to_string(), Some("qwen2".to_string()), "safetensors")]
     );
 }
+
+/// SmolLM2-135M-Instruct as a Hugging Face directory: the f32 weights transformers dequantised
+/// from the installed GGUF, saved by `test/data/gen_smollm2_hf_dir.py` (540 MB, not committed;
+/// skips where absent), against test/data/pretrained/smollm2_reference.json, which transformers
+/// computed on the same weights. A real vocabulary (49152 byte-level tokens from tokenizer.json),
+/// chat template and 30 layers, on Burn (f32 tensors) and Candle.
+#[test]
+fn hf_smollm2_dir_matches_transformers() {
+    let Some(home) = std::env::var_os("HOME") else { return };
+    let dir = PathBuf::from(home).join(".cache/ex_burn/smollm2-135m-instruct-hf");
+    if !super::hf_decoder::is_hf_dir(&dir) {
+        println!("SKIPPED: {} not found (python3 test/data/gen_smollm2_hf_dir.py writes it)", dir.display());
+        return;
+    }
+    let r = super::weights::test_support::reference("smollm2_reference.json");
+    for engine in [Engine::Burn, Engine::Candle] {
+        let device = if engine == Engine::Burn { crate::testing::device() } else { DeviceRef::CPU };
+        let model = TextModel::load(&dir, engine, device).unwrap();
+        assert_eq!((model.arch.as_str(), model.vocab_size(), model.context_length()), ("llama", 49152, 8192));
+        assert_eq!((model.tokenizer.bos, model.tokenizer.eos, model.tokenizer.add_bos), (Some(1), Some(2), false));
+        assert_eq!(model.chat_template.as_deref(), r["metadata"]["chat_template"].as_str());
+        for c in r["tokenize"].as_array().unwrap() {
+            let text = c["text"].as_str().unwrap();
+            assert_eq!(model.tokenizer.encode(text, false).unwrap(), ids(&c["ids_add_special_tokens_false"]), "{text:?}");
+            assert_eq!(model.tokenizer.encode(text, true).unwrap(), ids(&c["ids_add_special_tokens_true"]), "{text:?}");
+            assert_eq!(model.tokenizer.decode(&ids(&c["ids_add_special_tokens_false"])).unwrap(), text);
+        }
+        let (mut worst, mut flips, mut identical) = (0f64, 0, 0);
+        let gens = r["generate"].as_array().unwrap();
+        for (i, g) in gens.iter().enumerate() {
+            let label = format!("SmolLM2 directory on {engine:?}, prompt {i}");
+            let prompt = if g["kind"] == "raw" { Prompt::Text(g["prompt"].as_str().unwrap().into()) } else { Prompt::Chat(greedy_check::chat_messages(&g["messages"])) };
+            assert_eq!(model.prompt_ids(&prompt).unwrap(), ids(&g["prompt_ids"]), "{label}");
+            let forced = greedy_check::teacher_forced(model.lm.session().unwrap().as_mut(), g);
+            greedy_check::assert_forced(&label, &forced);
+            flips += forced.flips.len();
+            worst = worst.max(greedy_check::first_step_error(&forced.first, g));
+            let max = g["max_new_tokens"].as_u64().unwrap() as usize;
+            let got = greedy(&*model.lm, &ids(&g["prompt_ids"]), max, Some(2));
+            identical += greedy_check::assert_free_run(&label, &got, g) as usize;
+        }
+        println!("SmolLM2 directory on {engine:?}: {identical}/{} greedy runs identical, {flips} teacher-forced picks differ, first-step top-10 logits within {worst:.1e}", gens.len());
+        // the reference's own weights in f32: its arithmetic up to summation order
+        assert!(worst < 1e-3, "{engine:?}: first-step logits differ by {worst}");
+    }
+}
