@@ -1,7 +1,8 @@
 //! Llama-family decoder on the Burn engine, from a GGUF file or a Hugging Face directory
-//! (`decoder_source`): Llama, Qwen2, Qwen3 and Phi-3, whose differences (Q/K/V biases, per-head
-//! Q/K norms, which pairs RoPE rotates) are a `Family` read from `general.architecture` (or
-//! config.json's `model_type`). On the CPU the linear layers and the embedding keep the file's
+//! (`decoder_source`): Llama, Qwen2, Qwen3, Phi-3, Gemma 2 and Gemma 3, whose differences (Q/K/V
+//! biases, per-head Q/K norms, which pairs RoPE rotates, Gemma's activation and output norms) are
+//! a `Family` read from `general.architecture` (or config.json's `model_type`), and whose soft
+//! caps, attention scale and sliding windows are `LlamaConfig`'s. On the CPU the linear layers and the embedding keep the file's
 //! F16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks (`qmatmul`); elsewhere, and for other
 //! formats, tensors are dequantised to f32 at load.
 //!
@@ -54,6 +55,18 @@ pub struct LlamaConfig {
     pub context_length: usize,
     pub rope_dim: usize,
     pub vocab_size: usize,
+    /// What multiplies query·key: 1/√head_dim, or 1/√`query_pre_attn_scalar` (Gemma).
+    pub attn_scale: f64,
+    /// Gemma 2's soft caps: attention scores, and the output logits, become cap·tanh(x / cap).
+    pub attn_softcap: Option<f64>,
+    pub final_softcap: Option<f64>,
+    /// The attention window of the layers `sliding` marks: a query at position p sees keys at
+    /// p − window < j ≤ p (Gemma; other families' windows hold `context_length` instead).
+    pub window: Option<usize>,
+    pub sliding: Vec<bool>,
+    /// The sliding layers' rope base and position scale, where they differ from the others'
+    /// (Gemma 3: base 10 000 and no scaling there).
+    pub rope_swa: Option<(f64, f64)>,
 }
 
 impl LlamaConfig {
@@ -71,14 +84,32 @@ impl LlamaConfig {
     /// (Llama 3.1-style scaling, as llama.cpp applies them); angle = position · scale · θ_i, in f64.
     /// Both engines and both rope styles rotate with these.
     pub(crate) fn rope_tables(&self, g: &mut DecoderSource) -> ExResult<(Vec<f32>, Vec<f32>)> {
-        let (half, ctx) = (self.rope_dim / 2, self.context_length.max(1));
+        let half = self.rope_dim / 2;
         let factors = if g.contains("rope_freqs.weight") { g.values("rope_freqs.weight", &[half])? } else { vec![1.0; half] };
-        let inv: Vec<f64> =
-            (0..half).map(|i| self.rope_freq_base.powf(-((2 * i) as f64) / self.rope_dim as f64) / factors[i] as f64).collect();
-        let scale = self.rope_position_scale;
-        let angles =
-            |f: fn(f64) -> f64| -> Vec<f32> { (0..ctx).flat_map(|p| inv.iter().map(move |t| f(p as f64 * scale * t) as f32)).collect() };
-        Ok((angles(f64::cos), angles(f64::sin)))
+        Ok(self.angles(self.rope_freq_base, self.rope_position_scale, &factors))
+    }
+
+    /// The sliding layers' tables where their rope differs (`rope_swa`), in `rope_tables`' form.
+    pub(crate) fn swa_rope_tables(&self) -> Option<(Vec<f32>, Vec<f32>)> {
+        let (base, scale) = self.rope_swa?;
+        Some(self.angles(base, scale, &vec![1.0; self.rope_dim / 2]))
+    }
+
+    fn angles(&self, base: f64, scale: f64, factors: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let (half, ctx) = (self.rope_dim / 2, self.context_length.max(1));
+        let inv: Vec<f64> = (0..half).map(|i| base.powf(-((2 * i) as f64) / self.rope_dim as f64) / factors[i] as f64).collect();
+        let angles = |f: fn(f64) -> f64| -> Vec<f32> { (0..ctx).flat_map(|p| inv.iter().map(move |t| f(p as f64 * scale * t) as f32)).collect() };
+        (angles(f64::cos), angles(f64::sin))
+    }
+
+    /// Layer `l`'s attention window, if it slides.
+    pub(crate) fn window_of(&self, l: usize) -> Option<usize> {
+        self.window.filter(|_| self.sliding.get(l).copied().unwrap_or(false))
+    }
+
+    /// Whether layer `l` rotates with the sliding layers' tables.
+    pub(crate) fn swa_rope(&self, l: usize) -> bool {
+        self.rope_swa.is_some() && self.window_of(l).is_some()
     }
 
     pub(crate) fn read(g: &Gguf) -> ExResult<Self> {
@@ -141,11 +172,29 @@ impl LlamaConfig {
             return Err(super::errors::unsupported("burn", format!("long-context rope factors (Phi-3's `longrope`) in {}: the engines do not apply them", g.path().display())));
         }
         // Attention over a sliding window (Phi-3 mini-4k: 2047 positions) equals full attention
-        // while a sequence fits in the window: sequences are held to it.
+        // while a sequence fits in the window: sequences are held to it. Gemma's windows are
+        // applied, layer by layer.
         let declared = g.usize(&key("context_length"))?;
-        let context_length = match g.opt_usize(&key("attention.sliding_window"))? {
-            Some(w) if w > 0 => declared.min(w),
-            _ => declared,
+        let block_count = g.usize(&key("block_count"))?;
+        let window = g.opt_usize(&key("attention.sliding_window"))?.filter(|&w| w > 0);
+        let (context_length, window) = match (window, family.gemma) {
+            (Some(w), false) => (declared.min(w), None),
+            (w, _) => (declared, w),
+        };
+        let sliding = match (window, g.metadata().get(&key("attention.sliding_window_pattern"))) {
+            (None, _) => vec![false; block_count],
+            (Some(_), Some(candle_core::quantized::gguf_file::Value::Array(a))) => a.iter().map(|v| v.to_bool().unwrap_or(false)).collect(),
+            (Some(_), Some(_)) => super::decoder_family::sliding_layers(block_count, g.usize(&key("attention.sliding_window_pattern"))?),
+            (Some(_), None) => super::decoder_family::sliding_layers(block_count, Family::swa_pattern(&arch).unwrap_or(0)),
+        };
+        // llama.cpp's rule for Gemma: 1/√(hidden / heads) at 27B, where query_pre_attn_scalar
+        // is that, else 1/√head_dim
+        let big_gemma = (arch == "gemma2" && block_count == 46) || (arch == "gemma3" && block_count == 62);
+        let attn_scale = if big_gemma { (embedding_length as f64 / head_count as f64).powf(-0.5) } else { (head_dim as f64).powf(-0.5) };
+        let cap = |name: &str| -> ExResult<Option<f64>> { Ok(g.opt_f64(&key(name))?.filter(|&c| c > 0.0)) };
+        let rope_swa = match window {
+            Some(_) if arch == "gemma3" => Some((g.opt_f64(&key("rope.freq_base_swa"))?.unwrap_or(10000.0), 1.0)),
+            _ => None,
         };
         if let Some(v) = g.opt_usize(&key("vocab_size"))? {
             if v != vocab_size {
@@ -153,7 +202,13 @@ impl LlamaConfig {
             }
         }
         LlamaConfig {
-            block_count: g.usize(&key("block_count"))?,
+            attn_scale,
+            attn_softcap: cap("attn_logit_softcapping")?,
+            final_softcap: cap("final_logit_softcapping")?,
+            window,
+            sliding,
+            rope_swa,
+            block_count,
             embedding_length,
             feed_forward_length: g.usize(&key("feed_forward_length"))?,
             head_count,
@@ -186,6 +241,9 @@ impl LlamaConfig {
         if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
             return Err(ExError::invalid(format!("rope dimension {} does not fit heads of {} in {}", self.rope_dim, self.head_dim, path.display())));
         }
+        if self.sliding.len() != self.block_count {
+            return Err(ExError::invalid(format!("{} sliding-window flags for {} layers in {}", self.sliding.len(), self.block_count, path.display())));
+        }
         Ok(self)
     }
 }
@@ -208,7 +266,13 @@ impl HeadExtras {
         } else {
             (None, None)
         };
-        Ok(HeadExtras { qkv_bias, q_norm, k_norm })
+        let h = cfg.embedding_length;
+        let post_norms = if f.gemma {
+            Some((g.values(&n("post_attention_norm.weight"), &[h])?, g.values(&n("post_ffw_norm.weight"), &[h])?))
+        } else {
+            None
+        };
+        Ok(HeadExtras { qkv_bias, q_norm, k_norm, post_norms })
     }
 }
 
@@ -262,6 +326,12 @@ impl Linear {
     }
 }
 
+/// `decoder_family::gelu_tanh` on every value, in tensor ops.
+fn gelu_tanh(x: Tensor<2>) -> Tensor<2> {
+    let inner = (x.clone() * x.clone() * x.clone()).mul_scalar(0.044_715) + x.clone();
+    x.mul_scalar(0.5) * inner.mul_scalar(0.797_884_6f32).tanh().add_scalar(1.0)
+}
+
 /// `x @ Wᵀ` on the host for `x` on the CPU: `[rows of x, W's rows]` values.
 fn quant_matmul(w: &QStack, x: Tensor<2>) -> Vec<f32> {
     let [m, _] = x.dims();
@@ -290,6 +360,8 @@ struct Block {
     /// Gate and up stacked: `2 * ffn` outputs.
     gate_up: Linear,
     down: Linear,
+    /// Gemma's norms of the attention and MLP outputs, as tensors.
+    post_norms: Option<(Tensor<1>, Tensor<1>)>,
 }
 
 pub struct Weights {
@@ -303,6 +375,8 @@ pub struct Weights {
     /// For the tensor path: `[context, rope_dim]` tables with cos repeated over each pair and
     /// sin as (-sin, sin), so RoPE is `x ⊙ C + swap(x) ⊙ S` (`rope`).
     pair_tables: (Tensor<2>, Tensor<2>),
+    /// The same for the sliding layers, where their rope differs (`LlamaConfig::rope_swa`).
+    pair_tables_swa: Option<(Tensor<2>, Tensor<2>)>,
     /// Where every linear layer is quantised (the CPU): what the host path (`llama_host`) reads
     /// besides them.
     host: Option<HostWeights>,
@@ -319,6 +393,8 @@ struct HostWeights {
     out_norm: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// The sliding layers' tables, where they differ.
+    swa: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 /// The quantised matrices of a layer, where it has them.
@@ -376,7 +452,8 @@ impl Weights {
             let extras = HeadExtras::read(g, &cfg, l)?;
             let tensor = |v: &Option<Vec<f32>>| v.as_ref().map(|v| f32_tensor(v.clone(), [v.len()], &dev));
             let (qkv_bias, q_norm, k_norm) = (tensor(&extras.qkv_bias), tensor(&extras.q_norm), tensor(&extras.k_norm));
-            blocks.push(Block { attn_norm, qkv, extras, qkv_bias, q_norm, k_norm, out, ffn_norm, gate_up, down });
+            let post_norms = extras.post_norms.as_ref().map(|(a, m)| (f32_tensor(a.clone(), [h], &dev), f32_tensor(m.clone(), [h], &dev)));
+            blocks.push(Block { attn_norm, qkv, extras, qkv_bias, q_norm, k_norm, out, ffn_norm, gate_up, down, post_norms });
         }
         let out_norm = g.tensor("output_norm.weight", [h], &dev)?;
         let output = if g.contains("output.weight") {
@@ -395,20 +472,23 @@ impl Weights {
                 RopeStyle::Halves => v.chunks_exact(half).flat_map(|row| row.iter().map(move |&a| first_sign * a).chain(row.iter().copied())).collect(),
             }
         };
-        let pair_tables = (f32_tensor(pairs(&cos, 1.0), [ctx, 2 * half], &dev), f32_tensor(pairs(&sin, -1.0), [ctx, 2 * half], &dev));
+        let tables = |cos: &[f32], sin: &[f32]| (f32_tensor(pairs(cos, 1.0), [ctx, 2 * half], &dev), f32_tensor(pairs(sin, -1.0), [ctx, 2 * half], &dev));
+        let swa = cfg.swa_rope_tables();
+        let (pair_tables, pair_tables_swa) = (tables(&cos, &sin), swa.as_ref().map(|(c, s)| tables(c, s)));
         let all_quantised = [&embed, &output].into_iter().chain(blocks.iter().flat_map(|b| [&b.qkv, &b.out, &b.gate_up, &b.down])).all(|l| quant_stack(l).is_some());
         let host = if all_quantised {
             let mut norms = Vec::with_capacity(cfg.block_count);
             for l in 0..cfg.block_count {
                 norms.push((g.values(&format!("blk.{l}.attn_norm.weight"), &[h])?, g.values(&format!("blk.{l}.ffn_norm.weight"), &[h])?));
             }
-            Some(HostWeights { norms, out_norm: g.values("output_norm.weight", &[h])?, cos, sin })
+            Some(HostWeights { norms, out_norm: g.values("output_norm.weight", &[h])?, cos, sin, swa })
         } else {
             None
         };
         let pool = Mutex::new(KvPool::new(cfg.block_count, cfg.head_count_kv * dh, &dev));
-        let gpu_kernels = crate::gpu::kernels_run(&out_norm);
-        Ok(Weights { cfg, device: dev, embed, blocks, out_norm, output, pair_tables, host, pool, gpu_kernels })
+        // the kernels compute Llama's layer; Gemma's runs in Burn ops
+        let gpu_kernels = crate::gpu::kernels_run(&out_norm) && !cfg.family.gemma;
+        Ok(Weights { cfg, device: dev, embed, blocks, out_norm, output, pair_tables, pair_tables_swa, host, pool, gpu_kernels })
     }
 
     fn rms_norm(x: Tensor<2>, w: &Tensor<1>, eps: f64) -> Tensor<2> {
@@ -482,6 +562,9 @@ impl Weights {
         let h = cfg.embedding_length;
         let tokens: Vec<u32> = seqs.iter().flat_map(|(t, _, _)| t.iter().copied()).collect();
         let mut x = q(&self.embed).dequantise_rows(&tokens);
+        if cfg.family.gemma {
+            llama_host::scale(&mut x, (h as f32).sqrt());
+        }
         let shape = Shape {
             hidden: h,
             heads: cfg.head_count,
@@ -491,6 +574,9 @@ impl Weights {
             rope_dim: cfg.rope_dim,
             rope: cfg.family.rope,
             rms_eps: cfg.rms_eps,
+            gemma: cfg.family.gemma,
+            attn_scale: cfg.attn_scale as f32,
+            attn_softcap: cfg.attn_softcap.map(|c| c as f32),
         };
         for (l, (block, (attn_norm, ffn_norm))) in self.blocks.iter().zip(&hw.norms).enumerate() {
             let b = HostBlock {
@@ -503,7 +589,11 @@ impl Weights {
                 down: q(&block.down),
             };
             let mut rows: Vec<HostSeq> = seqs.iter_mut().map(|(t, pos, kv)| HostSeq { pos: *pos, len: t.len(), kv: &mut kv[l] }).collect();
-            llama_host::layer(&shape, &b, &hw.cos, &hw.sin, &mut x, &mut rows);
+            let (cos, sin) = match &hw.swa {
+                Some((c, s)) if cfg.swa_rope(l) => (c, s),
+                _ => (&hw.cos, &hw.sin),
+            };
+            llama_host::layer(&shape, &b, cos, sin, cfg.window_of(l), &mut x, &mut rows);
         }
         let mut last = Vec::with_capacity(seqs.len() * h);
         let mut end = 0;
@@ -511,7 +601,10 @@ impl Weights {
             end += t.len();
             last.extend_from_slice(&x[(end - 1) * h..end * h]);
         }
-        let logits = q(&self.output).matmul(&llama_host::rms_norm(&last, &hw.out_norm, cfg.rms_eps), seqs.len());
+        let mut logits = q(&self.output).matmul(&llama_host::rms_norm(&last, &hw.out_norm, cfg.rms_eps), seqs.len());
+        if let Some(c) = cfg.final_softcap {
+            llama_host::softcap(&mut logits, c as f32);
+        }
         logits.chunks_exact(cfg.vocab_size).map(<[f32]>::to_vec).collect()
     }
 
@@ -535,8 +628,9 @@ impl Weights {
         let pos = i32_tensor(positions().map(|(_, p)| p as i32).collect(), dev);
         let rd = cfg.rope_dim;
         let rows = |table: &Tensor<2>| table.clone().select(0, pos.clone()).reshape([t, 1, rd]);
-        // the positions' rows of the rotary tables, for layers that rotate in Burn ops
-        let mut pair_rows: Option<(Tensor<3>, Tensor<3>)> = None;
+        // the positions' rows of the rotary tables (the global and the sliding layers'), for
+        // layers that rotate in Burn ops
+        let mut pair_rows: [Option<(Tensor<3>, Tensor<3>)>; 2] = [None, None];
         let rope = Rope { cos: &self.pair_tables.0, sin: &self.pair_tables.1, halves: cfg.family.rope == RopeStyle::Halves };
         // each chunk's rows padded to `smax`; nothing to move when they are as long
         let starts: Vec<usize> = chunks.iter().scan(0, |acc, c| Some(std::mem::replace(acc, *acc + c.1.len()))).collect();
@@ -548,23 +642,34 @@ impl Weights {
         } else {
             (None, None)
         };
-        let scale = (dh as f64).powf(-0.5);
+        let scale = cfg.attn_scale;
         let mut x = match &self.embed {
             Linear::Dense(e) => e.clone().select(0, i32_tensor(tokens.iter().map(|&t| t as i32).collect(), dev)),
             Linear::Quant(e) => f32_tensor(e.dequantise_rows(&tokens), [t, h], dev),
         };
+        if cfg.family.gemma {
+            x = x.mul_scalar((h as f32).sqrt());
+        }
         // a decoding step (one token a chunk) on a GPU attends straight from the pages; otherwise
         // the pages are gathered, padded and masked
         let lens = (smax == 1 && self.gpu_kernels && paged_attention::applies(&x)).then(|| i32_tensor(chunks.iter().map(|c| (c.2 + 1) as i32).collect(), dev));
-        let mask = lens.is_none().then(|| {
-            // query `tt` of chunk `i`, at position pos + tt, sees keys 0..=pos + tt (a padding
-            // query sees its chunk's first key, and is dropped)
+        // query `tt` of chunk `i`, at position p = pos + tt, sees keys 0..=p, or the window's
+        // p - window < j <= p (a padding query sees what its chunk's last query sees, and is
+        // dropped)
+        let mask_for = |window: Option<usize>| {
             let mask: Vec<f32> = chunks
                 .iter()
-                .flat_map(|&(_, toks, p0)| (0..smax).flat_map(move |tt| (0..len).map(move |j| if j <= p0 + tt.min(toks.len() - 1) { 0.0 } else { f32::NEG_INFINITY })))
+                .flat_map(|&(_, toks, p0)| {
+                    (0..smax).flat_map(move |tt| {
+                        let p = p0 + tt.min(toks.len() - 1);
+                        (0..len).map(move |j| if j <= p && window.is_none_or(|w| p - j < w) { 0.0 } else { f32::NEG_INFINITY })
+                    })
+                })
                 .collect();
             f32_tensor(mask, [b, 1, 1, smax, len], dev)
-        });
+        };
+        let mask = lens.is_none().then(|| mask_for(None));
+        let mask_swa = lens.is_none().then(|| cfg.window.map(|w| mask_for(Some(w)))).flatten();
         for (l, block) in self.blocks.iter().enumerate() {
             let qkv = self.project(&block.qkv, x.clone(), Input::Norm(&block.attn_norm, cfg.rms_eps), None);
             let qkv = match &block.qkv_bias {
@@ -574,7 +679,9 @@ impl Weights {
             let q = if self.gpu_kernels && rd > 0 && block.q_norm.is_none() && block.k_norm.is_none() && rope_cache::applies(&qkv) {
                 pool.update(l, |sides| rope_cache::rope_write(qkv, &rope, &pos, &at, sides, nh, dh))
             } else {
-                let (c, sn) = pair_rows.get_or_insert_with(|| (rows(&self.pair_tables.0), rows(&self.pair_tables.1)));
+                let swa = cfg.swa_rope(l);
+                let tables = if swa { self.pair_tables_swa.as_ref().expect("tables for the sliding layers") } else { &self.pair_tables };
+                let (c, sn) = pair_rows[swa as usize].get_or_insert_with(|| (rows(&tables.0), rows(&tables.1)));
                 let split = |from: usize, heads: usize| -> Tensor<3> { qkv.clone().slice([0..t, from..from + heads * dh]).reshape([t, heads, dh]) };
                 let q = self.rope(self.head_norm(split(0, nh), &block.q_norm), c, sn);
                 let k = self.rope(self.head_norm(split(nh * dh, nkv), &block.k_norm), c, sn);
@@ -587,7 +694,7 @@ impl Weights {
                     paged_attention::attend(q, &Paged { k, v, table: &table.0, pages_each: table.1, lens }, nh, nkv, scale as f32)
                 }
                 None => {
-                    let mask = mask.clone().expect("a mask where the pages are gathered");
+                    let mask = if cfg.window_of(l).is_some() { mask_swa.clone() } else { mask.clone() }.expect("a mask where the pages are gathered");
                     let [k, v] = pool.read(l, &table, b).map(|s| s.reshape([b, len, nkv, dh]).swap_dims(1, 2));
                     // queries grouped by their K/V head (head = kv * rep + r): no repeated K/V
                     let q = match &to_padded {
@@ -595,7 +702,12 @@ impl Weights {
                         None => q,
                     };
                     let q = q.reshape([b, smax, nkv, rep, dh]).permute([0, 2, 3, 1, 4]).reshape([b, nkv, rep * smax, dh]);
-                    let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale).reshape([b, nkv, rep, smax, len]) + mask;
+                    let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+                    let scores = match cfg.attn_softcap {
+                        Some(cap) => scores.div_scalar(cap).tanh().mul_scalar(cap),
+                        None => scores,
+                    };
+                    let scores = scores.reshape([b, nkv, rep, smax, len]) + mask;
                     let probs = softmax(scores, 4).reshape([b, nkv, rep * smax, len]);
                     let ctx = probs.matmul(v).reshape([b, nkv, rep, smax, dh]).permute([0, 3, 1, 2, 4]).reshape([b * smax, nh * dh]);
                     match &to_packed {
@@ -604,12 +716,24 @@ impl Weights {
                     }
                 }
             };
-            x = self.project(&block.out, ctx, Input::Plain, Some(x));
-            let gu = self.project(&block.gate_up, x.clone(), Input::Norm(&block.ffn_norm, cfg.rms_eps), None);
-            x = self.project(&block.down, gu, Input::SiluMul, Some(x));
+            if let Some((post_attn, post_ffn)) = &block.post_norms {
+                x = x + Self::rms_norm(self.project(&block.out, ctx, Input::Plain, None), post_attn, cfg.rms_eps);
+                let gu = self.project(&block.gate_up, x.clone(), Input::Norm(&block.ffn_norm, cfg.rms_eps), None);
+                let [rows, width] = gu.dims();
+                let act = gelu_tanh(gu.clone().slice([0..rows, 0..width / 2])) * gu.slice([0..rows, width / 2..width]);
+                x = x.clone() + Self::rms_norm(self.project(&block.down, act, Input::Plain, None), post_ffn, cfg.rms_eps);
+            } else {
+                x = self.project(&block.out, ctx, Input::Plain, Some(x));
+                let gu = self.project(&block.gate_up, x.clone(), Input::Norm(&block.ffn_norm, cfg.rms_eps), None);
+                x = self.project(&block.down, gu, Input::SiluMul, Some(x));
+            }
         }
         let last = i32_tensor(chunks.iter().zip(&starts).map(|(c, s)| (s + c.1.len() - 1) as i32).collect(), dev);
         let logits = self.project(&self.output, x.select(0, last), Input::Norm(&self.out_norm, cfg.rms_eps), None);
+        let logits = match cfg.final_softcap {
+            Some(cap) => logits.div_scalar(cap).tanh().mul_scalar(cap),
+            None => logits,
+        };
         let data = logits.try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
         let values = data.try_into_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))?;
         Ok(values.chunks_exact(cfg.vocab_size).map(<[f32]>::to_vec).collect())
@@ -1192,7 +1316,7 @@ mod tests {
     fn pretrained_burn_llama_rope_halves() {
         let path = crate::process::env::reference_dir().parent().unwrap().join("llm/tiny-qwen3.F32.gguf");
         let dense = BurnLlama::load_with(&path, &crate::testing::device(), false).unwrap();
-        assert_eq!(dense.w.cfg.family, Family { qkv_bias: false, qk_norm: true, rope: RopeStyle::Halves, fused: false });
+        assert_eq!(dense.w.cfg.family, Family { qkv_bias: false, qk_norm: true, rope: RopeStyle::Halves, fused: false, gemma: false });
         assert_eq!((dense.w.cfg.head_dim(), dense.w.cfg.rope_dim, dense.w.cfg.embedding_length), (32, 32, 64));
         assert_rope_forms_agree(&dense, &path);
     }

@@ -1,4 +1,4 @@
-//! Llama-family decoder (Llama, Qwen2, Qwen3, Phi-3: `decoder_family::Family`) on the Candle engine (CPU),
+//! Llama-family decoder (Llama, Qwen2, Qwen3, Phi-3, Gemma 2 and 3: `decoder_family::Family`) on the Candle engine (CPU),
 //! written here on `candle-core` and
 //! `candle-nn` ops: every projection a `QMatMul` over the GGUF's own quantised blocks, and the
 //! token embedding kept quantised too (rows dequantised on lookup by `qmatmul::dequantise_row`;
@@ -57,6 +57,8 @@ struct Block {
     ffn_norm: Tensor,
     gate_up: Stacked,
     down: QMatMul,
+    /// Gemma's norms of the attention and MLP outputs.
+    post_norms: Option<(Tensor, Tensor)>,
 }
 
 /// A projection whose outputs are several matrices' stacked: one `QMatMul` per tensor the file
@@ -92,6 +94,8 @@ struct Weights {
     /// `[context, rope_dim / 2]`
     cos: Tensor,
     sin: Tensor,
+    /// The sliding layers' tables, where their rope differs (`LlamaConfig::rope_swa`).
+    swa: Option<(Tensor, Tensor)>,
 }
 
 struct CandleLlama {
@@ -161,15 +165,21 @@ impl Weights {
         let mut views = Vec::with_capacity(seqs.len());
         for (toks, pos, _) in seqs.iter() {
             let (s, pos) = (toks.len(), *pos);
-            // causal mask over the cache plus this chunk: query i sees keys up to pos + i
+            // causal mask over the cache plus this chunk: query i sees keys up to pos + i, and
+            // in a window's layers none before pos + i - window + 1 (none needed where nothing
+            // is hidden)
             let total = pos + s;
-            let mask = (s > 1)
-                .then(|| {
-                    let m: Vec<f32> = (0..s).flat_map(|i| (0..total).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 })).collect();
-                    Tensor::from_vec(m, (1, 1, s, total), &Device::Cpu)
-                })
-                .transpose()?;
-            views.push((self.cos.narrow(0, pos, s)?, self.sin.narrow(0, pos, s)?, mask));
+            let mask = |window: Option<usize>| -> candle_core::Result<Option<Tensor>> {
+                let hidden = |i: usize, j: usize| j > pos + i || window.is_some_and(|w| pos + i - j >= w);
+                if !(0..s).any(|i| (0..total).any(|j| hidden(i, j))) {
+                    return Ok(None);
+                }
+                let m: Vec<f32> = (0..s).flat_map(|i| (0..total).map(move |j| if hidden(i, j) { f32::NEG_INFINITY } else { 0.0 })).collect();
+                Tensor::from_vec(m, (1, 1, s, total), &Device::Cpu).map(Some)
+            };
+            let tables = |(cos, sin): (&Tensor, &Tensor)| -> candle_core::Result<(Tensor, Tensor)> { Ok((cos.narrow(0, pos, s)?, sin.narrow(0, pos, s)?)) };
+            let swa = self.swa.as_ref().map(|(c, sn)| tables((c, sn))).transpose()?;
+            views.push((tables((&self.cos, &self.sin))?, swa, mask(None)?, cfg.window.map(|w| mask(Some(w))).transpose()?.flatten()));
         }
         let rope = |t: Tensor, norm: &Option<Tensor>, cos: &Tensor, sin: &Tensor| -> candle_core::Result<Tensor> {
             let t = match norm {
@@ -182,15 +192,24 @@ impl Weights {
             }
         };
         let mut x = self.embed(&tokens)?;
+        if cfg.family.gemma {
+            x = (x * (cfg.embedding_length as f64).sqrt())?;
+        }
         for (l, b) in self.blocks.iter().enumerate() {
+            let window = cfg.window_of(l).is_some();
             let normed = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
             let [mut q, mut k, mut v]: [Tensor; 3] = b.qkv.forward(&normed)?.try_into().expect("three projections");
             if let Some([bq, bk, bv]) = &b.bias {
                 (q, k, v) = (q.broadcast_add(bq)?, k.broadcast_add(bk)?, v.broadcast_add(bv)?);
             }
             let mut ctxs = Vec::with_capacity(seqs.len());
-            for (((toks, _, cache), &at), (cos, sin, mask)) in seqs.iter_mut().zip(&starts).zip(&views) {
+            for (((toks, _, cache), &at), (global, swa, full_mask, window_mask)) in seqs.iter_mut().zip(&starts).zip(&views) {
                 let s = toks.len();
+                let (cos, sin) = match swa {
+                    Some((c, sn)) if cfg.swa_rope(l) => (c, sn),
+                    _ => (&global.0, &global.1),
+                };
+                let mask = if window { window_mask } else { full_mask };
                 let heads = |t: &Tensor, n: usize| t.narrow(1, at, s)?.reshape((1, s, n, dh))?.transpose(1, 2)?.contiguous();
                 let qi = rope(heads(&q, nh)?, &b.q_norm, cos, sin)?;
                 let ki = rope(heads(&k, nkv)?, &b.k_norm, cos, sin)?;
@@ -203,7 +222,11 @@ impl Weights {
                 *slot = Some((ki.clone(), vi.clone()));
                 let rep = nh / nkv;
                 let (ki, vi) = (candle_transformers::utils::repeat_kv(ki, rep)?, candle_transformers::utils::repeat_kv(vi, rep)?);
-                let scores = (qi.matmul(&ki.t()?)? / (dh as f64).sqrt())?;
+                let scores = (qi.matmul(&ki.t()?)? * cfg.attn_scale)?;
+                let scores = match cfg.attn_softcap {
+                    Some(cap) => ((scores / cap)?.tanh()? * cap)?,
+                    None => scores,
+                };
                 let scores = match mask {
                     Some(m) => scores.broadcast_add(m)?,
                     None => scores,
@@ -211,15 +234,27 @@ impl Weights {
                 let ctx = candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vi)?;
                 ctxs.push(ctx.transpose(1, 2)?.reshape((1, s, nh * dh))?);
             }
-            x = (x + b.out.forward(&Tensor::cat(&ctxs, 1)?)?)?;
+            // Gemma normalises each output before it joins the residual
+            let post = |y: Tensor, i: usize| -> candle_core::Result<Tensor> {
+                match &b.post_norms {
+                    Some(norms) => candle_nn::ops::rms_norm(&y, if i == 0 { &norms.0 } else { &norms.1 }, eps),
+                    None => Ok(y),
+                }
+            };
+            x = (x + post(b.out.forward(&Tensor::cat(&ctxs, 1)?)?, 0)?)?;
             let normed = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
             let [gate, up]: [Tensor; 2] = b.gate_up.forward(&normed)?.try_into().expect("two projections");
-            let ffn = (candle_nn::ops::silu(&gate)? * up)?;
-            x = (x + b.down.forward(&ffn)?)?;
+            // candle's `gelu` is the tanh form
+            let act = if cfg.family.gemma { gate.gelu()? } else { candle_nn::ops::silu(&gate)? };
+            x = (x + post(b.down.forward(&(act * up)?)?, 1)?)?;
         }
         let last = seqs.iter().zip(&starts).map(|((t, _, _), &at)| x.narrow(1, at + t.len() - 1, 1)).collect::<candle_core::Result<Vec<_>>>()?;
         let last = Tensor::cat(&last, 1)?;
         let logits = self.output.forward(&candle_nn::ops::rms_norm(&last, &self.out_norm, eps)?)?;
+        let logits = match cfg.final_softcap {
+            Some(cap) => ((logits / cap)?.tanh()? * cap)?,
+            None => logits,
+        };
         let values = logits.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
         Ok(values.chunks_exact(cfg.vocab_size).map(<[f32]>::to_vec).collect())
     }
@@ -329,9 +364,10 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
         ));
     }
     let (h, ctx, half) = (cfg.embedding_length, cfg.context_length.max(1), cfg.rope_dim / 2);
+    let table = |v: Vec<f32>| Tensor::from_vec(v, (ctx, half), &Device::Cpu).map_err(engine_err);
     let (cos, sin) = cfg.rope_tables(&mut g)?;
-    let cos = Tensor::from_vec(cos, (ctx, half), &Device::Cpu).map_err(engine_err)?;
-    let sin = Tensor::from_vec(sin, (ctx, half), &Device::Cpu).map_err(engine_err)?;
+    let (cos, sin) = (table(cos)?, table(sin)?);
+    let swa = cfg.swa_rope_tables().map(|(c, s)| Ok::<_, ExError>((table(c)?, table(s)?))).transpose()?;
     let mut norm = |name: &str| -> ExResult<Tensor> { Tensor::from_vec(g.values(name, &[h])?, h, &Device::Cpu).map_err(engine_err) };
     let norms = (0..cfg.block_count)
         .map(|l| Ok((norm(&format!("blk.{l}.attn_norm.weight"))?, norm(&format!("blk.{l}.ffn_norm.weight"))?)))
@@ -370,6 +406,7 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
         };
         let q_norm = x.q_norm.as_deref().map(|w| host(w, &[dh])).transpose()?;
         let k_norm = x.k_norm.as_deref().map(|w| host(w, &[dh])).transpose()?;
+        let post_norms = x.post_norms.as_ref().map(|(a, m)| Ok::<_, ExError>((host(a, &[h])?, host(m, &[h])?))).transpose()?;
         blocks.push(Block {
             attn_norm,
             bias,
@@ -380,6 +417,7 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
             ffn_norm,
             gate_up,
             down: qmat(qtensor(&n("ffn_down"))?)?,
+            post_norms,
         });
         // candle's reader copies each tensor once on the way in: hand the freed copies back
         // per block rather than letting them pile up in the heap
@@ -391,5 +429,5 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
         Some(format) => Embedding::Quant { row_bytes: h / format.block_values() * format.block_bytes(), format, blocks: token_embd },
         None => Embedding::Dense(token_embd.dequantize(&Device::Cpu).map_err(engine_err)?),
     };
-    Ok(Box::new(CandleLlama { w: Arc::new(Weights { cfg, embed, blocks, out_norm, output, cos, sin }) }))
+    Ok(Box::new(CandleLlama { w: Arc::new(Weights { cfg, embed, blocks, out_norm, output, cos, sin, swa }) }))
 }

@@ -2,7 +2,7 @@
 //! layer departs from Llama's, read by the Burn tensor path, the host layer path and Candle.
 
 /// GGUF `general.architecture` values this decoder runs (Mistral-style GGUFs say "llama" too).
-pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "phi3"];
+pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"];
 
 /// Which pairs of a head's values rotate together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +28,10 @@ pub struct Family {
     /// Q, K and V in one matrix (`blk.N.attn_qkv.weight`) and the gate and up projections in one
     /// (`blk.N.ffn_up.weight`, gate rows first): Phi-3.
     pub fused: bool,
+    /// Gemma 2 and 3: embeddings scaled by √hidden, GELU (tanh form) gating in place of SiLU,
+    /// and an RMSNorm on the attention's and the MLP's outputs before each joins the residual
+    /// (`blk.N.post_attention_norm.weight`, `blk.N.post_ffw_norm.weight`).
+    pub gemma: bool,
 }
 
 impl Family {
@@ -43,15 +47,39 @@ impl Family {
     }
 
     pub fn of(arch: &str) -> Option<Family> {
-        let (qkv_bias, qk_norm, rope, fused) = match arch {
-            "llama" => (false, false, RopeStyle::Interleaved, false),
-            "qwen2" => (true, false, RopeStyle::Halves, false),
-            "qwen3" => (false, true, RopeStyle::Halves, false),
-            "phi3" => (false, false, RopeStyle::Halves, true),
+        let (qkv_bias, qk_norm, rope, fused, gemma) = match arch {
+            "llama" => (false, false, RopeStyle::Interleaved, false, false),
+            "qwen2" => (true, false, RopeStyle::Halves, false, false),
+            "qwen3" => (false, true, RopeStyle::Halves, false, false),
+            "phi3" => (false, false, RopeStyle::Halves, true, false),
+            "gemma2" => (false, false, RopeStyle::Halves, false, true),
+            "gemma3" => (false, true, RopeStyle::Halves, false, true),
             _ => return None,
         };
-        Some(Family { qkv_bias, qk_norm, rope, fused })
+        Some(Family { qkv_bias, qk_norm, rope, fused, gemma })
     }
+
+    /// Where the family's sliding-window layers fall when the file does not say: every `n`-th
+    /// layer attends to all positions, the others to the window (llama.cpp's defaults).
+    pub fn swa_pattern(arch: &str) -> Option<usize> {
+        match arch {
+            "gemma2" => Some(2),
+            "gemma3" => Some(6),
+            _ => None,
+        }
+    }
+}
+
+/// Which of `layers` layers slide, with every `n`-th one global (`n` 0: all slide), as
+/// llama.cpp's `set_swa_pattern`.
+pub fn sliding_layers(layers: usize, n: usize) -> Vec<bool> {
+    (0..layers).map(|l| n == 0 || l % n < n - 1).collect()
+}
+
+/// GELU in its tanh form (PyTorch's `gelu(approximate="tanh")`, Gemma's activation).
+pub fn gelu_tanh(x: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // √(2/π)
+    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
 }
 
 /// A family's per-layer extras (`Family`), as host values: the concatenated Q/K/V biases and
@@ -61,4 +89,6 @@ pub(crate) struct HeadExtras {
     pub qkv_bias: Option<Vec<f32>>,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+    /// Gemma's norms of the attention output and of the MLP output.
+    pub post_norms: Option<(Vec<f32>, Vec<f32>)>,
 }

@@ -14,7 +14,7 @@
 
 use serde_json::Value as Json;
 
-use super::LmSession;
+use super::{CausalLm, LmSession};
 
 /// The reference margin (in logits) below which the other token is an acceptable pick. Measured
 /// (SmolLM2 Q4_1, 120 teacher-forced steps): Candle's quantised engine flips three steps, at margins
@@ -127,4 +127,34 @@ pub fn assert_free_run(label: &str, got: &[u32], case: &Json) -> bool {
         "{label}: greedy output leaves the reference at step {same}, where its token leads by {margin} logits\n  got  {got:?}\n  want {want:?}"
     );
     false
+}
+
+/// Greedy decoding of `n` tokens, stopping at (and leaving out) `eos`.
+pub fn greedy(lm: &dyn CausalLm, prompt: &[u32], n: usize, eos: Option<u32>) -> Vec<u32> {
+    let mut s = lm.session().unwrap();
+    let mut logits = s.forward(prompt, 0).unwrap();
+    let mut out = vec![];
+    while out.len() < n {
+        let tok = argmax(&logits);
+        if Some(tok) == eos {
+            break;
+        }
+        out.push(tok);
+        logits = s.forward(&[tok], prompt.len() + out.len() - 1).unwrap();
+    }
+    out
+}
+
+/// The largest distance of the first-step logits from the reference's, as a fraction of the
+/// reference logits' range (full logits) or of the top logit (top 10).
+pub fn first_step_fraction(first: &[f32], case: &Json) -> f64 {
+    match case.get("first_step_logits") {
+        Some(want) => {
+            let want: Vec<f64> = want.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            let diff = first.iter().zip(&want).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
+            let (lo, hi) = want.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+            diff / (hi - lo)
+        }
+        None => first_step_error(first, case) / case["first_step_top10"][0][1].as_f64().unwrap().abs().max(1.0),
+    }
 }

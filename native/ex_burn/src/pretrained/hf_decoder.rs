@@ -25,10 +25,11 @@ const SINGLE: &str = "model.safetensors";
 const INDEX: &str = "model.safetensors.index.json";
 
 /// config.json `model_type` values this reader takes, and the GGUF architecture each one is.
-const MODEL_TYPES: &[(&str, &str)] = &[("llama", "llama"), ("mistral", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("phi3", "phi3")];
+const MODEL_TYPES: &[(&str, &str)] =
+    &[("llama", "llama"), ("mistral", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("phi3", "phi3"), ("gemma2", "gemma2"), ("gemma3_text", "gemma3")];
 
 /// A layer tensor's GGUF name part and its Hugging Face module path; Phi-3's fused gate/up
-/// projection is `ffn_up` in GGUF (`hf_layer_part`).
+/// projection is `ffn_up` in GGUF, and Gemma names its norms apart (`GEMMA_NORMS`).
 const LAYER_PARTS: &[(&str, &str)] = &[
     ("attn_norm", "input_layernorm"),
     ("ffn_norm", "post_attention_layernorm"),
@@ -42,6 +43,15 @@ const LAYER_PARTS: &[(&str, &str)] = &[
     ("ffn_gate", "mlp.gate_proj"),
     ("ffn_up", "mlp.up_proj"),
     ("ffn_down", "mlp.down_proj"),
+];
+
+/// Gemma's four norms a layer: its `post_attention_layernorm` follows attention, where other
+/// families' precedes the MLP.
+const GEMMA_NORMS: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+    ("ffn_norm", "pre_feedforward_layernorm"),
+    ("post_ffw_norm", "post_feedforward_layernorm"),
 ];
 
 /// Whether `path` is a directory holding a Hugging Face model's config and safetensors weights.
@@ -146,8 +156,10 @@ impl HfDecoder {
         }
         let (layer, rest) = gguf.strip_prefix("blk.")?.split_once('.')?;
         let (part, suffix) = rest.rsplit_once('.')?;
+        let family = self.cfg.family;
         let hf = match part {
-            "ffn_up" if self.cfg.family.fused => "mlp.gate_up_proj",
+            "ffn_up" if family.fused => "mlp.gate_up_proj",
+            _ if family.gemma && GEMMA_NORMS.iter().any(|(g, _)| *g == part) => GEMMA_NORMS.iter().find(|(g, _)| *g == part)?.1,
             _ => LAYER_PARTS.iter().find(|(g, _)| *g == part)?.1,
         };
         Some(format!("model.layers.{layer}.{hf}.{suffix}"))
@@ -187,7 +199,12 @@ impl HfDecoder {
             return Ok(f.clone());
         }
         let (shard, hf) = self.locate(name)?;
-        shard.values(&hf, shape)
+        let mut values = shard.values(&hf, shape)?;
+        // Gemma's RMSNorm scales by 1 + w; GGUF files store 1 + w, as the engines read it
+        if self.cfg.family.gemma && name.ends_with("norm.weight") {
+            values.iter_mut().for_each(|v| *v += 1.0);
+        }
+        Ok(values)
     }
 
     /// The `[rows, cols]` matrix `name` as `qmatmul` blocks where it is stored as f16 (GGUF's F16
@@ -232,8 +249,11 @@ fn read_config(c: &Json, path: &Path, arch: &str, rope: &Json, embed_shape: Opti
     if (flag("attention_bias") && arch != "qwen2") || flag("mlp_bias") {
         return Err(unsupported("biases on the attention output or MLP projections".to_string()));
     }
-    if let Some(act) = c.get("hidden_act").and_then(Json::as_str).filter(|a| *a != "silu") {
-        return Err(unsupported(format!("activation {act:?} (the decoders run silu)")));
+    let gemma = Family::of(arch).is_some_and(|f| f.gemma);
+    let act = c.get("hidden_activation").or(c.get("hidden_act")).and_then(Json::as_str);
+    let runs = if gemma { matches!(act, None | Some("gelu_pytorch_tanh" | "gelu_tanh")) } else { matches!(act, None | Some("silu")) };
+    if !runs {
+        return Err(unsupported(format!("activation {act:?} (the decoders run silu, and Gemma's gelu_pytorch_tanh)")));
     }
     let embedding_length = need("hidden_size")?;
     let head_count = need("num_attention_heads")?;
@@ -245,11 +265,7 @@ fn read_config(c: &Json, path: &Path, arch: &str, rope: &Json, embed_shape: Opti
     };
     let fraction = rope.get("partial_rotary_factor").or(c.get("partial_rotary_factor")).and_then(Json::as_f64).unwrap_or(1.0);
     let rope_dim = (head_dim as f64 * fraction) as usize;
-    let rope_position_scale = match rope_type(rope) {
-        "default" | "llama3" => 1.0,
-        "linear" => 1.0 / rope.get("factor").and_then(Json::as_f64).unwrap_or(1.0),
-        other => return Err(unsupported(format!("rope scaling {other:?} (the engines apply none, linear and llama3)"))),
-    };
+    let rope_position_scale = rope_scale(rope).map_err(unsupported)?;
     let vocab_size = match embed_shape {
         Some(s) if s.len() == 2 && s[1] == embedding_length => s[0],
         Some(s) => return Err(ExError::invalid(format!("model.embed_tokens.weight beside {} is {s:?}, not [vocab, {embedding_length}]", path.display()))),
@@ -265,14 +281,45 @@ fn read_config(c: &Json, path: &Path, arch: &str, rope: &Json, embed_shape: Opti
         return Err(ExError::invalid(format!("vocab_size {v} in {} disagrees with the embedding's {vocab_size} rows", path.display())));
     }
     // Attention over a window equals full attention while a sequence fits in it: sequences
-    // are held to it, as for GGUF files.
+    // are held to it, as for GGUF files. Gemma's windows are applied, layer by layer.
     let declared = need("max_position_embeddings")?;
     let window = int("sliding_window").filter(|&w| w > 0 && c.get("use_sliding_window").and_then(Json::as_bool) != Some(false));
     let family = Family::of(arch).expect("every model type maps to a family");
+    let block_count = need("num_hidden_layers")?;
+    let (context_length, window, sliding) = match (window, gemma) {
+        (Some(w), false) => (declared.min(w), None, vec![false; block_count]),
+        (None, _) => (declared, None, vec![false; block_count]),
+        (Some(w), true) => {
+            let sliding = match c.get("layer_types").and_then(Json::as_array) {
+                Some(types) => types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect(),
+                None => {
+                    let n = int("sliding_window_pattern").or(int("_sliding_window_pattern")).or(Family::swa_pattern(arch)).unwrap_or(0);
+                    super::decoder_family::sliding_layers(block_count, n)
+                }
+            };
+            (declared, Some(w), sliding)
+        }
+    };
+    let attn_scale = match c.get("query_pre_attn_scalar").and_then(Json::as_f64) {
+        Some(s) if gemma => s.powf(-0.5),
+        _ => (head_dim as f64).powf(-0.5),
+    };
+    let cap = |key: &str| c.get(key).and_then(Json::as_f64).filter(|&v| v > 0.0);
+    // Gemma 3's sliding layers rotate with their own base (and no scaling)
+    let rope_swa = match (window, swa_rope_parameters(c, arch)) {
+        (Some(_), Some(p)) => Some((p.get("rope_theta").and_then(Json::as_f64).unwrap_or(10000.0), rope_scale(&p).map_err(unsupported)?)),
+        _ => None,
+    };
     LlamaConfig {
+        attn_scale,
+        attn_softcap: cap("attn_logit_softcapping"),
+        final_softcap: cap("final_logit_softcapping"),
+        window,
+        sliding,
+        rope_swa,
         arch: arch.to_string(),
         family: Family { rope: RopeStyle::Halves, ..family },
-        block_count: need("num_hidden_layers")?,
+        block_count,
         embedding_length,
         feed_forward_length: need("intermediate_size")?,
         head_count,
@@ -281,24 +328,48 @@ fn read_config(c: &Json, path: &Path, arch: &str, rope: &Json, embed_shape: Opti
         rope_freq_base: rope.get("rope_theta").and_then(Json::as_f64).unwrap_or(10000.0),
         rope_position_scale,
         rms_eps: c.get("rms_norm_eps").and_then(Json::as_f64).unwrap_or(1e-6),
-        context_length: window.map_or(declared, |w| declared.min(w)),
+        context_length,
         rope_dim,
         vocab_size,
     }
     .checked(path)
 }
 
-/// The rotary settings: `rope_parameters` (transformers 5), else `rope_scaling` with the
-/// top-level `rope_theta` (earlier configs).
+/// The position scale of rope settings `p`: 1, or 1 / factor for linear scaling (llama3's
+/// factors are `llama3_factors`); the scaling's name where the engines apply no such scaling.
+fn rope_scale(p: &Json) -> Result<f64, String> {
+    match rope_type(p) {
+        "default" | "llama3" => Ok(1.0),
+        "linear" => Ok(1.0 / p.get("factor").and_then(Json::as_f64).unwrap_or(1.0)),
+        other => Err(format!("rope scaling {other:?} (the engines apply none, linear and llama3)")),
+    }
+}
+
+/// The rotary settings (of the global layers, where they differ by layer type):
+/// `rope_parameters` (transformers 5), else `rope_scaling` with the top-level `rope_theta`
+/// (earlier configs).
 fn rope_parameters(c: &Json) -> Json {
     if let Some(p) = c.get("rope_parameters").filter(|p| p.is_object()) {
-        return p.clone();
+        return p.get("full_attention").filter(|f| f.is_object()).unwrap_or(p).clone();
     }
     let mut p = c.get("rope_scaling").filter(|p| p.is_object()).cloned().unwrap_or_else(|| Json::Object(Default::default()));
     if let (Some(obj), Some(theta)) = (p.as_object_mut(), c.get("rope_theta")) {
         obj.insert("rope_theta".into(), theta.clone());
     }
     p
+}
+
+/// Gemma 3's sliding layers' rotary settings: `rope_parameters.sliding_attention`, else
+/// `rope_local_base_freq` (earlier configs), else base 10 000.
+fn swa_rope_parameters(c: &Json, arch: &str) -> Option<Json> {
+    if arch != "gemma3" {
+        return None;
+    }
+    if let Some(p) = c.get("rope_parameters").and_then(|p| p.get("sliding_attention")).filter(|p| p.is_object()) {
+        return Some(p.clone());
+    }
+    let base = c.get("rope_local_base_freq").and_then(Json::as_f64).unwrap_or(10000.0);
+    Some(serde_json::json!({ "rope_theta": base }))
 }
 
 fn rope_type(p: &Json) -> &str {

@@ -11,7 +11,7 @@ use serde_json::Value as Json;
 use super::burn_llama::BurnLlama;
 use super::errors::{self, kind};
 use super::generate::Prompt;
-use super::greedy_check::{self, argmax, ids};
+use super::greedy_check::{self, first_step_fraction, greedy, ids};
 use super::weights::test_support::TempDir;
 use super::{files, CausalLm, Engine, TextModel};
 use crate::device::{DeviceKind, DeviceRef};
@@ -55,36 +55,6 @@ fn dir(name: &str) -> PathBuf {
     llm_dir().join("hf").join(name)
 }
 
-/// Greedy decoding of `n` tokens, stopping at (and leaving out) `eos`.
-fn greedy(lm: &dyn CausalLm, prompt: &[u32], n: usize, eos: Option<u32>) -> Vec<u32> {
-    let mut s = lm.session().unwrap();
-    let mut logits = s.forward(prompt, 0).unwrap();
-    let mut out = vec![];
-    while out.len() < n {
-        let tok = argmax(&logits);
-        if Some(tok) == eos {
-            break;
-        }
-        out.push(tok);
-        logits = s.forward(&[tok], prompt.len() + out.len() - 1).unwrap();
-    }
-    out
-}
-
-/// The largest distance of the first-step logits from the reference's, as a fraction of the
-/// reference logits' range (full logits) or of the top logit (top 10).
-fn first_step_error(first: &[f32], case: &Json) -> f64 {
-    match case.get("first_step_logits") {
-        Some(want) => {
-            let want: Vec<f64> = want.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-            let diff = first.iter().zip(&want).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
-            let (lo, hi) = want.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
-            diff / (hi - lo)
-        }
-        None => greedy_check::first_step_error(first, case) / case["first_step_top10"][0][1].as_f64().unwrap().abs().max(1.0),
-    }
-}
-
 /// Burn as loaded for the test device (on the CPU, f16 weights keep their rows: the host path),
 /// Burn with every weight as f32 tensors (the other devices' path), and Candle.
 fn engines(path: &Path) -> Vec<(&'static str, Box<dyn CausalLm>, bool)> {
@@ -115,7 +85,7 @@ fn hf_dirs_generate_as_transformers_on_both_engines() {
                 flips += forced.flips.len();
                 let got = greedy(&*lm, &ids(&case["prompt_ids"]), ids(&case["generated_ids"]).len(), m.eos);
                 identical += greedy_check::assert_free_run(&case_tag, &got, case) as usize;
-                let err = first_step_error(&forced.first, case);
+                let err = first_step_fraction(&forced.first, case);
                 worst = worst.max(err);
                 let bound = if on_cpu { 1e-5 } else { 1e-2 };
                 assert!(err < bound, "{case_tag}: first-step logits differ from transformers' by {err} of their range");

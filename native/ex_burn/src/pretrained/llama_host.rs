@@ -5,9 +5,10 @@
 //! would allocate and dispatch, which costs as much as the layer's products.
 //!
 //! The same arithmetic as the tensor path (`burn_llama`), which the tests hold it to, for every
-//! family there (`decoder_family::Family`: biases, Q/K norms and rope style read from `HostBlock`).
+//! family there (`decoder_family::Family`: biases, Q/K norms and rope style read from `HostBlock`,
+//! Gemma's activation, soft cap, output norms and sliding windows from `Shape` and the caller).
 
-use super::decoder_family::{HeadExtras, RopeStyle};
+use super::decoder_family::{gelu_tanh, HeadExtras, RopeStyle};
 use super::qmatmul::QStack;
 use crate::kernels::cpu::vector::{exp_slice, par_chunks_for};
 
@@ -21,6 +22,11 @@ pub(super) struct Shape {
     pub rope_dim: usize,
     pub rope: RopeStyle,
     pub rms_eps: f64,
+    /// GELU (tanh) gating instead of SiLU (`Family::gemma`); the output norms come with
+    /// `HeadExtras::post_norms`.
+    pub gemma: bool,
+    pub attn_scale: f32,
+    pub attn_softcap: Option<f32>,
 }
 
 /// One layer's weights as the host path reads them.
@@ -76,6 +82,16 @@ pub(super) fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f64) {
     }
 }
 
+/// Every value of `x` times `by`.
+pub(super) fn scale(x: &mut [f32], by: f32) {
+    x.iter_mut().for_each(|v| *v *= by);
+}
+
+/// `cap · tanh(v / cap)` for every value (Gemma 2's soft cap).
+pub(super) fn softcap(x: &mut [f32], cap: f32) {
+    x.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+}
+
 /// Adds `bias` to every row of `x` (rows of `bias.len()` values); nothing without one.
 pub(super) fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
     let Some(b) = bias else { return };
@@ -124,8 +140,9 @@ pub(super) struct HostSeq<'a> {
 
 /// One layer on rows `x` (`[rows, hidden]`, in place): the rows of `seqs` one after another. The
 /// products take all rows at once (each weight read once for all of them); attention keeps to
-/// each row's own sequence, so a row's values are the same whatever else is in the call.
-pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mut [f32], seqs: &mut [HostSeq]) {
+/// each row's own sequence, so a row's values are the same whatever else is in the call. A row
+/// at position p attends to positions p − window < j ≤ p where the layer has a `window`.
+pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], window: Option<usize>, x: &mut [f32], seqs: &mut [HostSeq]) {
     let (h, dh, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads);
     let s = x.len() / h;
     let (half, width) = (cfg.rope_dim / 2, b.qkv.rows());
@@ -166,19 +183,23 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mu
     // causal attention: a row at position p sees its sequence's positions 0..=p; query heads
     // share K/V heads in groups. Rows are independent: they run in parallel, each the same sums
     // as alone.
-    let (group, scale) = (nh / nkv, 1.0 / (dh as f32).sqrt());
+    let (group, scale) = (nh / nkv, cfg.attn_scale);
     let mut ctx = vec![0f32; s * nh * dh];
     let kvs: Vec<&HostKv> = seqs.iter().map(|q| &*q.kv).collect();
     let work = at.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * dh;
     par_chunks_for(&mut ctx, nh * dh, work, |t, ctx_t| {
         let (i, p) = at[t];
-        let (kv, seen) = (kvs[i], p + 1);
+        let (kv, first) = (kvs[i], window.map_or(0, |w| (p + 1).saturating_sub(w)));
+        let seen = p + 1 - first;
         let (mut scores, mut weights) = (Vec::with_capacity(seen), vec![0f32; seen]);
         for head in 0..nh {
-            let (keys, values) = (&kv.k[head / group], &kv.v[head / group]);
+            let (keys, values) = (&kv.k[head / group][first * dh..], &kv.v[head / group][first * dh..]);
             let qh = &q[(t * nh + head) * dh..(t * nh + head + 1) * dh];
             scores.clear();
             scores.extend(keys.chunks_exact(dh).take(seen).map(|k| dot(qh, k) * scale));
+            if let Some(cap) = cfg.attn_softcap {
+                softcap(&mut scores, cap);
+            }
             let max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
             scores.iter_mut().for_each(|v| *v -= max);
             exp_slice(&scores, &mut weights);
@@ -192,7 +213,13 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mu
             }
         }
     });
-    for (x, o) in x.iter_mut().zip(b.out.matmul(&ctx, s)) {
+    // Gemma normalises each output before it joins the residual
+    let post = |y: Vec<f32>, w: Option<&Vec<f32>>| match w {
+        Some(w) => rms_norm(&y, w, cfg.rms_eps),
+        None => y,
+    };
+    let post_norms = b.extras.post_norms.as_ref();
+    for (x, o) in x.iter_mut().zip(post(b.out.matmul(&ctx, s), post_norms.map(|p| &p.0))) {
         *x += o;
     }
     let f = cfg.ffn;
@@ -200,13 +227,19 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], x: &mu
     let mut act = vec![0f32; s * f];
     par_chunks_for(&mut act, f, 8 * s * f, |t, a| {
         let (gate, up) = gu[2 * f * t..2 * f * (t + 1)].split_at(f);
+        if cfg.gemma {
+            for ((a, g), u) in a.iter_mut().zip(gate).zip(up) {
+                *a = gelu_tanh(*g) * u;
+            }
+            return;
+        }
         let minus: Vec<f32> = gate.iter().map(|g| -g).collect();
         exp_slice(&minus, a);
         for ((a, g), u) in a.iter_mut().zip(gate).zip(up) {
             *a = g / (1.0 + *a) * u;
         }
     });
-    for (x, d) in x.iter_mut().zip(b.down.matmul(&act, s)) {
+    for (x, d) in x.iter_mut().zip(post(b.down.matmul(&act, s), post_norms.map(|p| &p.1))) {
         *x += d;
     }
 }

@@ -16,7 +16,7 @@ use serde_json::Value as Json;
 
 use super::burn_llama::BurnLlama;
 use super::generate::Prompt;
-use super::greedy_check::{self, argmax, ids};
+use super::greedy_check::{self, greedy, ids};
 use super::tokenizer::LmTokenizer;
 use super::{errors, gguf, CausalLm, Chunk, Engine, TextModel};
 use crate::device::{DeviceKind, DeviceRef};
@@ -65,22 +65,6 @@ fn distance(got: &[f32], want: &[f64]) -> (f64, f64) {
     let diff = got.iter().zip(want).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
     let (lo, hi) = want.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
     (diff, hi - lo)
-}
-
-/// Greedy decoding of `n` tokens, stopping at (and leaving out) `eos`.
-fn greedy(lm: &dyn CausalLm, prompt: &[u32], n: usize, eos: u32) -> Vec<u32> {
-    let mut s = lm.session().unwrap();
-    let mut logits = s.forward(prompt, 0).unwrap();
-    let mut out = vec![];
-    while out.len() < n {
-        let tok = argmax(&logits);
-        if tok == eos {
-            break;
-        }
-        out.push(tok);
-        logits = s.forward(&[tok], prompt.len() + out.len() - 1).unwrap();
-    }
-    out
 }
 
 /// The engines a file is run on: Burn as loaded for the test device (on the CPU, Q8_0 keeps its
@@ -135,7 +119,7 @@ fn check_engines(dir: &Path, files: &[&str]) -> Vec<String> {
                     let forced = greedy_check::teacher_forced(lm.session().unwrap().as_mut(), case);
                     greedy_check::assert_forced(&case_tag, &forced);
                     flips += forced.flips.len();
-                    let got = greedy(&*lm, &ids(&case["prompt_ids"]), ids(&case["generated_ids"]).len(), eos);
+                    let got = greedy(&*lm, &ids(&case["prompt_ids"]), ids(&case["generated_ids"]).len(), Some(eos));
                     identical += greedy_check::assert_free_run(&case_tag, &got, case) as usize;
 
                     let want = floats(&case["first_step_logits"]);

@@ -43,6 +43,8 @@ mod llm_family_tests;
 #[cfg(test)]
 mod hf_llm_tests;
 #[cfg(test)]
+mod gemma_tests;
+#[cfg(test)]
 mod spm_tests;
 pub mod tokenizer;
 pub mod weights;

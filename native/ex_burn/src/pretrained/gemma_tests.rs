@@ -1,0 +1,153 @@
+//! Gemma 2 and Gemma 3 (`Family::gemma`) on both engines against transformers, on the tiny
+//! models `test/data/gen_gemma_refs.py` writes to `test/data/llm/gemma/` (committed, so nothing
+//! skips): each as an F32 GGUF file, a Q8_0 file and a Hugging Face directory (f16).
+//!
+//! Gemma 2 caps attention scores and logits (at 5 and 15, low enough to bend them), and its
+//! first layer of two slides over 8 positions; Gemma 3 has per-head Q/K norms and five sliding
+//! layers with their own rope base before a global one. One prompt of each set is longer than
+//! the window, so the windows decide its logits.
+
+use std::path::PathBuf;
+
+use serde_json::Value as Json;
+
+use super::burn_llama::BurnLlama;
+use super::greedy_check::{self, first_step_fraction, greedy, ids};
+use super::{CausalLm, Engine, TextModel};
+use crate::device::{DeviceKind, DeviceRef};
+
+fn dir() -> PathBuf {
+    crate::process::env::reference_dir().parent().expect("reference dir has a parent").join("llm/gemma")
+}
+
+fn reference() -> Json {
+    let path = dir().join("reference.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("reference JSON")
+}
+
+/// The model's files: the F32 and Q8_0 GGUF files and the Hugging Face directory.
+fn sources(r: &Json, arch: &str) -> Vec<(&'static str, PathBuf)> {
+    let file = |label: &str| dir().join(r[arch]["files"][label].as_str().unwrap());
+    vec![("F32", file("F32")), ("Q8_0", file("Q8_0")), ("hf", dir().join(r[arch]["dir"].as_str().unwrap()))]
+}
+
+#[test]
+fn gemma_configs_read_alike_from_gguf_and_hf() {
+    let r = reference();
+    for (arch, sliding, caps) in [("gemma2", vec![true, false], (Some(5.0), Some(15.0))), ("gemma3", vec![true, true, true, true, true, false], (None, None))] {
+        for (label, path) in sources(&r, arch) {
+            let model = BurnLlama::load_with(&path, &crate::testing::device(), false).unwrap();
+            let cfg = model.config();
+            let tag = format!("{arch} {label}");
+            assert_eq!((cfg.arch.as_str(), cfg.family.gemma, cfg.context_length), (arch, true, 128), "{tag}");
+            assert_eq!((cfg.window, &cfg.sliding), (Some(8), &sliding), "{tag}");
+            assert_eq!((cfg.attn_softcap, cfg.final_softcap), caps, "{tag}");
+            assert_eq!(cfg.attn_scale, 0.25, "{tag}: 1/√query_pre_attn_scalar");
+            let swa = (arch == "gemma3").then_some((10000.0, 1.0));
+            assert_eq!((cfg.rope_freq_base, cfg.rope_swa), (if arch == "gemma3" { 1e6 } else { 10000.0 }, swa), "{tag}");
+        }
+    }
+}
+
+/// Burn as loaded for the test device (on the CPU the Q8_0 file and the directory's f16 rows
+/// take the host path), Burn with every weight as f32 tensors (the tensor path), and Candle.
+fn engines(path: &std::path::Path) -> Vec<(&'static str, Box<dyn CausalLm>, bool)> {
+    let dev = crate::testing::device();
+    let cpu = dev.kind == DeviceKind::Cpu;
+    vec![
+        ("burn", TextModel::load(path, Engine::Burn, dev.clone()).unwrap().lm, cpu),
+        ("burn f32", Box::new(BurnLlama::load_with(path, &dev, false).unwrap()) as Box<dyn CausalLm>, cpu),
+        ("candle", TextModel::load(path, Engine::Candle, DeviceRef::CPU).unwrap().lm, true),
+    ]
+}
+
+#[test]
+fn gemma_generates_as_transformers_on_both_engines() {
+    let r = reference();
+    for arch in ["gemma2", "gemma3"] {
+        for (label, path) in sources(&r, arch) {
+            // the Q8_0 file is held to transformers on its own weights, dequantised
+            let quantised = label == "Q8_0";
+            let cases = r[arch].get(format!("generate_{label}")).unwrap_or(&r[arch]["generate"]).as_array().unwrap();
+            for (engine, lm, on_cpu) in engines(&path) {
+                let tag = format!("{arch} {label} {engine}");
+                let (mut worst, mut flips, mut identical) = (0f64, 0, 0);
+                for (i, case) in cases.iter().enumerate() {
+                    let case_tag = format!("{tag} case {i}");
+                    let forced = greedy_check::teacher_forced(lm.session().unwrap().as_mut(), case);
+                    greedy_check::assert_forced(&case_tag, &forced);
+                    flips += forced.flips.len();
+                    let got = greedy(&*lm, &ids(&case["prompt_ids"]), ids(&case["generated_ids"]).len(), Some(2));
+                    identical += greedy_check::assert_free_run(&case_tag, &got, case) as usize;
+                    let err = first_step_fraction(&forced.first, case);
+                    worst = worst.max(err);
+                    // 8-bit activations on the quantised paths (greedy_check::Q8_LOGIT_DRIFT, of
+                    // the largest logit, about half the range here); TF32 off the CPU
+                    let bound = if quantised && engine != "burn f32" {
+                        greedy_check::Q8_LOGIT_DRIFT as f64 / 2.0
+                    } else if on_cpu {
+                        1e-5
+                    } else {
+                        1e-2
+                    };
+                    assert!(err < bound, "{case_tag}: first-step logits differ from transformers' by {err} of their range");
+                }
+                println!(
+                    "{tag}: {identical}/{} greedy runs identical, {flips} teacher-forced picks differ, first-step logits within {worst:.1e} of the range",
+                    cases.len()
+                );
+            }
+        }
+    }
+}
+
+/// The directory's tokenizer.json gives transformers' ids.
+#[test]
+fn gemma_hf_tokenizer_matches_transformers() {
+    let r = reference();
+    for arch in ["gemma2", "gemma3"] {
+        let model = TextModel::load(&dir().join(r[arch]["dir"].as_str().unwrap()), Engine::Candle, DeviceRef::CPU).unwrap();
+        assert_eq!((model.arch.as_str(), model.bos_token_id), (arch, Some(1)));
+        for c in r[arch]["tokenize"].as_array().unwrap() {
+            assert_eq!(model.tokenizer.encode(c["text"].as_str().unwrap(), false).unwrap(), ids(&c["ids"]), "{arch}: {:?}", c["text"]);
+        }
+    }
+}
+
+/// A batch of sequences of different lengths, longer and shorter than the window, gives each
+/// one's logits alone: bit for bit on the host path (the Q8_0 file and the directory on the CPU),
+/// within last bits on the tensor path, whose batches pad ragged chunks and mask each layer's
+/// window.
+#[test]
+fn gemma_batched_rows_equal_alone() {
+    use super::Chunk;
+    let r = reference();
+    let prompts: [&[u32]; 3] = [&[5, 17, 42, 99, 3, 250, 77, 300, 12, 8, 60, 61, 7], &[300], &[7, 8, 9, 10, 11]];
+    for arch in ["gemma2", "gemma3"] {
+        for (label, path) in sources(&r, arch) {
+            for (engine, lm, cpu) in engines(&path) {
+                let host_path = engine == "burn" && cpu && label != "F32";
+                let mut alone: Vec<_> = prompts.iter().map(|_| lm.session().unwrap()).collect();
+                let mut sessions: Vec<_> = prompts.iter().map(|_| lm.session().unwrap()).collect();
+                // a step with each prompt, then a decoding step (past the window for the first)
+                for step in 0..2 {
+                    let chunk = |i: usize| -> (&[u32], usize) { if step == 0 { (prompts[i], 0) } else { (&[9], prompts[i].len()) } };
+                    let want: Vec<Vec<f32>> = alone.iter_mut().enumerate().map(|(i, s)| s.forward(chunk(i).0, chunk(i).1).unwrap()).collect();
+                    let mut chunks: Vec<Chunk> = sessions.iter_mut().enumerate().map(|(i, s)| Chunk { session: s.as_mut(), tokens: chunk(i).0, pos: chunk(i).1 }).collect();
+                    let batched: Vec<Vec<f32>> = lm.forward_batch(&mut chunks).into_iter().map(Result::unwrap).collect();
+                    for (i, (b, a)) in batched.iter().zip(&want).enumerate() {
+                        let range = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let worst = b.iter().zip(a).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                        let tag = format!("{arch} {label} {engine} step {step} row {i}");
+                        if host_path {
+                            assert_eq!(b, a, "{tag}: a batch's logits differ from the row alone");
+                        } else {
+                            assert!(worst <= 1e-5 * range, "{tag}: a batch's logits differ from the row alone by {worst}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Tiny Gemma 2 and Gemma 3 models, as GGUF files and Hugging Face directories, with
+transformers' references, for ExBurn's LLM engines.
+
+Writes, next to this script, under llm/gemma/:
+
+  tiny-gemma2/, tiny-gemma3/          Hugging Face directories (f16 safetensors, the
+                                      SentencePiece tokenizer of gen_spm_refs.py as
+                                      tokenizer.json)
+  tiny-gemma2.F32.gguf, .Q8_0.gguf    the same models converted by llama.cpp's
+  tiny-gemma3.F32.gguf, .Q8_0.gguf    convert_hf_to_gguf.py and quantised by llama-quantize
+  reference.json                      per model: prompts (token ids, one longer than the
+                                      sliding window, and texts as the directory's tokenizer
+                                      gives them), 16 greedy tokens each with their
+                                      margins, and the first step's logits, from transformers
+                                      on the model's weights and on each Q8_0 file's weights
+                                      as transformers' GGUF loader dequantises them
+
+Gemma 2 (2 layers): logit soft-capping of attention scores (at 5, where real models cap at 50)
+and of the output (at 15; 30 in real models), norms
+after attention and after the MLP, embeddings scaled by sqrt(hidden), GELU (tanh) gating, and
+a sliding window of 8 positions on every other layer. Gemma 3 (6 layers): per-head Q/K norms,
+no soft-capping, five sliding layers (rope base 10 000) then a global one (rope base 1e6).
+`query_pre_attn_scalar` is the head size, as llama.cpp assumes below 27B. Weights are random
+(seeded), drawn wide so that greedy picks are rarely near ties, and rounded to f16. Run (CPU only):
+
+  pip install torch numpy transformers tokenizers sentencepiece protobuf gguf
+  LLAMA_CPP=/path/to/llama.cpp python3 test/data/gen_gemma_refs.py
+"""
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import gen_spm_refs as spm  # noqa: E402
+from gen_llm_refs import record  # noqa: E402
+from refs_common import base_versions  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT_DIR = os.path.join(HERE, "llm", "gemma")
+LLAMA_CPP = os.environ.get("LLAMA_CPP", "/work/peers/llama.cpp")
+QUANTIZE = os.path.join(LLAMA_CPP, "build", "bin", "llama-quantize")
+
+WINDOW = 8
+PROMPTS = [[5, 17, 42, 99, 3, 250, 77, 300, 12, 8, 60, 61], [300], [1, 20, 30, 40]]
+# the directories' tokenizer.json adds BOS, as transformers does
+TEXT_PROMPTS = ["The quick brown fox", "Once upon a time"]
+TOKENIZE_TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello world 12345, it's 2024!", "crème brûlée 😀 我爱"]
+
+
+def build(arch, vocab, seed):
+    from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
+
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=128,
+                  rms_norm_eps=1e-6, sliding_window=WINDOW, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                  torch_dtype="float32")
+    if arch == "gemma2":
+        # caps low enough to bend these small models' scores and logits
+        model = Gemma2ForCausalLM(Gemma2Config(num_hidden_layers=2, attn_logit_softcapping=5.0, final_logit_softcapping=15.0, **common))
+    else:
+        model = Gemma3ForCausalLM(Gemma3TextConfig(num_hidden_layers=6, **common))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                # Gemma's norms scale by 1 + w
+                v = 0.2 * torch.randn(p.shape, generator=g)
+            elif "embed_tokens" in name:
+                # scaled by sqrt(64) = 8 on the way in; the output projection shares it
+                v = 0.6 * torch.randn(p.shape, generator=g)
+            else:
+                v = 0.15 * torch.randn(p.shape, generator=g)
+            p.copy_(v.half().float())
+    model.eval()
+    return model
+
+
+def convert(hf, out):
+    env = dict(os.environ, PYTHONPATH=os.path.join(LLAMA_CPP, "gguf-py"))
+    subprocess.run([sys.executable, os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py"), hf, "--outfile", out, "--outtype", "f32"],
+                   check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def main():
+    from transformers import AutoModelForCausalLM
+
+    os.makedirs(OUT_DIR, exist_ok=True)
+    reference = {"versions": base_versions(), "window": WINDOW}
+    with tempfile.TemporaryDirectory() as scratch:
+        tok, spm_model = spm.tokenizer(scratch)
+        for seed, arch in enumerate(["gemma2", "gemma3"], start=21):
+            model = build(arch, len(tok), seed)
+            name = f"tiny-{arch}"
+            hf = os.path.join(OUT_DIR, name)
+            shutil.rmtree(hf, ignore_errors=True)
+            # a copy: half() would round the live model's rotary buffers too
+            copy.deepcopy(model).half().save_pretrained(hf, safe_serialization=True)
+            tok.save_pretrained(hf)
+            for extra in ("tokenizer.model", "special_tokens_map.json"):
+                if os.path.exists(os.path.join(hf, extra)):
+                    os.remove(os.path.join(hf, extra))
+            # converted from f32 weights (it adds 1 to the norms in the stored type), with the
+            # SentencePiece model, which it reads for the pieces' scores
+            work = os.path.join(scratch, name)
+            model.save_pretrained(work, safe_serialization=True)
+            tok.save_pretrained(work)
+            shutil.copy(spm_model, os.path.join(work, "tokenizer.model"))
+            files = {"F32": os.path.join(OUT_DIR, f"{name}.F32.gguf"), "Q8_0": os.path.join(OUT_DIR, f"{name}.Q8_0.gguf")}
+            convert(work, files["F32"])
+            subprocess.run([QUANTIZE, files["F32"], files["Q8_0"], "Q8_0"], check=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+            texts = [{"kind": "raw", "prompt": t, "prompt_ids": tok(t)["input_ids"]} for t in TEXT_PROMPTS]
+            cases = [{"kind": "ids", "prompt_ids": p} for p in PROMPTS] + texts
+            record(arch, model, cases, 2)
+            entry = {"files": {k: os.path.basename(v) for k, v in files.items()}, "dir": name, "generate": cases,
+                     "tokenize": [{"text": t, "ids": tok.encode(t, add_special_tokens=False)} for t in TOKENIZE_TEXTS]}
+            # the Q8_0 file's own weights, dequantised by transformers' GGUF loader
+            qmodel = AutoModelForCausalLM.from_pretrained(OUT_DIR, gguf_file=os.path.basename(files["Q8_0"]),
+                                                          config=model.config, torch_dtype=torch.float32).eval()
+            qcases = [{"kind": "ids", "prompt_ids": p} for p in PROMPTS]
+            record(f"{arch} Q8_0", qmodel, qcases, 2)
+            entry["generate_Q8_0"] = qcases
+            # the F32 file read back by transformers is the model itself
+            fmodel = AutoModelForCausalLM.from_pretrained(OUT_DIR, gguf_file=os.path.basename(files["F32"]),
+                                                          config=model.config, torch_dtype=torch.float32).eval()
+            with torch.no_grad():
+                same = float((fmodel(torch.tensor([PROMPTS[0]])).logits - model(torch.tensor([PROMPTS[0]])).logits).abs().max())
+            assert same < 1e-4, f"{arch}: the F32 file reads back as another model ({same})"
+            reference[arch] = entry
+            sizes = {os.path.basename(p): os.path.getsize(p) for p in files.values()}
+            print(f"{arch}: {sizes}")
+    with open(os.path.join(OUT_DIR, "reference.json"), "w") as f:
+        json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
