@@ -129,9 +129,7 @@ fn pretrained_batched_steps_equal_alone_on_the_tensor_path() {
 
 /// The logits of a batched forward, those of each session alone: bit for bit on the CPU's host
 /// path, whose rows are summed alike whatever the batch; on a GPU, whose products are tiled by
-/// the batch's shape (`CausalLm::forward_batch`), within last bits of f32 (1e-4 of the logits'
-/// scale), or of TF32 on CUDA, whose f32 products run on tensor cores with 10-bit mantissas
-/// (3e-3).
+/// the batch's shape (`CausalLm::forward_batch`), within `greedy_check::batch_bound`.
 #[test]
 fn pretrained_forward_batch_logits_equal_alone() {
     let Some(path) = smollm_path() else { return };
@@ -143,7 +141,7 @@ fn pretrained_forward_batch_logits_equal_alone() {
         }
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let worst = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        let rel = if device.kind == crate::device::DeviceKind::Cuda { 3e-3 } else { 1e-4 };
+        let rel = super::greedy_check::batch_bound(device.kind);
         assert!(got.len() == want.len() && worst <= rel * scale, "{what}: off by {worst} at scale {scale}");
     };
     let lm = &*model.lm;

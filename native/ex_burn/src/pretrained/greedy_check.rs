@@ -158,3 +158,15 @@ pub fn first_step_fraction(first: &[f32], case: &Json) -> f64 {
         None => first_step_error(first, case) / case["first_step_top10"][0][1].as_f64().unwrap().abs().max(1.0),
     }
 }
+
+/// How far logits computed for a row in a batch may be from the row's alone, as a fraction of
+/// their scale, where the products round differently at another row count: last bits of f32 on
+/// the CPU (1e-5) and on GPUs (1e-4), or of TF32 on CUDA, whose f32 products run on tensor cores
+/// with 10-bit mantissas (3e-3). Candle runs on the CPU.
+pub fn batch_bound(kind: crate::device::DeviceKind) -> f32 {
+    match kind {
+        crate::device::DeviceKind::Cpu => 1e-5,
+        crate::device::DeviceKind::Cuda => 3e-3,
+        _ => 1e-4,
+    }
+}

@@ -59,17 +59,19 @@ fn spm_ggufs_generate_as_transformers_on_both_engines() {
     assert_eq!(models.keys().collect::<Vec<_>>(), ["llama", "phi3"]);
     for ((arch, m), engine) in models.iter().flat_map(|m| [(m, Engine::Burn), (m, Engine::Candle)]) {
         let device = if engine == Engine::Burn { crate::testing::device() } else { DeviceRef::CPU };
-        let model = TextModel::load(&dir().join(m["file"].as_str().unwrap()), engine, device).unwrap();
+        let model = TextModel::load(&dir().join(m["file"].as_str().unwrap()), engine, device.clone()).unwrap();
         assert_eq!(&model.arch, arch);
         for g in m["generate"].as_array().unwrap() {
             let label = format!("{arch} on {engine:?}, {:?}", g["prompt"]);
             assert_eq!(model.prompt_ids(&Prompt::Text(g["prompt"].as_str().unwrap().into())).unwrap(), ids(&g["prompt_ids"]), "{label}");
             let forced = greedy_check::teacher_forced(model.lm.session().unwrap().as_mut(), g);
             greedy_check::assert_forced(&label, &forced);
-            // f32 weights (f16-representable): transformers' arithmetic up to f32 sums
+            // f32 weights (f16-representable): transformers' arithmetic up to f32 sums, or TF32
+            // products off the CPU (CUDA's tensor cores)
             let worst = greedy_check::first_step_error(&forced.first, g);
             println!("{label}: {} of {} teacher-forced picks differ; first-step top-10 logits within {worst:.2e}", forced.flips.len(), forced.steps);
-            assert!(worst < 1e-3, "{label}: first-step logits differ by {worst}");
+            let bound = if device.kind == crate::device::DeviceKind::Cpu { 1e-3 } else { 5e-2 };
+            assert!(worst < bound, "{label}: first-step logits differ by {worst}");
         }
     }
 }
