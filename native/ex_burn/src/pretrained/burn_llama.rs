@@ -2,9 +2,10 @@
 //! (`decoder_source`): Llama, Qwen2, Qwen3, Phi-3, Gemma 2 and Gemma 3, whose differences (Q/K/V
 //! biases, per-head Q/K norms, which pairs RoPE rotates, Gemma's activation and output norms) are
 //! a `Family` read from `general.architecture` (or config.json's `model_type`), and whose soft
-//! caps, attention scale and sliding windows are `LlamaConfig`'s. On the CPU the linear layers and the embedding keep the file's
-//! F16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks (`qmatmul`); elsewhere, and for other
-//! formats, tensors are dequantised to f32 at load.
+//! caps, attention scale and sliding windows are `LlamaConfig`'s. On the CPU the linear layers
+//! and the embedding keep the file's F16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks
+//! (`qmatmul`), Q3_K as Q6_K blocks and Q2_K as f16 rows (`weights::Gguf::quantised`);
+//! elsewhere, and for other formats, tensors are dequantised to f32 at load.
 //!
 //! llama.cpp's converter permutes the rows of Q and K so that GGUF Llama models use the
 //! interleaved-pair rotary embedding (pairs `(2i, 2i+1)` rotate together), as candle's
@@ -431,6 +432,22 @@ impl BurnLlama {
 
     pub fn config(&self) -> &LlamaConfig {
         &self.w.cfg
+    }
+
+    /// The kernel formats of the layers' products where every layer keeps its blocks (the host
+    /// path), else `None`.
+    #[cfg(test)]
+    pub(crate) fn host_formats(&self) -> Option<Vec<String>> {
+        self.w.host.as_ref()?;
+        let formats: std::collections::BTreeSet<String> = self
+            .w
+            .blocks
+            .iter()
+            .flat_map(|b| [&b.qkv, &b.out, &b.gate_up, &b.down])
+            .flat_map(|l| quant_stack(l).expect("every layer quantised on the host path").formats())
+            .map(|f| format!("{f:?}"))
+            .collect();
+        Some(formats.into_iter().collect())
     }
 }
 
@@ -1147,16 +1164,7 @@ mod tests {
         }
         let quant = BurnLlama::load_with(path, &dev, true).unwrap();
         println!("burn llama {kind}: peak RSS after the quantised load {:.0} MiB", peak_rss_mib());
-        assert!(quant.w.host.is_some(), "every layer quantised");
-        let formats: std::collections::BTreeSet<String> = quant
-            .w
-            .blocks
-            .iter()
-            .flat_map(|b| [&b.qkv, &b.out, &b.gate_up, &b.down])
-            .flat_map(|l| quant_stack(l).unwrap().formats())
-            .map(|f| format!("{f:?}"))
-            .collect();
-        assert_eq!(formats.into_iter().collect::<Vec<_>>(), want, "{kind}");
+        assert_eq!(quant.host_formats().expect("every layer quantised"), want, "{kind}");
 
         let prompt: Vec<u32> = vec![1, 504, 3458, 282, 4649, 314, 253, 1345, 28, 216, 506, 4491, 30, 2];
         let batched = quant.session().unwrap().forward(&prompt, 0).unwrap();

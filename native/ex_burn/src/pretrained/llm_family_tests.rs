@@ -84,7 +84,8 @@ fn qwen_gguf_engines_match_transformers() {
     println!("{}", check_engines(&llm_dir(), &FILES).join("\n"));
 }
 
-/// The same with k-quant blocks (Q4_K and Q6_K, Q6_K alone), where the files have been written.
+/// The same with k-quant blocks (Q4_K and Q6_K, Q6_K alone, Q3_K with Q4_K to Q6_K, Q2_K with
+/// Q3_K and Q6_K), where the files have been written.
 #[test]
 fn qwen_gguf_k_quants_match_transformers() {
     let Some(home) = std::env::var_os("HOME") else { return };
@@ -93,7 +94,19 @@ fn qwen_gguf_k_quants_match_transformers() {
         println!("SKIPPED: {} not found (python3 test/data/gen_llm_refs.py --k-quants writes it)", dir.display());
         return;
     }
-    println!("{}", check_engines(&dir, &["F32", "F16", "Q4_K_M", "Q6_K"]).join("\n"));
+    println!("{}", check_engines(&dir, &["F32", "F16", "Q4_K_M", "Q6_K", "Q3_K_M", "Q2_K"]).join("\n"));
+    // on the CPU every layer keeps its blocks: Q3_K as the Q6_K blocks of its values, Q2_K as
+    // f16 rows
+    let dev = crate::testing::device();
+    if dev.kind == DeviceKind::Cpu {
+        let r = reference_in(&dir);
+        for arch in ARCHS {
+            for (label, want) in [("Q3_K_M", &["Q4_K", "Q5_K", "Q6_K"][..]), ("Q2_K", &["F16", "Q6_K"][..])] {
+                let model = BurnLlama::load(&file_in(&dir, &r, arch, label), &dev).unwrap();
+                assert_eq!(model.host_formats().expect("every layer quantised"), want, "{arch} {label}");
+            }
+        }
+    }
 }
 
 /// Every architecture x file x engine against its reference (module doc); one summary line each.

@@ -19,6 +19,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::errors::{self, err, kind, path_detail};
 use super::qmatmul::{QFormat, QMatrix};
+use crate::kernels::cpu::quant::widen;
 use crate::error::{Detail, ExError, ExResult};
 
 fn io_error(path: &Path, e: std::io::Error) -> ExError {
@@ -338,10 +339,29 @@ impl Gguf {
     }
 
     /// The `[rows, cols]` matrix `name` in its GGML blocks, when `qmatmul` decodes its format
-    /// (`None` otherwise: the caller dequantises).
+    /// (`None` otherwise: the caller dequantises). Q3_K blocks become the Q6_K blocks of the
+    /// same values (`widen`); Q2_K's values, which no kernel format holds exactly, f16 rows
+    /// (each weight rounded to f16, 2⁻¹¹ of its size at most).
     pub fn quantised(&mut self, name: &str, rows: usize, cols: usize) -> ExResult<Option<QMatrix>> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| missing_tensor(&self.path, name))?;
         check_shape(&self.path, name, info.shape.dims(), &[rows, cols])?;
+        match info.ggml_dtype {
+            GgmlDType::Q3K if cols.is_multiple_of(256) => {
+                let (start, len) = (self.content.tensor_data_offset + info.offset, rows * cols / 256 * widen::Q3_K_BYTES);
+                let mut raw = vec![0u8; len];
+                let read_err = |e: std::io::Error| errors::io(&self.path, e);
+                self.file.seek(SeekFrom::Start(start)).map_err(read_err)?;
+                self.file.read_exact(&mut raw).map_err(read_err)?;
+                let (format, data) = widen::q3_k_rows(&raw);
+                return Ok(QMatrix::new(format, rows, cols, data));
+            }
+            GgmlDType::Q2K => {
+                let data = self.values(name, &[rows, cols])?.into_iter().flat_map(|v| f16::from_f32(v).to_bits().to_le_bytes()).collect();
+                return Ok(QMatrix::new(QFormat::F16, rows, cols, data));
+            }
+            _ => {}
+        }
+        let info = &self.content.tensor_infos[name];
         let Some(format) = QFormat::from_ggml(info.ggml_dtype) else { return Ok(None) };
         if !cols.is_multiple_of(info.ggml_dtype.block_size()) {
             return Ok(None);

@@ -1,5 +1,6 @@
 //! GGML's block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the k-quants Q4_K, Q5_K and Q6_K, and plain
-//! f32 rows) and `x @ Wᵀ` with W's rows kept in their blocks.
+//! f32 rows) and `x @ Wᵀ` with W's rows kept in their blocks; Q3_K rows are rewritten into Q6_K
+//! blocks first (`widen`).
 //!
 //! Why: decoding one token reads every weight once, so a dequantised model is bound by memory
 //! bandwidth and holds several times its file's size in memory (guides/pretrained.md).
@@ -30,6 +31,7 @@ pub mod packed;
 mod packed_avx2;
 mod packed_f16;
 mod q8;
+pub mod widen;
 
 use burn::tensor::f16;
 use candle_core::quantized::GgmlDType;
