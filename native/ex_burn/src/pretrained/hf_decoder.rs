@@ -268,7 +268,13 @@ fn read_config(c: &Json, path: &Path, arch: &str, rope: &Json, embed_shape: Opti
     let rope_position_scale = rope_scale(rope).map_err(unsupported)?;
     let vocab_size = match embed_shape {
         Some(s) if s.len() == 2 && s[1] == embedding_length => s[0],
-        Some(s) => return Err(ExError::invalid(format!("model.embed_tokens.weight beside {} is {s:?}, not [vocab, {embedding_length}]", path.display()))),
+        Some(s) => {
+            return Err(errors::err(
+                kind::TENSOR_MISMATCH,
+                format!("model.embed_tokens.weight beside {} is {s:?}, not [vocab, {embedding_length}]", path.display()),
+                vec![errors::path_detail(path), ("tensor", Detail::Text("model.embed_tokens.weight".into())), ("shape", Detail::Dims(s))],
+            ))
+        }
         None => {
             return Err(errors::err(
                 kind::MISSING_TENSOR,
@@ -278,7 +284,7 @@ fn read_config(c: &Json, path: &Path, arch: &str, rope: &Json, embed_shape: Opti
         }
     };
     if let Some(v) = int("vocab_size").filter(|&v| v != vocab_size) {
-        return Err(ExError::invalid(format!("vocab_size {v} in {} disagrees with the embedding's {vocab_size} rows", path.display())));
+        return Err(errors::bad_config(path, format!("vocab_size {v} disagrees with the embedding's {vocab_size} rows")));
     }
     // Attention over a window equals full attention while a sequence fits in it: sequences
     // are held to it, as for GGUF files. Gemma's windows are applied, layer by layer.
@@ -429,11 +435,9 @@ pub fn chat_template(dir: &Path) -> ExResult<Option<String>> {
 }
 
 /// A Hugging Face directory's GGUF architecture (the typed error where its `model_type` is not
-/// one this reader takes) and its vocabulary size (0 where config.json gives none), read from
-/// config.json alone.
-pub fn peek(dir: &Path) -> ExResult<(&'static str, usize)> {
-    let (config, _, arch) = model_config(dir)?;
-    Ok((arch, config.get("vocab_size").and_then(Json::as_u64).unwrap_or(0) as usize))
+/// one this reader takes), read from config.json alone.
+pub fn peek(dir: &Path) -> ExResult<&'static str> {
+    Ok(model_config(dir)?.2)
 }
 
 /// config.json, its path, and the GGUF architecture its `model_type` maps to.

@@ -419,9 +419,10 @@ impl TextModel {
     /// (config.json, safetensors weights, tokenizer.json).
     pub fn load(path: &Path, engine: Engine, device: DeviceRef) -> ExResult<Self> {
         // The architecture check comes first so an unknown model never reaches the tokenizer.
-        let (file, arch, tokenizer, chat_template) = if hf_decoder::is_hf_dir(path) {
-            let (arch, rows) = hf_decoder::peek(path)?;
-            (path.to_path_buf(), arch.to_string(), LmTokenizer::from_hf_dir(path, rows)?, hf_decoder::chat_template(path)?)
+        let hf = hf_decoder::is_hf_dir(path);
+        let (file, arch, mut tokenizer, chat_template) = if hf {
+            let arch = hf_decoder::peek(path)?;
+            (path.to_path_buf(), arch.to_string(), LmTokenizer::from_hf_dir(path)?, hf_decoder::chat_template(path)?)
         } else {
             let file = gguf_path(path)?;
             let header = gguf::read_header(&file)?;
@@ -432,11 +433,15 @@ impl TextModel {
             let chat_template = header.str("tokenizer.chat_template").map(str::to_string);
             (file, arch, LmTokenizer::from_gguf(&header)?, chat_template)
         };
-        let tokenizer = Arc::new(tokenizer);
         let lm = match engine {
             Engine::Burn => burn_llama::load(&file, &device)?,
             Engine::Candle => candle_llama::load(&file, &device)?,
         };
+        if hf {
+            // an embedding padded past the tokenizer (Qwen's): those ids stand for no text
+            tokenizer.cover(lm.vocab_size());
+        }
+        let tokenizer = Arc::new(tokenizer);
         crate::process::alloc::trim();
         let name = if path.is_dir() {
             path.file_name()

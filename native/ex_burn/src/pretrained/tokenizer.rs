@@ -279,10 +279,8 @@ impl LmTokenizer {
     }
 
     /// A Hugging Face directory's `tokenizer.json`, with the special tokens its
-    /// `tokenizer_config.json`, `generation_config.json` and `config.json` name. `rows` is the
-    /// model's vocabulary (its embedding's rows), which may be padded past the tokenizer's: the
-    /// ids past it stand for no text.
-    pub fn from_hf_dir(dir: &Path, rows: usize) -> ExResult<Self> {
+    /// `tokenizer_config.json`, `generation_config.json` and `config.json` name.
+    pub fn from_hf_dir(dir: &Path) -> ExResult<Self> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
             return Err(errors::missing_file(&path));
@@ -292,7 +290,7 @@ impl LmTokenizer {
         let decoder = serde_json::to_string(&tok.get_decoder()).unwrap_or_default();
         let byte_level = decoder.contains("\"ByteLevel\"");
         let byte_fallback = decoder.contains("\"ByteFallback\"");
-        let n = rows.max(tok.get_vocab_size(true)).max(added.keys().map(|&i| i as usize + 1).max().unwrap_or(0));
+        let n = tok.get_vocab_size(true).max(added.keys().map(|&i| i as usize + 1).max().unwrap_or(0));
         let inverse: HashMap<char, u8> = bytes_to_unicode().iter().enumerate().map(|(b, c)| (*c, b as u8)).collect();
         let mut special = vec![false; n];
         let mut token_bytes = Vec::with_capacity(n);
@@ -303,7 +301,7 @@ impl LmTokenizer {
                 continue;
             }
             let Some(t) = tok.id_to_token(id) else {
-                // a padding row of the embedding
+                // a gap in the ids
                 special[id as usize] = true;
                 token_bytes.push(Vec::new());
                 continue;
@@ -356,6 +354,15 @@ impl LmTokenizer {
 
     pub fn vocab_size(&self) -> usize {
         self.token_bytes.len()
+    }
+
+    /// Ids up to `rows` (a model's embedding rows, which may be padded past the tokenizer's
+    /// vocabulary), those added standing for no text.
+    pub fn cover(&mut self, rows: usize) {
+        if rows > self.token_bytes.len() {
+            self.token_bytes.resize(rows, Vec::new());
+            self.special.resize(rows, true);
+        }
     }
 
     /// Token ids of `text`; with `add_special`, the BOS/EOS the model's metadata asks for.
