@@ -8,6 +8,8 @@ Writes, next to this script, under encoders/:
                               `pooling_mode_*` config keys, no Normalize
   tiny-xlm-roberta-cls/       XLM-RoBERTa (Unigram, <s>/</s>), as bge-m3: CLS pooling, Normalize
   tiny-mpnet-mean/            MPNet (WordPiece, <s>/</s>), as all-mpnet-base-v2: mean pooling, Normalize
+  tiny-nomic-bert-mean/       NomicBERT (the BERT WordPiece), as nomic-embed-text: rotary positions,
+                              SwiGLU, mean pooling, Normalize
   tiny-bert-reranker/         BertForSequenceClassification cross-encoder (num_labels 1, as
                               ms-marco-MiniLM), sigmoid scores
   tiny-xlm-roberta-reranker/  XLMRobertaForSequenceClassification cross-encoder (as bge-reranker)
@@ -150,7 +152,7 @@ def widen(model, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("LayerNorm.weight"):
+            if name.lower().endswith("layernorm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
             elif name.endswith("relative_attention_bias.weight"):
                 p.copy_(1.0 * torch.randn(p.shape, generator=g))
@@ -161,7 +163,7 @@ def widen(model, seed):
 
 
 def config(arch, vocab, **extra):
-    from transformers import BertConfig, MPNetConfig, XLMRobertaConfig
+    from transformers import BertConfig, MPNetConfig, NomicBertConfig, XLMRobertaConfig
 
     if arch == "bert":
         return BertConfig(vocab_size=vocab, max_position_embeddings=64, **SMALL, **extra)
@@ -172,6 +174,9 @@ def config(arch, vocab, **extra):
     if arch == "mpnet":
         return MPNetConfig(vocab_size=vocab, max_position_embeddings=MAX_SEQ + 2 + 8, pad_token_id=1,
                            relative_attention_num_buckets=32, **SMALL, **extra)
+    if arch == "nomic_bert":
+        # rotary positions (base 1000), SwiGLU, no biases but the layer norms', post-norm layers
+        return NomicBertConfig(vocab_size=vocab, max_position_embeddings=64, **SMALL, **extra)
     raise ValueError(arch)
 
 
@@ -343,6 +348,8 @@ def main():
                                                       seed=1),
         "tiny-xlm-roberta-cls": embedding_model("tiny-xlm-roberta-cls", "xlm-roberta", xlmr, "cls", seed=2),
         "tiny-mpnet-mean": embedding_model("tiny-mpnet-mean", "mpnet", mpnet, "mean", seed=3),
+        # nomic-embed-text's layout, in transformers' own NomicBertModel
+        "tiny-nomic-bert-mean": embedding_model("tiny-nomic-bert-mean", "nomic_bert", bert, "mean", seed=6),
     }
     rerankers = {
         "tiny-bert-reranker": reranker("tiny-bert-reranker", "bert", bert, seed=4),

@@ -46,20 +46,20 @@ defmodule ExBurn.Pretrained.EncodersTest do
   end
 
   test "an unsupported model_type is a typed error before the weights are read" do
-    dir = Path.join(System.tmp_dir!(), "exburn_nomic_#{System.unique_integer([:positive])}")
+    dir = Path.join(System.tmp_dir!(), "exburn_unknown_#{System.unique_integer([:positive])}")
     File.mkdir_p!(dir)
     src = Path.join(@data, "tiny-mpnet-mean")
 
     File.write!(
       Path.join(dir, "config.json"),
-      src |> Path.join("config.json") |> File.read!() |> String.replace(~s("mpnet"), ~s("nomic_bert"))
+      src |> Path.join("config.json") |> File.read!() |> String.replace(~s("mpnet"), ~s("modernbert"))
     )
 
     File.cp!(Path.join(src, "tokenizer.json"), Path.join(dir, "tokenizer.json"))
     File.write!(Path.join(dir, "model.safetensors"), "not weights")
 
     for engine <- [:burn, :candle, :auto] do
-      assert {:error, %ExBurn.Error{details: %{kind: :unknown_architecture, arch: "nomic_bert"}}} =
+      assert {:error, %ExBurn.Error{details: %{kind: :unknown_architecture, arch: "modernbert"}}} =
                Embedding.load(dir, engine: engine)
 
       assert {:error, %ExBurn.Error{details: %{kind: :unknown_architecture}}} =

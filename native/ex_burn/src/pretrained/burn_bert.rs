@@ -1,15 +1,16 @@
-//! BERT-family encoder on the Burn engine (BERT, XLM-RoBERTa, MPNet: `encoder_family` says how
-//! they differ): Hugging Face `config.json` plus `model.safetensors`, run as one batched forward
-//! pass on the device.
+//! BERT-family encoder on the Burn engine (BERT, XLM-RoBERTa, MPNet, NomicBERT: `encoder_family`
+//! says how they differ): Hugging Face `config.json` plus `model.safetensors`, run as one batched
+//! forward pass on the device.
 
 use std::path::Path;
 
+use burn::tensor::activation::silu;
 use burn::tensor::module::{attention, layer_norm};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, Int, Tensor};
 use serde::Deserialize;
 
-use super::encoder_family::{mpnet_position_bias, padding_bias, Family, MODEL_TYPES};
+use super::encoder_family::{mpnet_position_bias, padding_bias, rope_tables, Family, MODEL_TYPES};
 use super::weights::{f32_tensor, i32_tensor, Safetensors};
 use super::{Encoder, TokenBatch};
 use crate::device::DeviceRef;
@@ -40,6 +41,9 @@ pub struct BertConfig {
     pub pad_token_id: Option<u32>,
     #[serde(default = "default_buckets")]
     pub relative_attention_num_buckets: usize,
+    /// NomicBERT's rotary settings (`rope_theta`, default 1000).
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
     #[serde(skip, default = "default_family")]
     pub family: Family,
 }
@@ -83,11 +87,17 @@ impl BertConfig {
                 ))
             }
         };
-        if self.hidden_act != "gelu" {
+        // NomicBERT gates with SiLU; the others take the exact erf GELU
+        let act = if self.family == Family::NomicBert { "silu" } else { "gelu" };
+        if self.hidden_act != act {
             return Err(super::errors::unsupported(
                 engine,
-                format!("unsupported hidden_act `{}` for the BERT engine (only `gelu`, the exact erf GELU)", self.hidden_act),
+                format!("unsupported hidden_act `{}` for a {} encoder (only `{act}`)", self.hidden_act, self.family.model_type()),
             ));
+        }
+        let rope_type = self.rope_parameters.as_ref().and_then(|p| p.get("rope_type")).and_then(|t| t.as_str()).unwrap_or("default");
+        if rope_type != "default" {
+            return Err(super::errors::unsupported(engine, format!("unsupported rope scaling `{rope_type}` (the encoders rotate with the default rope)")));
         }
         if let Some(p) = &self.position_embedding_type {
             if p != "absolute" {
@@ -107,6 +117,12 @@ impl BertConfig {
         self.pad_token_id.unwrap_or(0)
     }
 
+    /// The rotary base of a rotary family (NomicBERT: `rope_parameters.rope_theta`, 1000 when
+    /// absent).
+    pub fn rope_theta(&self) -> f64 {
+        self.rope_parameters.as_ref().and_then(|p| p.get("rope_theta")).and_then(|t| t.as_f64()).unwrap_or(1000.0)
+    }
+
     /// The longest input the position table takes.
     pub fn max_tokens(&self) -> usize {
         self.family.max_tokens(self.max_position_embeddings, self.pad())
@@ -117,15 +133,24 @@ impl BertConfig {
 /// matmul reads, which costs no copy on the CPU backend.
 struct Dense {
     wt: Tensor<2>,
-    b: Tensor<1>,
+    /// None where the layer has no bias (NomicBERT).
+    b: Option<Tensor<1>>,
 }
 
 impl Dense {
     fn load(st: &Safetensors, name: &str, out: usize, inp: usize, dev: &Device) -> ExResult<Dense> {
+        let bias = format!("{name}.bias");
         Ok(Dense {
             wt: st.tensor(&format!("{name}.weight"), [out, inp], dev)?.transpose(),
-            b: st.tensor(&format!("{name}.bias"), [out], dev)?,
+            b: if st.contains(&bias) { Some(st.tensor(&bias, [out], dev)?) } else { None },
         })
+    }
+
+    /// Several `[out_i, in]` layers as one, their outputs side by side.
+    fn stacked(parts: Vec<Dense>) -> Dense {
+        let b = parts.iter().map(|d| d.b.clone()).collect::<Option<Vec<_>>>().map(|b| Tensor::cat(b, 0));
+        // stacked as `[Σ out, in]` rows, then viewed transposed, as `load` does
+        Dense { wt: Tensor::cat(parts.into_iter().map(|d| d.wt.transpose()).collect(), 0).transpose(), b }
     }
 
     /// `x @ W^T + b` on `[rows, in]`.
@@ -133,7 +158,11 @@ impl Dense {
         if let Some(y) = self.host_forward(&x) {
             return y;
         }
-        x.matmul(self.wt.clone()) + self.b.clone().unsqueeze::<2>()
+        let y = x.matmul(self.wt.clone());
+        match &self.b {
+            Some(b) => y + b.clone().unsqueeze::<2>(),
+            None => y,
+        }
     }
 
     /// The same on the host on the CPU, whatever the number of rows: `linear_f32` sums each row
@@ -142,11 +171,15 @@ impl Dense {
     /// of it again on every call; `None` elsewhere.
     fn host_forward(&self, x: &Tensor<2>) -> Option<Tensor<2>> {
         let ([m, k], [_, n]) = (x.dims(), self.wt.dims());
-        let (xp, wp, bp) = (x.clone().into_dispatch(), self.wt.clone().transpose().into_dispatch(), self.b.clone().into_dispatch());
-        let (xs, ws, bs) = (flex_f32(&xp)?, flex_f32(&wp)?, flex_f32(&bp)?);
+        let (xp, wp) = (x.clone().into_dispatch(), self.wt.clone().transpose().into_dispatch());
+        let (xs, ws) = (flex_f32(&xp)?, flex_f32(&wp)?);
         let mut y = linear_f32(ws, n, k, xs, m);
-        for row in y.chunks_exact_mut(n) {
-            row.iter_mut().zip(bs).for_each(|(v, b)| *v += b);
+        if let Some(b) = &self.b {
+            let bp = b.clone().into_dispatch();
+            let bs = flex_f32(&bp)?;
+            for row in y.chunks_exact_mut(n) {
+                row.iter_mut().zip(bs).for_each(|(v, b)| *v += b);
+            }
         }
         Some(f32_tensor(y, [m, n], &x.device()))
     }
@@ -172,6 +205,7 @@ struct Layer {
     qkv: Dense,
     attn_out: Dense,
     attn_norm: Norm,
+    /// GELU's input, or SwiGLU's gate and up projections side by side (NomicBERT).
     intermediate: Dense,
     output: Dense,
     out_norm: Norm,
@@ -181,7 +215,10 @@ pub struct BurnBert {
     cfg: BertConfig,
     device: Device,
     word: Tensor<2>,
-    position: Tensor<2>,
+    /// None for NomicBERT, whose positions rotate Q and K (`rope`).
+    position: Option<Tensor<2>>,
+    /// `encoder_family::rope_tables` as `[1, 1, positions, head_dim]` tensors.
+    rope: Option<(Tensor<4>, Tensor<4>)>,
     /// None for MPNet, which has no token types.
     token_type: Option<Tensor<2>>,
     emb_norm: Norm,
@@ -211,12 +248,19 @@ impl BurnBert {
         let p = if st.contains(&format!("{}embeddings.word_embeddings.weight", family.head_prefix())) { family.head_prefix() } else { "" };
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let word = st.tensor(&format!("{p}embeddings.word_embeddings.weight"), [cfg.vocab_size, h], &dev)?;
-        let position = st.tensor(&format!("{p}embeddings.position_embeddings.weight"), [cfg.max_position_embeddings, h], &dev)?;
+        let (position, rope) = if family.rotary() {
+            let dh = h / cfg.num_attention_heads;
+            let (cos, sin) = rope_tables(cfg.max_position_embeddings, dh, cfg.rope_theta());
+            let table = |v: Vec<f32>| f32_tensor(v, [1, 1, cfg.max_position_embeddings, dh], &dev);
+            (None, Some((table(cos), table(sin))))
+        } else {
+            (Some(st.tensor(&format!("{p}embeddings.position_embeddings.weight"), [cfg.max_position_embeddings, h], &dev)?), None)
+        };
         let token_type = match family.has_token_types() {
             true => Some(st.tensor(&format!("{p}embeddings.token_type_embeddings.weight"), [cfg.type_vocab_size, h], &dev)?),
             false => None,
         };
-        let emb_norm = Norm::load(st, &format!("{p}embeddings.LayerNorm"), h, &dev)?;
+        let emb_norm = Norm::load(st, &format!("{p}{}", if family == Family::NomicBert { "emb_ln" } else { "embeddings.LayerNorm" }), h, &dev)?;
         let relative_bias = match family {
             Family::MpNet => {
                 let shape = [cfg.relative_attention_num_buckets, cfg.num_attention_heads];
@@ -227,34 +271,60 @@ impl BurnBert {
             }
             _ => None,
         };
-        // MPNet names its attention `attn.{q,k,v,o}` with the layer norm beside it.
-        let (qkv_names, out_name, norm_name) = match family {
-            Family::MpNet => (["attn.q", "attn.k", "attn.v"], "attention.attn.o", "attention.LayerNorm"),
-            _ => (["self.query", "self.key", "self.value"], "attention.output.dense", "attention.output.LayerNorm"),
+        // each layer's tensors: Q, K, V, the attention output and its norm, the MLP's input
+        // projections, output and norm (MPNet names its attention `attn.{q,k,v,o}` with the
+        // norm beside it; NomicBERT's layers are `layers.N`, its MLP a SwiGLU)
+        let names = |l: usize| -> (Vec<String>, String, String, Vec<String>, String, String) {
+            let n = |rest: &str| match family {
+                Family::NomicBert => format!("{p}encoder.layers.{l}.{rest}"),
+                _ => format!("{p}encoder.layer.{l}.{rest}"),
+            };
+            match family {
+                // nomic-embed-text's own names (transformers writes them back on saving): Q, K
+                // and V in one `Wqkv`, the SwiGLU's gate `fc12` and up `fc11`
+                Family::NomicBert => (
+                    vec![n("attn.Wqkv")],
+                    n("attn.out_proj"),
+                    n("norm1"),
+                    vec![n("mlp.fc12"), n("mlp.fc11")],
+                    n("mlp.fc2"),
+                    n("norm2"),
+                ),
+                Family::MpNet => (
+                    ["attn.q", "attn.k", "attn.v"].map(|m| n(&format!("attention.{m}"))).to_vec(),
+                    n("attention.attn.o"),
+                    n("attention.LayerNorm"),
+                    vec![n("intermediate.dense")],
+                    n("output.dense"),
+                    n("output.LayerNorm"),
+                ),
+                _ => (
+                    ["self.query", "self.key", "self.value"].map(|m| n(&format!("attention.{m}"))).to_vec(),
+                    n("attention.output.dense"),
+                    n("attention.output.LayerNorm"),
+                    vec![n("intermediate.dense")],
+                    n("output.dense"),
+                    n("output.LayerNorm"),
+                ),
+            }
         };
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| {
-                let n = format!("{p}encoder.layer.{l}");
-                let parts = qkv_names
-                    .map(|m| Dense::load(st, &format!("{n}.attention.{m}"), h, h, &dev))
-                    .into_iter()
-                    .collect::<ExResult<Vec<_>>>()?;
-                // stacked as `[3 hidden, hidden]` rows, then viewed transposed, as `Dense::load` does
-                let qkv = Dense {
-                    wt: Tensor::cat(parts.iter().map(|d| d.wt.clone().transpose()).collect(), 0).transpose(),
-                    b: Tensor::cat(parts.iter().map(|d| d.b.clone()).collect(), 0),
+                let (qkv, out, attn_norm, inter, output, out_norm) = names(l);
+                let stack = |names: &[String], rows: usize, cols: usize| -> ExResult<Dense> {
+                    Ok(Dense::stacked(names.iter().map(|m| Dense::load(st, m, rows, cols, &dev)).collect::<ExResult<Vec<_>>>()?))
                 };
                 Ok(Layer {
-                    qkv,
-                    attn_out: Dense::load(st, &format!("{n}.{out_name}"), h, h, &dev)?,
-                    attn_norm: Norm::load(st, &format!("{n}.{norm_name}"), h, &dev)?,
-                    intermediate: Dense::load(st, &format!("{n}.intermediate.dense"), i, h, &dev)?,
-                    output: Dense::load(st, &format!("{n}.output.dense"), h, i, &dev)?,
-                    out_norm: Norm::load(st, &format!("{n}.output.LayerNorm"), h, &dev)?,
+                    qkv: stack(&qkv, 3 * h / qkv.len(), h)?,
+                    attn_out: Dense::load(st, &out, h, h, &dev)?,
+                    attn_norm: Norm::load(st, &attn_norm, h, &dev)?,
+                    intermediate: stack(&inter, i, h)?,
+                    output: Dense::load(st, &output, h, i, &dev)?,
+                    out_norm: Norm::load(st, &out_norm, h, &dev)?,
                 })
             })
             .collect::<ExResult<Vec<_>>>()?;
-        Ok(BurnBert { cfg, device: dev, word, position, token_type, emb_norm, layers, relative_bias })
+        Ok(BurnBert { cfg, device: dev, word, position, rope, token_type, emb_norm, layers, relative_bias })
     }
 
     fn check(&self, batch: &TokenBatch) -> ExResult<()> {
@@ -302,9 +372,11 @@ impl BurnBert {
         let packing = !real.is_empty() && real.len() < padded;
         let pick = |v: &[u32]| -> Vec<u32> { if packing { real.iter().map(|&p| v[p]).collect() } else { v.to_vec() } };
         let index = |v: Vec<usize>| -> Tensor<1, Int> { self.ids(&v.into_iter().map(|p| p as u32).collect::<Vec<_>>()) };
-        let word = self.word.clone().select(0, self.ids(&pick(&batch.ids)));
-        let positions = self.cfg.family.position_ids(&batch.ids, s, self.cfg.pad());
-        let mut emb = word + self.position.clone().select(0, self.ids(&pick(&positions)));
+        let mut emb = self.word.clone().select(0, self.ids(&pick(&batch.ids)));
+        if let Some(position) = &self.position {
+            let positions = self.cfg.family.position_ids(&batch.ids, s, self.cfg.pad());
+            emb = emb + position.clone().select(0, self.ids(&pick(&positions)));
+        }
         if let Some(token_type) = &self.token_type {
             emb = emb + token_type.clone().select(0, self.ids(&pick(&batch.type_ids)));
         }
@@ -337,10 +409,20 @@ impl BurnBert {
             (None, mask) => mask.map(|m| m.expand([b, 1, s, s])),
         };
         let heads = |t: Tensor<2>| t.reshape([b, s, nh, dh]).swap_dims(1, 2);
+        // the rotary tables' first `s` positions, and a head's halves swapped
+        let rope = self.rope.as_ref().map(|(c, sn)| (c.clone().slice([0..1, 0..1, 0..s, 0..dh]), sn.clone().slice([0..1, 0..1, 0..s, 0..dh])));
+        let rotate = |x: Tensor<4>, c: &Tensor<4>, sn: &Tensor<4>| {
+            let swapped = x.clone().reshape([b, nh, s, 2, dh / 2]).flip([3]).reshape([b, nh, s, dh]);
+            x * c.clone() + swapped * sn.clone()
+        };
         for layer in &self.layers {
             let qkv = unpack(layer.qkv.forward(x.clone()));
             let part = |i: usize| heads(qkv.clone().slice([0..padded, i * h..(i + 1) * h]));
             let (q, k, v) = (part(0), part(1), part(2));
+            let (q, k) = match &rope {
+                Some((c, sn)) => (rotate(q, c, sn), rotate(k, c, sn)),
+                None => (q, k),
+            };
             let ctx = attention(q, k, v, None, bias.clone(), AttentionModuleOptions::default());
             let ctx = ctx.swap_dims(1, 2).reshape([padded, h]);
             let ctx = match &to_padded {
@@ -348,7 +430,14 @@ impl BurnBert {
                 None => ctx,
             };
             x = layer.attn_norm.forward(layer.attn_out.forward(ctx) + x, eps);
-            let inter = crate::kernels::cpu::vector::gelu_tensor(layer.intermediate.forward(x.clone()));
+            let inter = layer.intermediate.forward(x.clone());
+            let inter = match self.cfg.family {
+                Family::NomicBert => {
+                    let [rows, width] = inter.dims();
+                    silu(inter.clone().slice([0..rows, 0..width / 2])) * inter.slice([0..rows, width / 2..width])
+                }
+                _ => crate::kernels::cpu::vector::gelu_tensor(inter),
+            };
             x = layer.out_norm.forward(layer.output.forward(inter) + x, eps);
         }
         let data = unpack(x).try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;

@@ -1,6 +1,6 @@
 //! BERT-family encoder on the Candle engine (CPU): `candle_transformers`' `BertModel` and
-//! `XLMRobertaModel`, and MPNet from `candle_mpnet`, over the `model.safetensors` read tensor by
-//! tensor.
+//! `XLMRobertaModel`, MPNet from `candle_mpnet` and NomicBERT from `candle_nomic`, over the
+//! `model.safetensors` read tensor by tensor.
 
 use std::path::Path;
 
@@ -11,6 +11,7 @@ use candle_transformers::models::xlm_roberta::{Config as XlmRobertaConfig, XLMRo
 
 use super::burn_bert::BertConfig;
 use super::candle_mpnet::MpNet;
+use super::candle_nomic::NomicBert;
 use super::encoder_family::Family;
 use super::errors::{self, kind};
 use super::{Encoder, TokenBatch};
@@ -21,6 +22,7 @@ enum Model {
     Bert(BertModel),
     XlmRoberta(XLMRobertaModel),
     MpNet(MpNet),
+    NomicBert(NomicBert),
 }
 
 struct CandleBert {
@@ -64,6 +66,7 @@ impl Encoder for CandleBert {
             Model::Bert(m) => m.forward(&ids, &types, Some(&mask)),
             Model::XlmRoberta(m) => m.forward(&ids, &mask, &types, None, None, None),
             Model::MpNet(m) => m.forward(&batch.ids, &batch.mask, shape),
+            Model::NomicBert(m) => m.forward(&ids, &types, &batch.mask, shape),
         }
         .map_err(engine_err)?;
         out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(engine_err)
@@ -148,6 +151,11 @@ pub fn load(dir: &Path, device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
             let mut cfg: BertConfig = config(dir, raw)?;
             cfg.check("candle")?;
             (Model::MpNet(MpNet::load(vb, &cfg).map_err(mismatch)?), cfg.hidden_size, cfg.intermediate_size)
+        }
+        Family::NomicBert => {
+            let mut cfg: BertConfig = config(dir, raw)?;
+            cfg.check("candle")?;
+            (Model::NomicBert(NomicBert::load(vb, &cfg).map_err(mismatch)?), cfg.hidden_size, cfg.intermediate_size)
         }
         _ => {
             let cfg: Config = config(dir, raw)?;

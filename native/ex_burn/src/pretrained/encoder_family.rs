@@ -16,10 +16,14 @@ pub enum Family {
     /// MPNet (all-mpnet-base-v2): no token types, positions as XLM-R's from padding index 1, and
     /// a relative position bias shared by every layer's attention.
     MpNet,
+    /// NomicBERT (nomic-embed-text): no position table but rotary positions on Q and K (halves
+    /// rotate), a SwiGLU MLP, no biases but the layer norms', and its checkpoints' own tensor
+    /// names (`emb_ln`, `encoder.layers.N.attn.Wqkv`, `mlp.fc11`/`fc12`/`fc2`, `norm1`/`norm2`).
+    NomicBert,
 }
 
 /// The `model_type` values that load, in the order error messages list them.
-pub const MODEL_TYPES: &[&str] = &["bert", "xlm-roberta", "mpnet"];
+pub const MODEL_TYPES: &[&str] = &["bert", "xlm-roberta", "mpnet", "nomic_bert"];
 
 impl Family {
     pub fn from_model_type(t: &str) -> Option<Family> {
@@ -27,6 +31,7 @@ impl Family {
             "bert" => Some(Family::Bert),
             "xlm-roberta" => Some(Family::XlmRoberta),
             "mpnet" => Some(Family::MpNet),
+            "nomic_bert" => Some(Family::NomicBert),
             _ => None,
         }
     }
@@ -49,6 +54,7 @@ impl Family {
             Family::Bert => "bert",
             Family::XlmRoberta => "xlm-roberta",
             Family::MpNet => "mpnet",
+            Family::NomicBert => "nomic_bert",
         }
     }
 
@@ -58,6 +64,7 @@ impl Family {
             Family::Bert => "bert.",
             Family::XlmRoberta => "roberta.",
             Family::MpNet => "mpnet.",
+            Family::NomicBert => "nomic_bert.",
         }
     }
 
@@ -65,11 +72,16 @@ impl Family {
         self != Family::MpNet
     }
 
+    /// Whether positions rotate Q and K (`rope_tables`) rather than index a position table.
+    pub fn rotary(self) -> bool {
+        self == Family::NomicBert
+    }
+
     /// The padding index positions are counted from, if they are (`None`: BERT's 0, 1, 2, …).
     /// MPNet's embeddings fix it at 1 whatever config.json says.
     pub fn position_padding(self, pad_token_id: u32) -> Option<u32> {
         match self {
-            Family::Bert => None,
+            Family::Bert | Family::NomicBert => None,
             Family::XlmRoberta => Some(pad_token_id),
             Family::MpNet => Some(1),
         }
@@ -107,6 +119,21 @@ impl Family {
                 .collect(),
         }
     }
+}
+
+/// The rotary tables for `positions` positions of heads of `dh` values, rotating halves with
+/// base `theta` (transformers' default rope, angles in f64): cos as `[c, c]` and sin as `[−s, s]`
+/// per position, `[positions, dh]` row-major, so `x·C + swap_halves(x)·S` rotates `x`.
+pub fn rope_tables(positions: usize, dh: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    let half = dh / 2;
+    let inv: Vec<f64> = (0..half).map(|i| theta.powf(-((2 * i) as f64) / dh as f64)).collect();
+    let (mut cos, mut sin) = (Vec::with_capacity(positions * dh), Vec::with_capacity(positions * dh));
+    for p in 0..positions {
+        let (c, s): (Vec<f32>, Vec<f32>) = inv.iter().map(|t| ((p as f64 * t).cos() as f32, (p as f64 * t).sin() as f32)).unzip();
+        cos.extend(c.iter().chain(&c));
+        sin.extend(s.iter().map(|v| -v).chain(s.iter().copied()));
+    }
+    (cos, sin)
 }
 
 /// transformers' extended attention mask of a padded batch's `mask` (0 at padding): 0 where a

@@ -125,16 +125,48 @@ fn unknown_encoder_types_are_refused_before_the_weights() {
     for f in ["config.json", "tokenizer.json"] {
         std::fs::copy(data_dir().join("tiny-mpnet-mean").join(f), dir.join(f)).unwrap();
     }
-    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap().replace("\"mpnet\"", "\"nomic_bert\"");
+    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap().replace("\"mpnet\"", "\"nomic_bert_v9\"");
     std::fs::write(dir.join("config.json"), cfg).unwrap();
     // not a safetensors file at all: the model type is refused first
     std::fs::write(dir.join("model.safetensors"), b"not weights").unwrap();
     for engine in [Engine::Burn, Engine::Candle] {
         let e = EmbeddingModel::load(&dir, engine, DeviceRef::CPU).err().unwrap();
         assert_eq!(kind_of(&e), Some(kind::UNKNOWN_ARCHITECTURE), "{e}");
-        assert!(e.to_string().contains("nomic_bert"), "{e}");
+        assert!(e.to_string().contains("nomic_bert_v9"), "{e}");
         let e = Reranker::load(&dir, engine, DeviceRef::CPU).err().unwrap();
         assert_eq!(kind_of(&e), Some(kind::UNKNOWN_ARCHITECTURE), "{e}");
+    }
+    // NomicBERT: a config in the first hub uploads' keys, rope scaling, and a cross-encoder
+    let nomic = data_dir().join("tiny-nomic-bert-mean");
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(nomic.join("config.json")).unwrap()).unwrap();
+    for (tag, edit, want) in [
+        ("n_embd", serde_json::json!({"n_embd": 32, "hidden_size": null}), kind::BAD_CONFIG),
+        ("yarn", serde_json::json!({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1000.0}}), kind::UNSUPPORTED_FEATURE),
+    ] {
+        let dir = super::gguf::tests::temp_dir(&format!("nomic-{tag}"));
+        for e in std::fs::read_dir(&nomic).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_file() {
+                std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+            }
+        }
+        let mut c = config.clone();
+        for (k, v) in edit.as_object().unwrap() {
+            if v.is_null() {
+                c.as_object_mut().unwrap().remove(k);
+            } else {
+                c[k] = v.clone();
+            }
+        }
+        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+        for engine in [Engine::Burn, Engine::Candle] {
+            let e = EmbeddingModel::load(&dir, engine, DeviceRef::CPU).err().unwrap();
+            assert_eq!(kind_of(&e), Some(want), "{tag} on {engine:?}: {e}");
+        }
+    }
+    for engine in [Engine::Burn, Engine::Candle] {
+        let e = Reranker::load(&nomic, engine, DeviceRef::CPU).err().unwrap();
+        assert_eq!(kind_of(&e), Some(kind::UNSUPPORTED_MODULE), "{e}");
     }
     // A classifier with two labels is not a reranker.
     let dir = super::gguf::tests::temp_dir("reranker-labels");

@@ -11,6 +11,7 @@ pub mod burn_bert;
 pub mod burn_llama;
 pub mod candle_bert;
 pub mod candle_mpnet;
+pub mod candle_nomic;
 pub mod candle_llama;
 pub mod decoder_family;
 pub mod decoder_source;

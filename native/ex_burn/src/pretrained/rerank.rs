@@ -117,6 +117,13 @@ impl Reranker {
                 Dense::from_checkpoint(&st, "classifier.dense", h, h, Activation::Tanh)?,
                 Dense::from_checkpoint(&st, "classifier.out_proj", h, 1, Activation::Identity)?,
             ],
+            Family::NomicBert => {
+                return Err(errors::err(
+                    kind::UNSUPPORTED_MODULE,
+                    format!("{} is a NomicBERT cross-encoder; rerankers load for bert, xlm-roberta and mpnet", config_path.display()),
+                    vec![("arch", Detail::Text(family.model_type().into())), errors::path_detail(&config_path)],
+                ))
+            }
         };
         drop(st);
         let encoder = match engine {
