@@ -14,6 +14,11 @@
 #          separate start + first token (prefill) and decode tok/s = 63 / (total - first).
 #          Peers: llama.cpp (llama-cpp-python, same GGUF) when importable, and transformers
 #          (GGUF dequantised to f32).
+#   hf     (only when named) the same 64 tokens from SmolLM2-135M-Instruct as a Hugging Face
+#          directory (EXBURN_BENCH_HF_DIR, default ~/.cache/ex_burn/smollm2-135m-instruct-hf-bf16,
+#          which `python3 test/data/gen_smollm2_hf_dir.py ~/.cache/ex_burn/smollm2-135m-instruct-hf-bf16
+#          bf16` writes); peer: transformers on the same directory, in its stored dtype. Skipped
+#          with a note where the directory is missing.
 #   rss    peak RSS of one load, each in a fresh OS process (`mix run bench/pretrained.exs
 #          rss_child KIND ENGINE`, and `python3 bench/pretrained_peer.py rss KIND`): VmHWM after
 #          the load minus VmRSS before it (VmHWM reset through /proc/self/clear_refs), over the
@@ -157,9 +162,13 @@ defmodule PretrainedBench do
      ], vecs}
   end
 
-  def llm_bench(engine, runs) do
+  def hf_dir, do: Path.expand(System.get_env("EXBURN_BENCH_HF_DIR") || "~/.cache/ex_burn/smollm2-135m-instruct-hf-bf16")
+
+  # 64 greedy tokens of the prompt from `path` (the Q4_1 GGUF, or the Hugging Face directory),
+  # reported as the row `case`
+  def llm_bench(engine, runs, path \\ smol(), case \\ "llm") do
     p = prompt()
-    {load_ms, model} = ms(fn -> ExBurn.LLM.load!(smol(), engine: engine, device: device()) end)
+    {load_ms, model} = ms(fn -> ExBurn.LLM.load!(path, engine: engine, device: device()) end)
     opts = [max_tokens: 64, greedy: true]
     gen = fn -> ExBurn.LLM.generate!(model, p, opts) end
 
@@ -184,7 +193,7 @@ defmodule PretrainedBench do
     fst = pct(firsts, 50)
 
     [
-      {"llm",
+      {case,
        [
          prompt_tokens: length(res.prompt_ids),
          new_tokens: n,
@@ -400,9 +409,18 @@ end
         {acc, vecs}
       end
 
-    if "llm" in sections do
-      rows = B.llm_bench(engine, llm_runs)
-      say.("  #{engine} llm done (load average #{B.loadavg()})")
+    acc =
+      if "llm" in sections do
+        rows = B.llm_bench(engine, llm_runs)
+        say.("  #{engine} llm done (load average #{B.loadavg()})")
+        add_rows.(acc, engine, rows)
+      else
+        acc
+      end
+
+    if "hf" in sections and File.dir?(B.hf_dir()) do
+      rows = B.llm_bench(engine, llm_runs, B.hf_dir(), "hf")
+      say.("  #{engine} hf done (load average #{B.loadavg()})")
       {add_rows.(acc, engine, rows), vecs}
     else
       {acc, vecs}
@@ -412,8 +430,10 @@ end
 mid_load = B.loadavg()
 
 peer_sections =
-  Enum.filter(["embed", "llm", "llamacpp"], fn s ->
-    if s == "llamacpp", do: "llm" in sections, else: s in sections
+  Enum.filter(["embed", "llm", "llamacpp", "hf"], fn
+    "llamacpp" -> "llm" in sections
+    "hf" -> "hf" in sections and File.dir?(B.hf_dir())
+    s -> s in sections
   end)
 
 peer_env = [
@@ -422,7 +442,8 @@ peer_env = [
   {"EXBURN_BENCH_THREADS", "#{threads}"},
   {"EXBURN_BENCH_EMBED_RUNS", "#{embed_runs}"},
   {"EXBURN_BENCH_LATENCY_RUNS", "#{lat_runs}"},
-  {"EXBURN_BENCH_LLM_RUNS", "#{llm_runs}"}
+  {"EXBURN_BENCH_LLM_RUNS", "#{llm_runs}"},
+  {"EXBURN_BENCH_HF_DIR", B.hf_dir()}
 ]
 
 {peer, skips} =
@@ -633,6 +654,33 @@ if "llm" in sections do
       end
 
     say.("    greedy tokens equal to the peer's for the first: #{Enum.join(agree, ", ")}")
+  end
+
+  say.("")
+end
+
+if "hf" in sections do
+  if File.dir?(B.hf_dir()) do
+    tf = peer["hf_transformers"]
+    config = B.hf_dir() |> Path.join("config.json") |> File.read!() |> ExBurn.JSON.decode!()
+    dtype = config["dtype"] || config["torch_dtype"]
+    say.("LLM, SmolLM2-135M-Instruct as a Hugging Face directory (#{B.hf_dir()}, #{dtype}), 64 new greedy tokens")
+
+    if tf do
+      say.(
+        "  transformers: #{f1.(tf["total_ms"])} ms, first #{f1.(tf["first_ms"])} ms, #{f1.(tf["tok_s"])} tok/s, decode #{f1.(tf["decode_tok_s"])} tok/s"
+      )
+    end
+
+    for e <- engines, r = ours[{e, "hf"}] do
+      ratio = if tf, do: "; tok/s ratio vs transformers #{f2.(r["tok_s"] / tf["tok_s"])}", else: ""
+
+      say.(
+        "  #{e}: #{f1.(r["total_ms"])} ms, first #{f1.(r["first_ms"])} ms, #{f1.(r["tok_s"])} tok/s, decode #{f1.(r["decode_tok_s"])} tok/s (prompt #{r["prompt_tokens"]} tokens, #{r["new_tokens"]} new)#{ratio}; load #{f1.(r["load_ms"])} ms"
+      )
+    end
+  else
+    say.("LLM as a Hugging Face directory: SKIPPED, #{B.hf_dir()} not found (test/data/gen_smollm2_hf_dir.py writes it)")
   end
 
   say.("")

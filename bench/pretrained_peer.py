@@ -146,8 +146,19 @@ def bench_embed():
 
 
 def bench_llm():
+    run_llm("llm_transformers", *load_transformers())
+
+
+def bench_hf():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf_dir = os.path.expanduser(os.environ["EXBURN_BENCH_HF_DIR"])
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype="auto").eval()
+    run_llm("hf_transformers", AutoTokenizer.from_pretrained(hf_dir), model.to(DEVICE))
+
+
+def run_llm(case, tok, model):
     torch = torch_setup()
-    tok, model = load_transformers()
     ids = torch.tensor([tok(prompt()).input_ids], dtype=torch.long, device=DEVICE)
     mask = torch.ones_like(ids)
 
@@ -167,7 +178,7 @@ def bench_llm():
             t0 = time.perf_counter()
             new = gen(NEW_TOKENS)
             total.append((time.perf_counter() - t0) * 1e3)
-    report_llm("llm_transformers", ids.shape[1], new, pct(first, 50), pct(total, 50), len(total))
+    report_llm(case, ids.shape[1], new, pct(first, 50), pct(total, 50), len(total))
 
 
 def report_llm(case, prompt_len, new, first_ms, total_ms, runs):
@@ -252,7 +263,7 @@ def main(argv):
         print(f"SKIP\tall\ttorch not importable: {type(e).__name__}: {e}".replace("\n", " "))
         return
     for a in argv:
-        {"embed": bench_embed, "llm": bench_llm, "llamacpp": bench_llamacpp}[a]()
+        {"embed": bench_embed, "llm": bench_llm, "llamacpp": bench_llamacpp, "hf": bench_hf}[a]()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ save_pretrained, in f32, so the directory holds the weights that reference was c
 The directory (540 MB) is not committed; the Rust test skips, saying so, where it is absent.
 
   pip install torch transformers gguf
-  python3 test/data/gen_smollm2_hf_dir.py [OUT]   # default ~/.cache/ex_burn/smollm2-135m-instruct-hf
+  python3 test/data/gen_smollm2_hf_dir.py [OUT [DTYPE]]   # default ~/.cache/ex_burn/smollm2-135m-instruct-hf, f32
+
+DTYPE bf16 or f16 saves those weights instead (bench/pretrained.exs's `hf` section reads a bf16
+one); the test reads the f32 directory.
 """
 
 import os
@@ -35,7 +38,8 @@ def main():
     config.quantization_config = None
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
-    model.save_pretrained(out, safe_serialization=True)
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[sys.argv[2] if len(sys.argv) > 2 else "f32"]
+    model.to(dtype).save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     print(f"wrote {out}: {sorted(os.listdir(out))}")
 

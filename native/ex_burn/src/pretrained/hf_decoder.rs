@@ -9,6 +9,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
+use burn::tensor::{bf16, f16};
 use candle_core::quantized::{ggml_file, GgmlDType, QTensor};
 use safetensors::Dtype;
 use serde_json::Value as Json;
@@ -207,17 +208,31 @@ impl HfDecoder {
         Ok(values)
     }
 
-    /// The `[rows, cols]` matrix `name` as `qmatmul` blocks where it is stored as f16 (GGUF's F16
-    /// layout); `None` for f32 and bf16, which the caller reads as f32.
+    /// The `[rows, cols]` matrix `name` as `qmatmul`'s f16 rows (GGUF's F16 layout) where it is
+    /// stored as f16, or as bf16 within f16's range: bf16's 8-bit significand fits f16's 11, so
+    /// only values under 2⁻¹⁷ in magnitude round (to f16's subnormal grid, by at most 2⁻²⁵).
+    /// `None` for f32, and for bf16 with a value past f16's range: the caller reads them as f32.
     pub fn quantised(&self, name: &str, rows: usize, cols: usize) -> ExResult<Option<QMatrix>> {
         let (shard, hf) = self.locate(name)?;
         let (dtype, bytes) = shard.raw(&hf, &[rows, cols])?;
-        if dtype != Dtype::F16 {
-            return Ok(None);
-        }
+        let halves: std::borrow::Cow<[u8]> = match dtype {
+            Dtype::F16 => bytes.into(),
+            Dtype::BF16 => {
+                let mut out = Vec::with_capacity(bytes.len());
+                for b in bytes.chunks_exact(2) {
+                    let v = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                    if !(v.abs() <= f16::MAX.to_f32()) {
+                        return Ok(None);
+                    }
+                    out.extend(f16::from_f32(v).to_le_bytes());
+                }
+                out.into()
+            }
+            _ => return Ok(None),
+        };
         let mut at = 0;
         Ok(QMatrix::read(QFormat::F16, rows, cols, |buf: &mut [u8]| {
-            buf.copy_from_slice(&bytes[at..at + buf.len()]);
+            buf.copy_from_slice(&halves[at..at + buf.len()]);
             at += buf.len();
             Ok::<(), ()>(())
         })

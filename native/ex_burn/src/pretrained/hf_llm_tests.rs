@@ -280,3 +280,27 @@ fn hf_smollm2_dir_matches_transformers() {
         assert!(worst < 1e-3, "{engine:?}: first-step logits differ by {worst}");
     }
 }
+
+/// On the CPU, bf16 weights run on the host path as f16 rows (the generation test holds them to
+/// transformers); a matrix with a value past f16's range stays f32, so the model takes the
+/// tensor path.
+#[test]
+fn hf_bf16_weights_become_f16_rows_within_its_range() {
+    let dev = crate::testing::device();
+    if dev.kind != DeviceKind::Cpu {
+        return;
+    }
+    let model = BurnLlama::load(&dir("tiny-llama3"), &dev).unwrap();
+    assert_eq!(model.host_formats(), Some(vec!["F16".to_string()]));
+    let d = copy_of(&dir("tiny-llama3"), "hf-bf16-range");
+    let name = "model.layers.0.mlp.down_proj.weight";
+    let index = json(&d.path().join("model.safetensors.index.json"));
+    let shard = d.path().join(index["weight_map"][name].as_str().unwrap());
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let (header, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let at = 8 + header + meta.info(name).unwrap().data_offsets.0;
+    bytes[at..at + 2].copy_from_slice(&burn::tensor::bf16::from_f32(1e5).to_le_bytes());
+    std::fs::write(&shard, bytes).unwrap();
+    let model = BurnLlama::load(d.path(), &dev).unwrap();
+    assert_eq!(model.host_formats(), None);
+}
