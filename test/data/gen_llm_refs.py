@@ -30,8 +30,8 @@ build/bin/llama-quantize.
 
 With `--k-quants [DIR]` (default ~/.cache/ex_burn/llm-kquants) it writes the same two models with
 hidden size 256 (rows of 256, as the k-quants' blocks need; Qwen3's heads 128 wide) as F32, F16,
-Q4_K_M, Q6_K, Q3_K_M and Q2_K files, and their reference.json, to DIR instead: files too large to commit,
-which the Rust tests use where they exist.
+Q4_K_M, Q5_K_M, Q6_K, Q3_K_M and Q2_K files, and their reference.json, to DIR instead: files too
+large to commit, which the Rust tests use where they exist.
 """
 
 import json
@@ -108,7 +108,7 @@ ARCHS = {
 # to commit (`--k-quants DIR`).
 SIZES = {
     "tiny": dict(hidden=64, ffn=128, qwen3_head_dim=32, quants=("Q8_0",)),
-    "k": dict(hidden=256, ffn=256, qwen3_head_dim=128, quants=("Q4_K_M", "Q6_K", "Q3_K_M", "Q2_K")),
+    "k": dict(hidden=256, ffn=256, qwen3_head_dim=128, quants=("Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K")),
 }
 
 

@@ -94,7 +94,7 @@ fn qwen_gguf_k_quants_match_transformers() {
         println!("SKIPPED: {} not found (python3 test/data/gen_llm_refs.py --k-quants writes it)", dir.display());
         return;
     }
-    println!("{}", check_engines(&dir, &["F32", "F16", "Q4_K_M", "Q6_K", "Q3_K_M", "Q2_K"]).join("\n"));
+    println!("{}", check_engines(&dir, &["F32", "F16", "Q4_K_M", "Q5_K_M", "Q6_K", "Q3_K_M", "Q2_K"]).join("\n"));
     // on the CPU every layer keeps its blocks: Q3_K as the Q6_K blocks of its values, Q2_K as
     // f16 rows
     let dev = crate::testing::device();
