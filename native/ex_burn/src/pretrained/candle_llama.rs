@@ -5,7 +5,7 @@
 //! a tied output projection multiplies the same blocks).
 //! `candle-transformers`' quantised Llama dequantises the embedding to f32, which for a small
 //! model is more memory than the whole file (guides/pretrained.md). Hyperparameters and
-//! rotary tables are the Burn engine's (`burn_llama::LlamaConfig`), and tensors come through the
+//! rotary tables are the Burn engine's (`llama_config::LlamaConfig`), and tensors come through the
 //! same `DecoderSource`, so both engines read a GGUF file or a Hugging Face directory the same
 //! way.
 
@@ -15,14 +15,14 @@ use std::sync::Arc;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
-use super::burn_llama::LlamaConfig;
+use super::llama_config::LlamaConfig;
 use super::decoder_family::{HeadExtras, RopeStyle};
 use super::candle_bert::check_cpu;
 use super::errors;
 use super::gguf::{self, Header};
 use super::qmatmul::{dequantise_row, QFormat};
 use super::decoder_source::DecoderSource;
-use super::hf_decoder::is_hf_dir;
+use super::files::is_hf_dir;
 use super::{own_chunks, CausalLm, Chunk, LmSession};
 use crate::device::DeviceRef;
 use crate::error::{ExError, ExResult};
@@ -365,7 +365,7 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     }
     let (h, ctx, half) = (cfg.embedding_length, cfg.context_length.max(1), cfg.rope_dim / 2);
     let table = |v: Vec<f32>| Tensor::from_vec(v, (ctx, half), &Device::Cpu).map_err(engine_err);
-    let (cos, sin) = cfg.rope_tables(&mut g)?;
+    let (cos, sin) = cfg.rope_tables(&g.rope_factors(&cfg)?);
     let (cos, sin) = (table(cos)?, table(sin)?);
     let swa = cfg.swa_rope_tables().map(|(c, s)| Ok::<_, ExError>((table(c)?, table(s)?))).transpose()?;
     let mut norm = |name: &str| -> ExResult<Tensor> { Tensor::from_vec(g.values(name, &[h])?, h, &Device::Cpu).map_err(engine_err) };

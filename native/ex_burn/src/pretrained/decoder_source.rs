@@ -7,8 +7,9 @@ use std::path::Path;
 use burn::tensor::{Device, Tensor};
 use candle_core::quantized::QTensor;
 
-use super::burn_llama::LlamaConfig;
-use super::hf_decoder::{self, HfDecoder};
+use super::llama_config::LlamaConfig;
+use super::files::is_hf_dir;
+use super::hf_decoder::HfDecoder;
 use super::qmatmul::QMatrix;
 use super::weights::{f32_tensor, Gguf};
 use crate::error::ExResult;
@@ -21,7 +22,7 @@ pub enum DecoderSource {
 impl DecoderSource {
     /// A Hugging Face model directory, else a GGUF file.
     pub fn open(path: &Path) -> ExResult<Self> {
-        Ok(if hf_decoder::is_hf_dir(path) { DecoderSource::Hf(HfDecoder::open(path)?) } else { DecoderSource::Gguf(Gguf::open(path)?) })
+        Ok(if is_hf_dir(path) { DecoderSource::Hf(HfDecoder::open(path)?) } else { DecoderSource::Gguf(Gguf::open(path)?) })
     }
 
     pub fn path(&self) -> &Path {
@@ -55,6 +56,17 @@ impl DecoderSource {
 
     pub fn tensor<const D: usize>(&mut self, name: &str, shape: [usize; D], device: &Device) -> ExResult<Tensor<D>> {
         Ok(f32_tensor(self.values(name, &shape)?, shape, device))
+    }
+
+    /// The divisors of the rotary frequencies (`LlamaConfig::rope_tables`): `rope_freqs.weight`'s
+    /// where the model has them (Llama 3 scaling), else ones.
+    pub fn rope_factors(&mut self, cfg: &LlamaConfig) -> ExResult<Vec<f32>> {
+        let half = cfg.rope_dim / 2;
+        if self.contains("rope_freqs.weight") {
+            self.values("rope_freqs.weight", &[half])
+        } else {
+            Ok(vec![1.0; half])
+        }
     }
 
     /// The `[rows, cols]` matrix `name` in blocks `qmatmul` runs, where its stored format is one.

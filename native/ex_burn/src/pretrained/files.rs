@@ -97,6 +97,18 @@ struct RegistryEntry {
     description: Option<String>,
 }
 
+/// A Hugging Face model directory's config, its weights in one file, and the index of weights
+/// in shards.
+pub const HF_CONFIG: &str = "config.json";
+pub const HF_SINGLE: &str = "model.safetensors";
+pub const HF_INDEX: &str = "model.safetensors.index.json";
+
+/// Whether `path` is a directory holding a Hugging Face model's config and safetensors weights
+/// (in one file or in shards).
+pub fn is_hf_dir(path: &Path) -> bool {
+    path.is_dir() && path.join(HF_CONFIG).is_file() && (path.join(HF_SINGLE).is_file() || path.join(HF_INDEX).is_file())
+}
+
 fn is_gguf(p: &Path) -> bool {
     p.is_file() && p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
@@ -146,7 +158,7 @@ fn describe(name: String, kind: ModelKind, path: &Path, description: Option<Stri
     if !path.is_dir() {
         return vec![];
     }
-    if path.join("model.safetensors").is_file() || super::hf_decoder::is_hf_dir(path) {
+    if path.join(HF_SINGLE).is_file() || is_hf_dir(path) {
         return vec![ModelEntry {
             name,
             kind,

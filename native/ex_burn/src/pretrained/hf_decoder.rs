@@ -14,16 +14,14 @@ use candle_core::quantized::{ggml_file, GgmlDType, QTensor};
 use safetensors::Dtype;
 use serde_json::Value as Json;
 
-use super::burn_llama::LlamaConfig;
+use super::llama_config::LlamaConfig;
 use super::decoder_family::{Family, RopeStyle};
 use super::errors::{self, kind};
 use super::qmatmul::{QFormat, QMatrix};
 use super::weights::Safetensors;
 use crate::error::{Detail, ExError, ExResult};
 
-const CONFIG: &str = "config.json";
-const SINGLE: &str = "model.safetensors";
-const INDEX: &str = "model.safetensors.index.json";
+use super::files::{HF_CONFIG as CONFIG, HF_INDEX as INDEX, HF_SINGLE as SINGLE};
 
 /// config.json `model_type` values this reader takes, and the GGUF architecture each one is.
 const MODEL_TYPES: &[(&str, &str)] =
@@ -54,11 +52,6 @@ const GEMMA_NORMS: &[(&str, &str)] = &[
     ("ffn_norm", "pre_feedforward_layernorm"),
     ("post_ffw_norm", "post_feedforward_layernorm"),
 ];
-
-/// Whether `path` is a directory holding a Hugging Face model's config and safetensors weights.
-pub fn is_hf_dir(path: &Path) -> bool {
-    path.is_dir() && path.join(CONFIG).is_file() && (path.join(SINGLE).is_file() || path.join(INDEX).is_file())
-}
 
 pub struct HfDecoder {
     dir: PathBuf,

@@ -244,7 +244,7 @@ fn hf_dirs_are_listed() {
 fn hf_smollm2_dir_matches_transformers() {
     let Some(home) = std::env::var_os("HOME") else { return };
     let dir = PathBuf::from(home).join(".cache/ex_burn/smollm2-135m-instruct-hf");
-    if !super::hf_decoder::is_hf_dir(&dir) {
+    if !super::files::is_hf_dir(&dir) {
         println!("SKIPPED: {} not found (python3 test/data/gen_smollm2_hf_dir.py writes it)", dir.display());
         return;
     }

@@ -22,6 +22,7 @@ pub mod generate;
 pub mod gguf;
 pub mod hf_decoder;
 mod kv_pool;
+pub mod llama_config;
 mod llama_host;
 #[cfg(test)]
 mod greedy_check;
@@ -391,7 +392,7 @@ pub struct TextModel {
 const PREFIX_CACHE_BYTES: usize = 64 << 20;
 
 /// The GGUF file `path` names: the file itself, or the only `.gguf` in a directory (one that is
-/// not a Hugging Face model directory, `hf_decoder::is_hf_dir`).
+/// not a Hugging Face model directory, `files::is_hf_dir`).
 pub fn gguf_path(path: &Path) -> ExResult<PathBuf> {
     if path.is_file() {
         return Ok(path.to_path_buf());
@@ -420,7 +421,7 @@ impl TextModel {
     /// (config.json, safetensors weights, tokenizer.json).
     pub fn load(path: &Path, engine: Engine, device: DeviceRef) -> ExResult<Self> {
         // The architecture check comes first so an unknown model never reaches the tokenizer.
-        let hf = hf_decoder::is_hf_dir(path);
+        let hf = files::is_hf_dir(path);
         let (file, arch, mut tokenizer, chat_template) = if hf {
             let arch = hf_decoder::peek(path)?;
             (path.to_path_buf(), arch.to_string(), LmTokenizer::from_hf_dir(path)?, hf_decoder::chat_template(path)?)
