@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use serde_json::Value as Json;
 
 use super::burn_llama::BurnLlama;
-use super::greedy_check::{self, first_step_fraction, greedy, ids};
-use super::{CausalLm, Engine, TextModel};
+use super::greedy_check::{self, engines, first_step_fraction, greedy, ids};
+use super::{Engine, TextModel};
 use crate::device::{DeviceKind, DeviceRef};
 
 fn dir() -> PathBuf {
@@ -48,18 +48,6 @@ fn gemma_configs_read_alike_from_gguf_and_hf() {
             assert_eq!((cfg.rope_freq_base, cfg.rope_swa), (if arch == "gemma3" { 1e6 } else { 10000.0 }, swa), "{tag}");
         }
     }
-}
-
-/// Burn as loaded for the test device (on the CPU the Q8_0 file and the directory's f16 rows
-/// take the host path), Burn with every weight as f32 tensors (the tensor path), and Candle.
-fn engines(path: &std::path::Path) -> Vec<(&'static str, Box<dyn CausalLm>, bool)> {
-    let dev = crate::testing::device();
-    let cpu = dev.kind == DeviceKind::Cpu;
-    vec![
-        ("burn", TextModel::load(path, Engine::Burn, dev.clone()).unwrap().lm, cpu),
-        ("burn f32", Box::new(BurnLlama::load_with(path, &dev, false).unwrap()) as Box<dyn CausalLm>, cpu),
-        ("candle", TextModel::load(path, Engine::Candle, DeviceRef::CPU).unwrap().lm, true),
-    ]
 }
 
 #[test]

@@ -170,3 +170,38 @@ pub fn batch_bound(kind: crate::device::DeviceKind) -> f32 {
         _ => 1e-4,
     }
 }
+
+/// The engines an LLM test runs a model on: Burn as loaded for the test device (on the CPU, the
+/// host path where the weights keep their blocks or rows), Burn with every weight as f32 tensors
+/// (the other devices' path), and Candle; each with whether it runs on the CPU.
+pub fn engines(path: &std::path::Path) -> Vec<(&'static str, Box<dyn CausalLm>, bool)> {
+    use super::{burn_llama::BurnLlama, Engine, TextModel};
+    let dev = crate::testing::device();
+    let cpu = dev.kind == crate::device::DeviceKind::Cpu;
+    vec![
+        ("burn", TextModel::load(path, Engine::Burn, dev.clone()).unwrap().lm, cpu),
+        ("burn f32", Box::new(BurnLlama::load_with(path, &dev, false).unwrap()) as Box<dyn CausalLm>, cpu),
+        ("candle", TextModel::load(path, Engine::Candle, crate::device::DeviceRef::CPU).unwrap().lm, true),
+    ]
+}
+
+/// Each raw and chat case of `cases` gives the reference's prompt ids on `model`, a chat through
+/// the model's template rendered as the reference's text; the number of chat cases.
+pub fn assert_prompts(model: &super::TextModel, cases: &Json, tag: &str) -> usize {
+    use super::generate::Prompt;
+    let mut chats = 0;
+    for g in cases.as_array().unwrap() {
+        let prompt = match g["kind"].as_str().unwrap() {
+            "raw" => Prompt::Text(g["prompt"].as_str().unwrap().into()),
+            "chat" => {
+                let messages = chat_messages(&g["messages"]);
+                assert_eq!(model.render_chat(&messages).unwrap(), g["prompt"].as_str().unwrap(), "{tag}");
+                chats += 1;
+                Prompt::Chat(messages)
+            }
+            _ => continue,
+        };
+        assert_eq!(model.prompt_ids(&prompt).unwrap(), ids(&g["prompt_ids"]), "{tag}: {:?}", g["prompt"]);
+    }
+    chats
+}

@@ -11,9 +11,9 @@ use serde_json::Value as Json;
 use super::burn_llama::BurnLlama;
 use super::errors::{self, kind};
 use super::generate::Prompt;
-use super::greedy_check::{self, first_step_fraction, greedy, ids};
+use super::greedy_check::{self, engines, first_step_fraction, greedy, ids};
 use super::weights::test_support::TempDir;
-use super::{files, CausalLm, Engine, TextModel};
+use super::{files, Engine, TextModel};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::error::ExError;
 
@@ -53,18 +53,6 @@ fn models() -> Vec<Model> {
 
 fn dir(name: &str) -> PathBuf {
     llm_dir().join("hf").join(name)
-}
-
-/// Burn as loaded for the test device (on the CPU, f16 weights keep their rows: the host path),
-/// Burn with every weight as f32 tensors (the other devices' path), and Candle.
-fn engines(path: &Path) -> Vec<(&'static str, Box<dyn CausalLm>, bool)> {
-    let dev = crate::testing::device();
-    let cpu = dev.kind == DeviceKind::Cpu;
-    vec![
-        ("burn", TextModel::load(path, Engine::Burn, dev.clone()).unwrap().lm, cpu),
-        ("burn f32", Box::new(BurnLlama::load_with(path, &dev, false).unwrap()) as Box<dyn CausalLm>, cpu),
-        ("candle", TextModel::load(path, Engine::Candle, DeviceRef::CPU).unwrap().lm, true),
-    ]
 }
 
 /// The weights are f16-, f32- or bf16-stored copies of the reference model's own (rounded to
@@ -114,21 +102,7 @@ fn hf_dirs_tokenize_and_template_as_transformers() {
             assert_eq!(model.tokenizer.encode(text, true).unwrap(), ids(&c["ids"]), "{arch}: {text:?}");
             assert_eq!(model.tokenizer.decode(&ids(&c["ids"])).unwrap(), text);
         }
-        let mut chats = 0;
-        for g in r["generate"].as_array().unwrap() {
-            let prompt = match g["kind"].as_str().unwrap() {
-                "raw" => Prompt::Text(g["prompt"].as_str().unwrap().into()),
-                "chat" => {
-                    let messages = greedy_check::chat_messages(&g["messages"]);
-                    assert_eq!(model.render_chat(&messages).unwrap(), g["prompt"].as_str().unwrap());
-                    chats += 1;
-                    Prompt::Chat(messages)
-                }
-                _ => continue,
-            };
-            assert_eq!(model.prompt_ids(&prompt).unwrap(), ids(&g["prompt_ids"]), "{arch}: {:?}", g["prompt"]);
-        }
-        assert_eq!(chats, 1);
+        assert_eq!(greedy_check::assert_prompts(&model, &r["generate"], arch), 1);
     }
     // SentencePiece with byte fallback, a BOS the tokenizer's post-processor adds, no template
     let spm = json(&llm_dir().join("reference_spm.json"));

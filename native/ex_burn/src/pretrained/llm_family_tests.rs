@@ -15,10 +15,9 @@ use std::path::{Path, PathBuf};
 use serde_json::Value as Json;
 
 use super::burn_llama::BurnLlama;
-use super::generate::Prompt;
-use super::greedy_check::{self, greedy, ids};
+use super::greedy_check::{self, engines, greedy, ids};
 use super::tokenizer::LmTokenizer;
-use super::{errors, gguf, CausalLm, Chunk, Engine, TextModel};
+use super::{errors, gguf, Chunk, Engine, TextModel};
 use crate::device::{DeviceKind, DeviceRef};
 
 const ARCHS: [&str; 2] = ["qwen2", "qwen3"];
@@ -65,18 +64,6 @@ fn distance(got: &[f32], want: &[f64]) -> (f64, f64) {
     let diff = got.iter().zip(want).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
     let (lo, hi) = want.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
     (diff, hi - lo)
-}
-
-/// The engines a file is run on: Burn as loaded for the test device (on the CPU, Q8_0 keeps its
-/// blocks: the host path), Burn with every weight dequantised (the other devices' path), Candle.
-fn engines(path: &std::path::Path) -> Vec<(&'static str, Box<dyn CausalLm>, bool)> {
-    let dev = crate::testing::device();
-    let cpu = dev.kind == DeviceKind::Cpu;
-    vec![
-        ("burn", Box::new(BurnLlama::load(path, &dev).unwrap()) as Box<dyn CausalLm>, cpu),
-        ("burn dequantised", Box::new(BurnLlama::load_with(path, &dev, false).unwrap()), cpu),
-        ("candle", TextModel::load(path, Engine::Candle, DeviceRef::CPU).unwrap().lm, true),
-    ]
 }
 
 #[test]
@@ -189,21 +176,7 @@ fn qwen_gguf_tokenizer_and_chat_template_match_transformers() {
         assert_eq!(model.bos_token_id, None);
         assert!(model.eos_token_ids.contains(&(r[arch]["eos_token_id"].as_u64().unwrap() as u32)));
         assert_eq!(model.chat_template.as_deref(), r[arch]["chat_template"].as_str());
-        let mut chats = 0;
-        for g in r[arch]["generate"].as_array().unwrap() {
-            let prompt = match g["kind"].as_str().unwrap() {
-                "raw" => Prompt::Text(g["prompt"].as_str().unwrap().into()),
-                "chat" => {
-                    let messages = greedy_check::chat_messages(&g["messages"]);
-                    assert_eq!(model.render_chat(&messages).unwrap(), g["prompt"].as_str().unwrap());
-                    chats += 1;
-                    Prompt::Chat(messages)
-                }
-                _ => continue,
-            };
-            assert_eq!(model.prompt_ids(&prompt).unwrap(), ids(&g["prompt_ids"]), "{arch}: {:?}", g["prompt"]);
-        }
-        assert_eq!(chats, 1);
+        assert_eq!(greedy_check::assert_prompts(&model, &r[arch]["generate"], arch), 1);
     }
 }
 
@@ -224,7 +197,7 @@ fn qwen_gguf_batched_rows_equal_alone() {
                 // f32 products run at the batch's row count, where gemm may sum in another order:
                 // Burn's tensor path (dequantised weights, F32 files, which have no blocks to keep,
                 // and every file off the CPU) and Candle's F32 and F16 products (last bits)
-                let tensor_path = engine == "burn dequantised" || (engine == "burn" && (label == "F32" || !cpu));
+                let tensor_path = engine == "burn f32" || (engine == "burn" && (label == "F32" || !cpu));
                 if tensor_path || (engine == "candle" && label != "Q8_0") {
                     for (b, a) in batched.iter().zip(&alone) {
                         let range = a.iter().fold(0f32, |m, v| m.max(v.abs()));
