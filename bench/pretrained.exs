@@ -162,7 +162,8 @@ defmodule PretrainedBench do
      ], vecs}
   end
 
-  def hf_dir, do: Path.expand(System.get_env("EXBURN_BENCH_HF_DIR") || "~/.cache/ex_burn/smollm2-135m-instruct-hf-bf16")
+  def hf_dir,
+    do: Path.expand(System.get_env("EXBURN_BENCH_HF_DIR") || "~/.cache/ex_burn/smollm2-135m-instruct-hf-bf16")
 
   # 64 greedy tokens of the prompt from `path` (the Q4_1 GGUF, or the Hugging Face directory),
   # reported as the row `case`
@@ -664,7 +665,10 @@ if "hf" in sections do
     tf = peer["hf_transformers"]
     config = B.hf_dir() |> Path.join("config.json") |> File.read!() |> ExBurn.JSON.decode!()
     dtype = config["dtype"] || config["torch_dtype"]
-    say.("LLM, SmolLM2-135M-Instruct as a Hugging Face directory (#{B.hf_dir()}, #{dtype}), 64 new greedy tokens")
+
+    say.(
+      "LLM, SmolLM2-135M-Instruct as a Hugging Face directory (#{B.hf_dir()}, #{dtype}), 64 new greedy tokens"
+    )
 
     if tf do
       say.(
@@ -680,7 +684,9 @@ if "hf" in sections do
       )
     end
   else
-    say.("LLM as a Hugging Face directory: SKIPPED, #{B.hf_dir()} not found (test/data/gen_smollm2_hf_dir.py writes it)")
+    say.(
+      "LLM as a Hugging Face directory: SKIPPED, #{B.hf_dir()} not found (test/data/gen_smollm2_hf_dir.py writes it)"
+    )
   end
 
   say.("")

@@ -19,7 +19,10 @@ defmodule ExBurn.Pretrained.LLMHfTest do
   defp prompt(%{"prompt" => p}), do: p
 
   defp reference("tiny-qwen2"), do: {"qwen2", 384, @qwen["qwen2"]["eos_token_id"], @qwen["qwen2"]["generate"]}
-  defp reference("tiny-llama3"), do: {"llama", 384, @hf["tiny-llama3"]["eos_token_id"], @hf["tiny-llama3"]["generate"]}
+
+  defp reference("tiny-llama3"),
+    do: {"llama", 384, @hf["tiny-llama3"]["eos_token_id"], @hf["tiny-llama3"]["generate"]}
+
   defp reference("tiny-phi3"), do: {"phi3", 400, 2, @spm["models"]["phi3"]["generate"]}
 
   for name <- ["tiny-qwen2", "tiny-llama3", "tiny-phi3"], engine <- [:burn, :candle] do
@@ -46,7 +49,9 @@ defmodule ExBurn.Pretrained.LLMHfTest do
     File.cp_r!(Path.join([@data, "hf", "tiny-llama3"]), Path.join([dir, "llm", "tiny-llama3"]))
     on_exit(fn -> File.rm_rf!(dir) end)
 
-    assert [%{name: "tiny-llama3", kind: :llm, format: :safetensors, arch: "llama"}] = ExBurn.Models.list(dir: dir)
+    assert [%{name: "tiny-llama3", kind: :llm, format: :safetensors, arch: "llama"}] =
+             ExBurn.Models.list(dir: dir)
+
     assert {:ok, %LLM{arch: "llama", vocab_size: 384}} = LLM.load("tiny-llama3", dir: dir, device: :cpu)
   end
 
@@ -57,6 +62,7 @@ defmodule ExBurn.Pretrained.LLMHfTest do
     config = dir |> Path.join("config.json") |> File.read!() |> ExBurn.JSON.decode!()
     File.write!(Path.join(dir, "config.json"), ExBurn.JSON.encode!(Map.put(config, "model_type", "gemma7")))
 
-    assert {:error, %ExBurn.Error{details: %{kind: :unknown_architecture, arch: "gemma7"}}} = LLM.load(dir, device: :cpu)
+    assert {:error, %ExBurn.Error{details: %{kind: :unknown_architecture, arch: "gemma7"}}} =
+             LLM.load(dir, device: :cpu)
   end
 end
