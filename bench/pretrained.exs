@@ -19,6 +19,8 @@
 #          which `python3 test/data/gen_smollm2_hf_dir.py ~/.cache/ex_burn/smollm2-135m-instruct-hf-bf16
 #          bf16` writes); peer: transformers on the same directory, in its stored dtype. Skipped
 #          with a note where the directory is missing.
+#          EXBURN_BENCH_GGUF (Q4_1) picks another of the quantisations llamabench names below
+#          for this section and rss.
 #   rss    peak RSS of one load, each in a fresh OS process (`mix run bench/pretrained.exs
 #          rss_child KIND ENGINE`, and `python3 bench/pretrained_peer.py rss KIND`): VmHWM after
 #          the load minus VmRSS before it (VmHWM reset through /proc/self/clear_refs), over the
@@ -68,7 +70,9 @@ defmodule PretrainedBench do
   # out of the models directory, where a second GGUF beside the shipped one would rename the model.
   def smol("Q4_1"), do: Path.join(@models, "llm/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
   def smol(quant), do: Path.expand("~/.cache/ex_burn/bench/SmolLM2-135M-Instruct.#{quant}.gguf")
-  def smol, do: smol("Q4_1")
+  # the GGUF the llm and rss sections load: EXBURN_BENCH_GGUF names one of the quantisations above
+  def smol, do: smol(gguf_quant())
+  def gguf_quant, do: System.get_env("EXBURN_BENCH_GGUF") || "Q4_1"
 
   def device, do: ExBurn.Device.resolve(System.get_env("EXBURN_BENCH_DEVICE") || "cpu")
 
@@ -617,7 +621,7 @@ if "llm" in sections do
   tf = peer["llm_transformers"]
 
   say.(
-    "LLM, SmolLM2-135M-Instruct Q4_1, 64 new greedy tokens: total ms, first (prefill+1) ms, tok/s, decode tok/s"
+    "LLM, SmolLM2-135M-Instruct #{B.gguf_quant()}, 64 new greedy tokens: total ms, first (prefill+1) ms, tok/s, decode tok/s"
   )
 
   ref_ids = fn r ->
@@ -693,7 +697,7 @@ if "hf" in sections do
 end
 
 if "rss" in sections do
-  say.("peak RSS of one load (fresh process): (VmHWM after - VmRSS before) / weight file; goal <= 1.5")
+  say.("peak RSS of one load (fresh process, SmolLM2 #{B.gguf_quant()}): (VmHWM after - VmRSS before) / weight file; goal <= 1.5")
 
   for {{who, kind}, r} <- Enum.sort_by(rss, fn {{w, k}, _} -> {k, to_string(w)} end) do
     label =

@@ -25,8 +25,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.expanduser(os.environ.get("EXBURN_MODELS_DIR", "~/models"))
 MINILM = os.path.join(MODELS, "embeddings", "all-minilm-l6-v2")
-SMOL_DIR = os.path.join(MODELS, "llm", "smollm2-135m-instruct")
-SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# the shipped Q4_1, or the quantisation EXBURN_BENCH_GGUF names (made into ~/.cache/ex_burn/bench/,
+# as bench/pretrained.exs says)
+QUANT = os.environ.get("EXBURN_BENCH_GGUF", "Q4_1")
+SMOL_DIR = (os.path.join(MODELS, "llm", "smollm2-135m-instruct") if QUANT == "Q4_1"
+            else os.path.expanduser("~/.cache/ex_burn/bench"))
+SMOL_FILE = f"SmolLM2-135M-Instruct.{QUANT}.gguf"
 THREADS = int(os.environ.get("EXBURN_BENCH_THREADS", "2"))
 EMBED_RUNS = int(os.environ.get("EXBURN_BENCH_EMBED_RUNS", "20"))
 LATENCY_RUNS = int(os.environ.get("EXBURN_BENCH_LATENCY_RUNS", "64"))
