@@ -697,7 +697,9 @@ if "hf" in sections do
 end
 
 if "rss" in sections do
-  say.("peak RSS of one load (fresh process, SmolLM2 #{B.gguf_quant()}): (VmHWM after - VmRSS before) / weight file; goal <= 1.5")
+  say.(
+    "peak RSS of one load (fresh process, SmolLM2 #{B.gguf_quant()}): (VmHWM after - VmRSS before) / weight file; goal <= 1.5"
+  )
 
   for {{who, kind}, r} <- Enum.sort_by(rss, fn {{w, k}, _} -> {k, to_string(w)} end) do
     label =
