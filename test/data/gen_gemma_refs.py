@@ -16,6 +16,10 @@ Writes, next to this script, under llm/gemma/:
                                       on the model's weights and on each Q8_0 file's weights
                                       as transformers' GGUF loader dequantises them
 
+With `--k-quants [DIR]` (default ~/.cache/ex_burn/gemma-kquants) it writes the same models with
+rows of 256 as F32, F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files and their references instead: files
+too large to commit, which the Rust tests use where they exist.
+
 Gemma 2 (2 layers): logit soft-capping of attention scores (at 5, where real models cap at 50)
 and of the output (at 15; 30 in real models), norms
 after attention and after the MLP, embeddings scaled by sqrt(hidden), GELU (tanh) gating, and
@@ -57,11 +61,12 @@ TEXT_PROMPTS = ["The quick brown fox", "Once upon a time"]
 TOKENIZE_TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello world 12345, it's 2024!", "crème brûlée 😀 我爱"]
 
 
-def build(arch, vocab, seed):
+def build(arch, vocab, seed, hidden=64):
     from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
 
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=128,
+    head = hidden // 4
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=head, query_pre_attn_scalar=head, max_position_embeddings=128,
                   rms_norm_eps=1e-6, sliding_window=WINDOW, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                   torch_dtype="float32")
     if arch == "gemma2":
@@ -79,7 +84,8 @@ def build(arch, vocab, seed):
                 # scaled by sqrt(64) = 8 on the way in; the output projection shares it
                 v = 0.6 * torch.randn(p.shape, generator=g)
             else:
-                v = 0.15 * torch.randn(p.shape, generator=g)
+                # products over wider rows grow with their square root: the same gain at every size
+                v = 0.15 * (64 / hidden) ** 0.5 * torch.randn(p.shape, generator=g)
             p.copy_(v.half().float())
     model.eval()
     return model
@@ -92,6 +98,52 @@ def convert(hf, out):
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--k-quants":
+        write_k(sys.argv[2] if len(sys.argv) > 2 else os.path.expanduser("~/.cache/ex_burn/gemma-kquants"))
+    else:
+        write_tiny()
+
+
+K_FILES = ("F16", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
+
+
+def write_k(out_dir):
+    """The same two models with hidden size 256 (rows of 256, as the k-quants' blocks need) as
+    F32, F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files, each with transformers' references on the
+    file's own weights (its GGUF loader dequantises them; the F16 file rounds Gemma's 1 + w norms),
+    written to `out_dir`: too large to commit, used by the Rust tests where they exist."""
+    from transformers import AutoModelForCausalLM
+
+    os.makedirs(out_dir, exist_ok=True)
+    reference = {"versions": base_versions(), "window": WINDOW}
+    with tempfile.TemporaryDirectory() as scratch:
+        tok, spm_model = spm.tokenizer(scratch)
+        for seed, arch in enumerate(["gemma2", "gemma3"], start=31):
+            model = build(arch, len(tok), seed, hidden=256)
+            work = os.path.join(scratch, f"tiny-{arch}-k")
+            model.save_pretrained(work, safe_serialization=True)
+            tok.save_pretrained(work)
+            shutil.copy(spm_model, os.path.join(work, "tokenizer.model"))
+            f32 = os.path.join(out_dir, f"tiny-{arch}-k.F32.gguf")
+            convert(work, f32)
+            entry = {"files": {"F32": os.path.basename(f32)}}
+            for label in K_FILES:
+                path = os.path.join(out_dir, f"tiny-{arch}-k.{label}.gguf")
+                subprocess.run([QUANTIZE, f32, path, label], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                entry["files"][label] = os.path.basename(path)
+            for label in ("F32",) + K_FILES:
+                qmodel = AutoModelForCausalLM.from_pretrained(out_dir, gguf_file=entry["files"][label], config=model.config,
+                                                              torch_dtype=torch.float32).eval()
+                cases = [{"kind": "ids", "prompt_ids": p} for p in PROMPTS]
+                record(f"{arch} {label}", qmodel, cases, 2)
+                entry[f"generate_{label}"] = cases
+            reference[arch] = entry
+    with open(os.path.join(out_dir, "reference.json"), "w") as f:
+        json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+
+
+def write_tiny():
     from transformers import AutoModelForCausalLM
 
     os.makedirs(OUT_DIR, exist_ok=True)
