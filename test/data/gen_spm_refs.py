@@ -22,6 +22,11 @@ No model hub is needed. Run (CPU only):
 
 LLAMA_CPP (default /work/peers/llama.cpp) must hold convert_hf_to_gguf.py, gguf-py/ and
 build/bin/llama-quantize.
+
+With `--k-quants [DIR]` (default ~/.cache/ex_burn/spm-kquants) it writes the two models with rows
+of 256 as F32, F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files and transformers' references on each
+file's weights instead (no llama-cpp-python needed): files too large to commit, which the Rust
+tests use where they exist.
 """
 
 import hashlib
@@ -84,10 +89,10 @@ def tokenizer(dir):
     return tok, os.path.join(spm_dir, "tokenizer.model")
 
 
-def build(dir, arch, tok, spm_model):
+def build(dir, arch, tok, spm_model, hidden=64):
     from transformers import LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM
 
-    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    common = dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="float32")
     if arch == "llama":
@@ -97,7 +102,8 @@ def build(dir, arch, tok, spm_model):
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            scale = 0.6 if ("embed" in name or "lm_head" in name) else 0.15
+            # products over wider rows grow with their square root: the same gain at every size
+            scale = (0.6 if ("embed" in name or "lm_head" in name) else 0.15) * (64 / hidden) ** 0.5
             v = 1.0 + 0.2 * torch.randn(p.shape, generator=g) if name.endswith("norm.weight") else scale * torch.randn(p.shape, generator=g)
             p.copy_(v.half().float())
     model.eval()
@@ -133,6 +139,51 @@ def greedy(model, ids):
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--k-quants":
+        write_k(sys.argv[2] if len(sys.argv) > 2 else os.path.expanduser("~/.cache/ex_burn/spm-kquants"))
+    else:
+        write_tiny()
+
+
+K_FILES = ("F16", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
+K_PROMPTS = [[1, 320, 315, 342, 292, 327, 323], [1, 284, 294, 339], [1, 331, 263, 347, 334, 305, 332, 333, 341, 277]]
+
+
+def write_k(out_dir):
+    """The Llama and Phi-3 models with rows of 256 (as the k-quants' blocks need) as F32, F16,
+    Q8_0, Q4_K_M, Q5_K_M and Q6_K files, each with transformers' references on the file's own
+    weights (its GGUF loader dequantises them; prompts are token ids), written to `out_dir`: too
+    large to commit, used by the Rust tests where they exist."""
+    from gen_llm_refs import record
+    from transformers import AutoModelForCausalLM
+
+    os.makedirs(out_dir, exist_ok=True)
+    reference = {"versions": base_versions()}
+    with tempfile.TemporaryDirectory() as dir:
+        tok, spm_model = tokenizer(dir)
+        for arch in ("llama", "phi3"):
+            model, hf = build(dir, arch, tok, spm_model, hidden=256)
+            f32 = os.path.join(out_dir, f"tiny-{arch}-spm-k.F32.gguf")
+            convert(hf, f32)
+            entry = {"files": {"F32": os.path.basename(f32)}}
+            for label in K_FILES:
+                path = os.path.join(out_dir, f"tiny-{arch}-spm-k.{label}.gguf")
+                subprocess.run([os.path.join(LLAMA_CPP, "build", "bin", "llama-quantize"), f32, path, label], check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                entry["files"][label] = os.path.basename(path)
+            for label in ("F32",) + K_FILES:
+                qmodel = AutoModelForCausalLM.from_pretrained(out_dir, gguf_file=entry["files"][label], config=model.config,
+                                                              torch_dtype=torch.float32).eval()
+                cases = [{"kind": "ids", "prompt_ids": p} for p in K_PROMPTS]
+                record(f"{arch} {label}", qmodel, cases, 2)
+                entry[f"generate_{label}"] = cases
+            reference[arch] = entry
+    with open(os.path.join(out_dir, "reference.json"), "w") as f:
+        json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+
+
+def write_tiny():
     import llama_cpp
 
     os.makedirs(OUT_DIR, exist_ok=True)

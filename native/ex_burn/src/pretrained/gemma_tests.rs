@@ -141,43 +141,10 @@ fn gemma_batched_rows_equal_alone() {
     }
 }
 
-/// The same models with rows of 256 as F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files, each against
-/// transformers on the file's own weights (`gen_gemma_refs.py --k-quants`, too large to commit:
-/// skips where absent). On the CPU every layer keeps its blocks on Burn; the 8-bit activations of
-/// the quantised paths move logits by up to `Q8_LOGIT_DRIFT` of the largest.
+/// The same models with rows of 256 as F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files
+/// (`gen_gemma_refs.py --k-quants`, too large to commit: skips where absent), held as
+/// `greedy_check::k_quant_files_match` holds them.
 #[test]
 fn gemma_k_quants_match_transformers() {
-    let Some(home) = std::env::var_os("HOME") else { return };
-    let dir = PathBuf::from(home).join(".cache/ex_burn/gemma-kquants");
-    if !dir.join("reference.json").is_file() {
-        println!("SKIPPED: {} not found (python3 test/data/gen_gemma_refs.py --k-quants writes it)", dir.display());
-        return;
-    }
-    let r: Json = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let dev = crate::testing::device();
-    for arch in ["gemma2", "gemma3"] {
-        for label in ["F16", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K"] {
-            let path = dir.join(r[arch]["files"][label].as_str().unwrap());
-            if dev.kind == DeviceKind::Cpu {
-                assert!(BurnLlama::load(&path, &dev).unwrap().host_formats().is_some(), "{arch} {label}: every layer in its blocks");
-            }
-            let cases = r[arch][format!("generate_{label}")].as_array().unwrap();
-            for (engine, lm, on_cpu) in engines(&path) {
-                let tag = format!("{arch} {label} {engine}");
-                let (mut worst, mut flips) = (0f64, 0);
-                for (i, case) in cases.iter().enumerate() {
-                    let forced = greedy_check::teacher_forced(lm.session().unwrap().as_mut(), case);
-                    greedy_check::assert_forced(&format!("{tag} case {i}"), &forced);
-                    flips += forced.flips.len();
-                    let want: Vec<f64> = case["first_step_logits"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
-                    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
-                    let diff = forced.first.iter().zip(&want).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
-                    worst = worst.max(diff / scale);
-                    let bound = if label == "F16" || engine == "burn f32" { if on_cpu { 1e-5 } else { 1e-2 } } else { greedy_check::Q8_LOGIT_DRIFT as f64 };
-                    assert!(diff < bound * scale, "{tag} case {i}: first-step logits differ by {diff} (largest {scale})");
-                }
-                println!("{tag}: {flips} teacher-forced picks differ (near ties), first-step logits within {worst:.1e} of the largest");
-            }
-        }
-    }
+    greedy_check::k_quant_files_match("gemma-kquants", "gen_gemma_refs.py", &["gemma2", "gemma3"]);
 }

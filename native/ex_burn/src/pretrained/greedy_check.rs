@@ -205,3 +205,61 @@ pub fn assert_prompts(model: &super::TextModel, cases: &Json, tag: &str) -> usiz
     }
     chats
 }
+
+/// The k-size models of `archs` in `~/.cache/ex_burn/<cache>/` (written by `test/data/<script>
+/// --k-quants`; skips where absent) as F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files, each against
+/// transformers on the file's own weights: on the CPU every layer keeps its blocks on Burn;
+/// first-step logits within 1e-5 of the largest on f16 rows and f32 tensors (1e-2 off the CPU:
+/// TF32), and within `Q8_LOGIT_DRIFT` on the quantised paths, whose activations are rounded to 8
+/// bits; every teacher-forced pick is the reference's but where the reference's lead is below
+/// `NEAR_TIE`, or on a quantised path below the largest first-step logit error measured on that
+/// file and path (a lead smaller than the error the rounding makes tells nothing of the model).
+pub fn k_quant_files_match(cache: &str, script: &str, archs: &[&str]) {
+    use crate::device::DeviceKind;
+    let Some(home) = std::env::var_os("HOME") else { return };
+    let dir = std::path::PathBuf::from(home).join(".cache/ex_burn").join(cache);
+    if !dir.join("reference.json").is_file() {
+        println!("SKIPPED: {} not found (python3 test/data/{script} --k-quants writes it)", dir.display());
+        return;
+    }
+    let r: Json = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let dev = crate::testing::device();
+    for arch in archs {
+        for label in ["F16", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K"] {
+            let path = dir.join(r[arch]["files"][label].as_str().unwrap());
+            if dev.kind == DeviceKind::Cpu {
+                let model = super::burn_llama::BurnLlama::load(&path, &dev).unwrap();
+                assert!(model.host_formats().is_some(), "{arch} {label}: every layer in its blocks");
+            }
+            let cases = r[arch][format!("generate_{label}")].as_array().unwrap();
+            for (engine, lm, on_cpu) in engines(&path) {
+                let tag = format!("{arch} {label} {engine}");
+                let exact = label == "F16" || engine == "burn f32";
+                let (mut worst, mut drift, mut flips) = (0f64, 0f64, vec![]);
+                for (i, case) in cases.iter().enumerate() {
+                    let forced = teacher_forced(lm.session().unwrap().as_mut(), case);
+                    let want: Vec<f64> = case["first_step_logits"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+                    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+                    let diff = forced.first.iter().zip(&want).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
+                    worst = worst.max(diff / scale);
+                    drift = drift.max(diff);
+                    let bound = match (exact, on_cpu) {
+                        (true, true) => 1e-5,
+                        (true, false) => 1e-2,
+                        (false, _) => Q8_LOGIT_DRIFT as f64,
+                    };
+                    assert!(diff < bound * scale, "{tag} case {i}: first-step logits differ by {diff} (largest {scale})");
+                    flips.extend(forced.flips.into_iter().map(|f| (i, f)));
+                }
+                let tie = if exact { NEAR_TIE } else { NEAR_TIE.max(drift) };
+                for (i, (step, pick, margin)) in &flips {
+                    assert!(*margin < tie, "{tag} case {i}: step {step} picks {pick} where the reference's token leads by {margin} logits (ties below {tie})");
+                }
+                println!(
+                    "{tag}: {} teacher-forced picks differ (leads below {tie:.2}), first-step logits within {worst:.1e} of the largest",
+                    flips.len()
+                );
+            }
+        }
+    }
+}

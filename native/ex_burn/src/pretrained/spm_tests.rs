@@ -99,3 +99,11 @@ fn spm_phi3_q8_0_follows_the_f32_model() {
         }
     }
 }
+
+/// The Llama and Phi-3 models with rows of 256 as F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files
+/// (`gen_spm_refs.py --k-quants`, too large to commit: skips where absent), held as
+/// `greedy_check::k_quant_files_match` holds them.
+#[test]
+fn spm_k_quants_match_transformers() {
+    greedy_check::k_quant_files_match("spm-kquants", "gen_spm_refs.py", &["llama", "phi3"]);
+}
