@@ -43,11 +43,10 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import gen_spm_refs as spm  # noqa: E402
 from gen_llm_refs import record  # noqa: E402
-from refs_common import base_versions  # noqa: E402
+from refs_common import base_versions, k_quant_files  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "llm", "gemma")
@@ -104,16 +103,11 @@ def main():
         write_tiny()
 
 
-K_FILES = ("F16", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
-
-
 def write_k(out_dir):
     """The same two models with hidden size 256 (rows of 256, as the k-quants' blocks need) as
     F32, F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files, each with transformers' references on the
     file's own weights (its GGUF loader dequantises them; the F16 file rounds Gemma's 1 + w norms),
     written to `out_dir`: too large to commit, used by the Rust tests where they exist."""
-    from transformers import AutoModelForCausalLM
-
     os.makedirs(out_dir, exist_ok=True)
     reference = {"versions": base_versions(), "window": WINDOW}
     with tempfile.TemporaryDirectory() as scratch:
@@ -126,18 +120,7 @@ def write_k(out_dir):
             shutil.copy(spm_model, os.path.join(work, "tokenizer.model"))
             f32 = os.path.join(out_dir, f"tiny-{arch}-k.F32.gguf")
             convert(work, f32)
-            entry = {"files": {"F32": os.path.basename(f32)}}
-            for label in K_FILES:
-                path = os.path.join(out_dir, f"tiny-{arch}-k.{label}.gguf")
-                subprocess.run([QUANTIZE, f32, path, label], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                entry["files"][label] = os.path.basename(path)
-            for label in ("F32",) + K_FILES:
-                qmodel = AutoModelForCausalLM.from_pretrained(out_dir, gguf_file=entry["files"][label], config=model.config,
-                                                              torch_dtype=torch.float32).eval()
-                cases = [{"kind": "ids", "prompt_ids": p} for p in PROMPTS]
-                record(f"{arch} {label}", qmodel, cases, 2)
-                entry[f"generate_{label}"] = cases
-            reference[arch] = entry
+            reference[arch] = k_quant_files(f32, QUANTIZE, model.config, PROMPTS, record, arch)
     with open(os.path.join(out_dir, "reference.json"), "w") as f:
         json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")

@@ -42,7 +42,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 from gen_llm_refs import CORPUS as QWEN_CORPUS  # noqa: E402
-from refs_common import base_versions, sig  # noqa: E402
+from refs_common import base_versions, k_quant_files, sig  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "llm")
@@ -145,7 +145,6 @@ def main():
         write_tiny()
 
 
-K_FILES = ("F16", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
 K_PROMPTS = [[1, 320, 315, 342, 292, 327, 323], [1, 284, 294, 339], [1, 331, 263, 347, 334, 305, 332, 333, 341, 277]]
 
 
@@ -155,7 +154,6 @@ def write_k(out_dir):
     weights (its GGUF loader dequantises them; prompts are token ids), written to `out_dir`: too
     large to commit, used by the Rust tests where they exist."""
     from gen_llm_refs import record
-    from transformers import AutoModelForCausalLM
 
     os.makedirs(out_dir, exist_ok=True)
     reference = {"versions": base_versions()}
@@ -165,19 +163,8 @@ def write_k(out_dir):
             model, hf = build(dir, arch, tok, spm_model, hidden=256)
             f32 = os.path.join(out_dir, f"tiny-{arch}-spm-k.F32.gguf")
             convert(hf, f32)
-            entry = {"files": {"F32": os.path.basename(f32)}}
-            for label in K_FILES:
-                path = os.path.join(out_dir, f"tiny-{arch}-spm-k.{label}.gguf")
-                subprocess.run([os.path.join(LLAMA_CPP, "build", "bin", "llama-quantize"), f32, path, label], check=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                entry["files"][label] = os.path.basename(path)
-            for label in ("F32",) + K_FILES:
-                qmodel = AutoModelForCausalLM.from_pretrained(out_dir, gguf_file=entry["files"][label], config=model.config,
-                                                              torch_dtype=torch.float32).eval()
-                cases = [{"kind": "ids", "prompt_ids": p} for p in K_PROMPTS]
-                record(f"{arch} {label}", qmodel, cases, 2)
-                entry[f"generate_{label}"] = cases
-            reference[arch] = entry
+            quantize = os.path.join(LLAMA_CPP, "build", "bin", "llama-quantize")
+            reference[arch] = k_quant_files(f32, quantize, model.config, K_PROMPTS, record, arch)
     with open(os.path.join(out_dir, "reference.json"), "w") as f:
         json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")
