@@ -116,8 +116,9 @@ impl Linear {
 
 /// `decoder_family::gelu_tanh` on every value, in tensor ops.
 fn gelu_tanh(x: Tensor<2>) -> Tensor<2> {
-    let inner = (x.clone() * x.clone() * x.clone()).mul_scalar(0.044_715) + x.clone();
-    x.mul_scalar(0.5) * inner.mul_scalar(0.797_884_6f32).tanh().add_scalar(1.0)
+    use super::decoder_family::{GELU_CUBIC, GELU_SCALE};
+    let inner = (x.clone() * x.clone() * x.clone()).mul_scalar(GELU_CUBIC) + x.clone();
+    x.mul_scalar(0.5) * inner.mul_scalar(GELU_SCALE).tanh().add_scalar(1.0)
 }
 
 /// `x @ Wᵀ` on the host for `x` on the CPU: `[rows of x, W's rows]` values.

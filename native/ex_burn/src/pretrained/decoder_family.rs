@@ -76,10 +76,13 @@ pub fn sliding_layers(layers: usize, n: usize) -> Vec<bool> {
     (0..layers).map(|l| n == 0 || l % n < n - 1).collect()
 }
 
-/// GELU in its tanh form (PyTorch's `gelu(approximate="tanh")`, Gemma's activation).
+/// GELU in its tanh form (PyTorch's `gelu(approximate="tanh")`, Gemma's activation):
+/// `0.5·x·(1 + tanh(GELU_SCALE·(x + GELU_CUBIC·x³)))`; the tensor path applies the same constants.
+pub const GELU_SCALE: f32 = 0.797_884_6; // √(2/π)
+pub const GELU_CUBIC: f32 = 0.044_715;
+
 pub fn gelu_tanh(x: f32) -> f32 {
-    const C: f32 = 0.797_884_6; // √(2/π)
-    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
+    0.5 * x * (1.0 + (GELU_SCALE * (x + GELU_CUBIC * x * x * x)).tanh())
 }
 
 /// A family's per-layer extras (`Family`), as host values: the concatenated Q/K/V biases and

@@ -151,10 +151,10 @@ impl HfDecoder {
         let (layer, rest) = gguf.strip_prefix("blk.")?.split_once('.')?;
         let (part, suffix) = rest.rsplit_once('.')?;
         let family = self.cfg.family;
+        let gemma_norms = if family.gemma { GEMMA_NORMS } else { &[] };
         let hf = match part {
             "ffn_up" if family.fused => "mlp.gate_up_proj",
-            _ if family.gemma && GEMMA_NORMS.iter().any(|(g, _)| *g == part) => GEMMA_NORMS.iter().find(|(g, _)| *g == part)?.1,
-            _ => LAYER_PARTS.iter().find(|(g, _)| *g == part)?.1,
+            _ => gemma_norms.iter().chain(LAYER_PARTS).find(|(g, _)| *g == part)?.1,
         };
         Some(format!("model.layers.{layer}.{hf}.{suffix}"))
     }
