@@ -33,7 +33,6 @@ no soft-capping, five sliding layers (rope base 10 000) then a global one (rope 
 """
 
 import copy
-import json
 import os
 import shutil
 import subprocess
@@ -46,7 +45,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 import gen_spm_refs as spm  # noqa: E402
 from gen_llm_refs import record  # noqa: E402
-from refs_common import base_versions, k_quant_files  # noqa: E402
+from refs_common import base_versions, k_quant_files, write_reference  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "llm", "gemma")
@@ -121,9 +120,7 @@ def write_k(out_dir):
             f32 = os.path.join(out_dir, f"tiny-{arch}-k.F32.gguf")
             convert(work, f32)
             reference[arch] = k_quant_files(f32, QUANTIZE, model.config, PROMPTS, record, arch)
-    with open(os.path.join(out_dir, "reference.json"), "w") as f:
-        json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
-        f.write("\n")
+    write_reference(os.path.join(out_dir, "reference.json"), reference)
 
 
 def write_tiny():
@@ -174,9 +171,7 @@ def write_tiny():
             reference[arch] = entry
             sizes = {os.path.basename(p): os.path.getsize(p) for p in files.values()}
             print(f"{arch}: {sizes}")
-    with open(os.path.join(OUT_DIR, "reference.json"), "w") as f:
-        json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
-        f.write("\n")
+    write_reference(os.path.join(OUT_DIR, "reference.json"), reference)
 
 
 if __name__ == "__main__":

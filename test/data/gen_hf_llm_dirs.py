@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import gen_llm_refs as qwen  # noqa: E402
 import gen_spm_refs as spm  # noqa: E402
-from refs_common import base_versions  # noqa: E402
+from refs_common import base_versions, write_reference  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LLM_DIR = os.path.join(HERE, "llm")
@@ -138,9 +138,7 @@ def main():
             check_same(arch, model, recorded["models"][arch]["generate"], "first_step_top10")
             save(model, tok, "tiny-llama-spm" if arch == "llama" else "tiny-phi3", torch.float16)
 
-    with open(os.path.join(OUT_DIR, "reference.json"), "w") as f:
-        json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
-        f.write("\n")
+    write_reference(os.path.join(OUT_DIR, "reference.json"), reference)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ Q4_K_M, Q5_K_M, Q6_K, Q3_K_M and Q2_K files, and their reference.json, to DIR in
 large to commit, which the Rust tests use where they exist.
 """
 
-import json
 import math
 import os
 import shutil
@@ -48,7 +47,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from refs_common import base_versions, sig  # noqa: E402
+from refs_common import base_versions, sig, write_reference  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "llm")
@@ -325,9 +324,7 @@ def write(out_dir, size):
             print(f"  {os.path.basename(path)}: {os.path.getsize(path)} bytes")
         entry["llama_cpp_first_step_logits"] = llama
         reference[arch] = entry
-    with open(os.path.join(out_dir, "reference.json"), "w") as f:
-        json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
-        f.write("\n")
+    write_reference(os.path.join(out_dir, "reference.json"), reference)
 
 
 if __name__ == "__main__":

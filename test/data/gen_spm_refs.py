@@ -42,7 +42,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 from gen_llm_refs import CORPUS as QWEN_CORPUS  # noqa: E402
-from refs_common import base_versions, k_quant_files, sig  # noqa: E402
+from refs_common import base_versions, k_quant_files, sig, write_reference  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "llm")
@@ -165,9 +165,7 @@ def write_k(out_dir):
             convert(hf, f32)
             quantize = os.path.join(LLAMA_CPP, "build", "bin", "llama-quantize")
             reference[arch] = k_quant_files(f32, quantize, model.config, K_PROMPTS, record, arch)
-    with open(os.path.join(out_dir, "reference.json"), "w") as f:
-        json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
-        f.write("\n")
+    write_reference(os.path.join(out_dir, "reference.json"), reference)
 
 
 def write_tiny():

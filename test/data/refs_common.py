@@ -30,6 +30,15 @@ def base_versions():
     }
 
 
+def write_reference(path, reference):
+    """`reference` as compact JSON (non-ASCII kept) with a final newline, as every generator stores it."""
+    import json
+
+    with open(path, "w") as f:
+        json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+
+
 # The files a k-size model is written as, beside its F32 conversion (`k_quant_files`).
 K_FILES = ("F16", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
 
