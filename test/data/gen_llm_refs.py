@@ -12,7 +12,7 @@ Writes, next to this script, under llm/:
                                                (on the model's weights, and on the Q8_0 file's
                                                weights as transformers' GGUF loader dequantises
                                                them), and llama.cpp's first-step logits per
-                                               file when llama-cpp-python is installed
+                                               file (refs_common.LlamaCpp)
 
 No model hub is needed: the byte-level BPE tokenizer (Qwen2's pre-tokenizer regex, ChatML
 control tokens) is trained with the `tokenizers` library on the texts below; weights are random
@@ -22,11 +22,12 @@ hold the same weights as the transformers model. The files are converted by llam
 convert_hf_to_gguf.py (its tokenizer-hash check does not know this tokenizer, so the script
 tells it the pre-tokenizer is "qwen2", and that there is no SentencePiece model to try first) and quantised by llama-quantize. Run (CPU only):
 
-  pip install torch numpy transformers tokenizers    # llama-cpp-python optional
+  pip install torch numpy transformers tokenizers
   LLAMA_CPP=/path/to/llama.cpp python3 test/data/gen_llm_refs.py
 
-LLAMA_CPP (default /work/peers/llama.cpp) must hold convert_hf_to_gguf.py, gguf-py/ and
-build/bin/llama-quantize.
+LLAMA_CPP (default /work/peers/llama.cpp) must hold convert_hf_to_gguf.py, gguf-py/, a CMake
+build (build/bin/llama-quantize, libllama.so) and its headers, against which `cc` builds
+llama_cpp_logits.c.
 
 With `--k-quants [DIR]` (default ~/.cache/ex_burn/llm-kquants) it writes the same two models with
 hidden size 256 (rows of 256, as the k-quants' blocks need; Qwen3's heads 128 wide) as F32, F16,
@@ -47,7 +48,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from refs_common import base_versions, sig, write_reference  # noqa: E402
+from refs_common import LlamaCpp, base_versions, llama_cpp_version, sig, write_reference  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "llm")
@@ -112,14 +113,7 @@ SIZES = {
 
 
 def versions():
-    out = base_versions()
-    try:
-        import llama_cpp
-
-        out["llama_cpp_python"] = llama_cpp.__version__
-    except ImportError:
-        pass
-    return out
+    return dict(base_versions(), llama_cpp=llama_cpp_version(LLAMA_CPP))
 
 
 def build_tokenizer():
@@ -227,17 +221,11 @@ def convert(model_dir, out, outtype):
 
 
 def llama_cpp_logits(path, prompts):
+    cpp = LlamaCpp(LLAMA_CPP, path)
     try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    llm = Llama(model_path=path, n_ctx=128, n_threads=2, logits_all=True, verbose=False, seed=0)
-    out = []
-    for p in prompts:
-        llm.reset()
-        llm.eval(p)
-        out.append([sig(v) for v in np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float32)])
-    return out
+        return [cpp.logits(p) for p in prompts]
+    finally:
+        cpp.close()
 
 
 def main():
@@ -315,12 +303,10 @@ def write(out_dir, size):
         llama = {}
         for label, path in files.items():
             got = llama_cpp_logits(path, [c["prompt_ids"] for c in prompts])
-            if got is not None:
-                llama[label] = got
-                refs = entry.get(f"generate_{label}", prompts)
-                worst = max(float(np.max(np.abs(np.array(g) - np.array(c["first_step_logits"]))))
-                            for g, c in zip(got, refs))
-                print(f"  llama.cpp {label}: first-step logits within {worst:.5f} of transformers' on its weights")
+            llama[label] = got
+            refs = entry.get(f"generate_{label}", prompts)
+            worst = max(float(np.max(np.abs(np.array(g) - np.array(c["first_step_logits"])))) for g, c in zip(got, refs))
+            print(f"  llama.cpp {label}: first-step logits within {worst:.5f} of transformers' on its weights")
             print(f"  {os.path.basename(path)}: {os.path.getsize(path)} bytes")
         entry["llama_cpp_first_step_logits"] = llama
         reference[arch] = entry

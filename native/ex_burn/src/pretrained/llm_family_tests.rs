@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value as Json;
 
 use super::burn_llama::BurnLlama;
-use super::greedy_check::{self, engines, greedy, ids};
+use super::greedy_check::{self, distance, engines, floats, greedy, ids};
 use super::tokenizer::LmTokenizer;
 use super::{errors, gguf, Chunk, Engine, TextModel};
 use crate::device::{DeviceKind, DeviceRef};
@@ -27,10 +27,6 @@ const FILES: [&str; 3] = ["F32", "F16", "Q8_0"];
 /// the reference logits' range: the same weights, summed in another order. A missing bias,
 /// norm or a wrong rotation moves them by a large part of the range.
 const FLOAT_LOGIT_BOUND: f64 = 1e-5;
-
-/// llama.cpp's logits on the same f32 or f16 file, as a fraction of their range: its f16 KV cache
-/// rounds keys and values.
-const LLAMA_CPP_FLOAT_BOUND: f64 = 1e-3;
 
 fn llm_dir() -> PathBuf {
     crate::process::env::reference_dir().parent().expect("reference dir has a parent").join("llm")
@@ -52,18 +48,6 @@ fn file_in(dir: &Path, r: &Json, arch: &str, label: &str) -> PathBuf {
 
 fn file(r: &Json, arch: &str, label: &str) -> PathBuf {
     file_in(&llm_dir(), r, arch, label)
-}
-
-fn floats(v: &Json) -> Vec<f64> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
-}
-
-/// The largest distance of `got` from `want`, and `want`'s range.
-fn distance(got: &[f32], want: &[f64]) -> (f64, f64) {
-    assert_eq!(got.len(), want.len());
-    let diff = got.iter().zip(want).map(|(a, b)| (*a as f64 - b).abs()).fold(0f64, f64::max);
-    let (lo, hi) = want.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
-    (diff, hi - lo)
 }
 
 #[test]
@@ -108,7 +92,6 @@ fn check_engines(dir: &Path, files: &[&str]) -> Vec<String> {
             // F32 and F16 files hold the transformers model's own weights; a Q8_0 file is held to
             // transformers on its weights, dequantised
             let cases = r[arch].get(format!("generate_{label}")).unwrap_or(&r[arch]["generate"]).as_array().unwrap();
-            let llama_cpp = r[arch]["llama_cpp_first_step_logits"].get(label);
             for (engine, lm, on_cpu) in engines(&path) {
                 let tag = format!("{arch} {label} {engine}");
                 assert_eq!(lm.vocab_size(), 384, "{tag}");
@@ -135,12 +118,9 @@ fn check_engines(dir: &Path, files: &[&str]) -> Vec<String> {
                         let bound = if on_cpu { FLOAT_LOGIT_BOUND } else { 1e-2 };
                         assert!(diff < bound * range, "{case_tag}: first-step logits differ by {diff}, range {range}");
                     }
-                    if let Some(cpp) = llama_cpp {
-                        let (d, range) = distance(&forced.first, &floats(&cpp[i]));
-                        worst_cpp = worst_cpp.max(d / range);
-                        // both round activations to 8 bits, each its own way, on Q8_0
-                        let bound = if quantised { greedy_check::Q8_LOGIT_DRIFT as f64 } else { LLAMA_CPP_FLOAT_BOUND };
-                        assert!(d < bound * range, "{case_tag}: first-step logits differ from llama.cpp's by {d}, range {range}");
+                    // both round activations to 8 bits, each its own way, on quantised files
+                    if let Some(d) = greedy_check::against_llama_cpp(&case_tag, &r[arch], label, i, &forced.first, quantised) {
+                        worst_cpp = worst_cpp.max(d);
                     }
                 }
                 let steps: usize = cases.iter().map(|c| c["generated_ids"].as_array().unwrap().len()).sum();
