@@ -235,8 +235,19 @@ pub fn assert_prompts(model: &super::TextModel, cases: &Json, tag: &str) -> usiz
 }
 
 /// The k-size models of `archs` in `~/.cache/ex_burn/<cache>/` (written by `test/data/<script>
-/// --k-quants`; skips where absent) as F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files, each against
-/// transformers on the file's own weights: on the CPU every layer keeps its blocks on Burn;
+/// --k-quants`; skips where absent) as F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files: `k_quant_files_in`.
+pub fn k_quant_files_match(cache: &str, script: &str, archs: &[&str]) {
+    let Some(home) = std::env::var_os("HOME") else { return };
+    let dir = std::path::PathBuf::from(home).join(".cache/ex_burn").join(cache);
+    if !dir.join("reference.json").is_file() {
+        println!("SKIPPED: {} not found (python3 test/data/{script} --k-quants writes it)", dir.display());
+        return;
+    }
+    k_quant_files_in(&dir, archs);
+}
+
+/// Every file but the F32 one of each of `archs` in `dir`'s reference.json, against transformers
+/// on the file's own weights: on the CPU every layer keeps its blocks on Burn;
 /// first-step logits within 1e-5 of the largest on f16 rows and f32 tensors (1e-2 off the CPU:
 /// TF32), and within `Q8_LOGIT_DRIFT` on the quantised paths, whose activations are rounded to 8
 /// bits; every teacher-forced pick is the reference's but where the reference's lead is below
@@ -244,18 +255,13 @@ pub fn assert_prompts(model: &super::TextModel, cases: &Json, tag: &str) -> usiz
 /// file and path (a lead smaller than the error the rounding makes tells nothing of the model);
 /// and first-step logits against llama.cpp's on the same file (`against_llama_cpp`) where the
 /// reference holds them.
-pub fn k_quant_files_match(cache: &str, script: &str, archs: &[&str]) {
+pub fn k_quant_files_in(dir: &std::path::Path, archs: &[&str]) {
     use crate::device::DeviceKind;
-    let Some(home) = std::env::var_os("HOME") else { return };
-    let dir = std::path::PathBuf::from(home).join(".cache/ex_burn").join(cache);
-    if !dir.join("reference.json").is_file() {
-        println!("SKIPPED: {} not found (python3 test/data/{script} --k-quants writes it)", dir.display());
-        return;
-    }
     let r: Json = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
     let dev = crate::testing::device();
     for arch in archs {
-        for label in ["F16", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K"] {
+        let labels: Vec<&str> = r[arch]["files"].as_object().unwrap().keys().map(String::as_str).filter(|l| *l != "F32").collect();
+        for label in labels {
             let path = dir.join(r[arch]["files"][label].as_str().unwrap());
             if dev.kind == DeviceKind::Cpu {
                 let model = super::burn_llama::BurnLlama::load(&path, &dev).unwrap();

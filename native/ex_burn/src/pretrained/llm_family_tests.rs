@@ -3,9 +3,10 @@
 //! `test/data/llm/`: F32, F16 and Q8_0 files of each. The files and references are committed, so
 //! a missing one fails.
 //!
-//! `gen_llm_refs.py --k-quants` writes the same models with rows of 256 as F32, F16, Q4_K_M and
-//! Q6_K files to `~/.cache/ex_burn/llm-kquants/` (too large to commit); their test skips, saying
-//! so, where they are absent.
+//! `gen_llm_refs.py --k-quants` writes the same models with rows of 256 as F32, F16, Q4_K_M,
+//! Q5_K_M, Q6_K, Q3_K_M and Q2_K files to `~/.cache/ex_burn/llm-kquants/` (too large to commit);
+//! their test skips, saying so, where they are absent. A few k-size files of the LLM families
+//! are committed in `test/data/llm/kquants/` (`gen_kquant_subset.py`).
 //!
 //! Qwen2 has Q/K/V biases and an untied output projection; Qwen3 has per-head Q/K norms, heads
 //! of 32 with hidden 64 and 4 heads, and a tied output; both rotate halves (`RopeStyle::Halves`).
@@ -78,6 +79,13 @@ fn qwen_gguf_k_quants_match_transformers() {
             }
         }
     }
+}
+
+/// The k-quant files committed for every run (`test/data/gen_kquant_subset.py`: Qwen2 as Q4_K_M
+/// and Q5_K_M, Phi-3 and Gemma 2 as Q4_K_M), as the caches' whole matrix is checked.
+#[test]
+fn committed_k_quant_files_match_transformers_and_llama_cpp() {
+    greedy_check::k_quant_files_in(&llm_dir().join("kquants"), &["qwen2", "phi3", "gemma2"]);
 }
 
 /// Every architecture x file x engine against its reference (module doc); one summary line each.
