@@ -10,6 +10,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, Int, Tensor};
 use serde::Deserialize;
 
+use super::encoder_attention;
 use super::encoder_family::{mpnet_position_bias, padding_bias, rope_tables, Family, MODEL_TYPES};
 use super::weights::{f32_tensor, i32_tensor, Safetensors};
 use super::{Encoder, TokenBatch};
@@ -217,8 +218,9 @@ pub struct BurnBert {
     word: Tensor<2>,
     /// None for NomicBERT, whose positions rotate Q and K (`rope`).
     position: Option<Tensor<2>>,
-    /// `encoder_family::rope_tables` as `[1, 1, positions, head_dim]` tensors.
-    rope: Option<(Tensor<4>, Tensor<4>)>,
+    /// `encoder_family::rope_tables` as `[1, 1, positions, head_dim]` tensors, and as host
+    /// values (`encoder_attention`).
+    rope: Option<(Tensor<4>, Tensor<4>, Vec<f32>, Vec<f32>)>,
     /// None for MPNet, which has no token types.
     token_type: Option<Tensor<2>>,
     emb_norm: Norm,
@@ -251,8 +253,8 @@ impl BurnBert {
         let (position, rope) = if family.rotary() {
             let dh = h / cfg.num_attention_heads;
             let (cos, sin) = rope_tables(cfg.max_position_embeddings, dh, cfg.rope_theta());
-            let table = |v: Vec<f32>| f32_tensor(v, [1, 1, cfg.max_position_embeddings, dh], &dev);
-            (None, Some((table(cos), table(sin))))
+            let table = |v: &[f32]| f32_tensor(v.to_vec(), [1, 1, cfg.max_position_embeddings, dh], &dev);
+            (None, Some((table(&cos), table(&sin), cos, sin)))
         } else {
             (Some(st.tensor(&format!("{p}embeddings.position_embeddings.weight"), [cfg.max_position_embeddings, h], &dev)?), None)
         };
@@ -398,9 +400,10 @@ impl BurnBert {
         // none when no position is masked (one text, or texts of equal length), where it adds 0
         let mask_bias = batch.mask.contains(&0).then(|| f32_tensor(padding_bias(&batch.mask), [b, 1, 1, s], &self.device));
         // MPNet adds its relative position bias (per head, the same for every text) before the mask.
-        let bias = match (&self.relative_bias, mask_bias) {
+        let relative = self.relative_bias.as_ref().map(|table| mpnet_position_bias(table, nh, s));
+        let bias = match (&relative, mask_bias) {
             (Some(table), mask) => {
-                let rel = f32_tensor(mpnet_position_bias(table, nh, s), [1, nh, s, s], &self.device).expand([b, nh, s, s]);
+                let rel = f32_tensor(table.clone(), [1, nh, s, s], &self.device).expand([b, nh, s, s]);
                 Some(match mask {
                     Some(m) => rel + m.expand([b, nh, s, s]),
                     None => rel,
@@ -410,24 +413,45 @@ impl BurnBert {
         };
         let heads = |t: Tensor<2>| t.reshape([b, s, nh, dh]).swap_dims(1, 2);
         // the rotary tables' first `s` positions, and a head's halves swapped
-        let rope = self.rope.as_ref().map(|(c, sn)| (c.clone().slice([0..1, 0..1, 0..s, 0..dh]), sn.clone().slice([0..1, 0..1, 0..s, 0..dh])));
+        let rope = self.rope.as_ref().map(|(c, sn, _, _)| (c.clone().slice([0..1, 0..1, 0..s, 0..dh]), sn.clone().slice([0..1, 0..1, 0..s, 0..dh])));
         let rotate = |x: Tensor<4>, c: &Tensor<4>, sn: &Tensor<4>| {
             let swapped = x.clone().reshape([b, nh, s, 2, dh / 2]).flip([3]).reshape([b, nh, s, dh]);
             x * c.clone() + swapped * sn.clone()
         };
+        // the host's attention over the packed rows (`encoder_attention`), where the rows are
+        // the real tokens and on the CPU
+        let lens: Vec<usize> = batch.mask.chunks(s).map(|m| m.iter().filter(|&&v| v != 0).count()).collect();
+        let positions: Vec<usize> = real.iter().map(|&p| p % s).collect();
+        let host = (packing || real.len() == padded).then(|| encoder_attention::Layout {
+            lens: &lens,
+            positions: &positions,
+            heads: nh,
+            bias: relative.as_deref().map(|b| (b, s)),
+            rope: self.rope.as_ref().map(|(_, _, c, sn)| (&c[..], &sn[..])),
+        });
         for layer in &self.layers {
-            let qkv = unpack(layer.qkv.forward(x.clone()));
-            let part = |i: usize| heads(qkv.clone().slice([0..padded, i * h..(i + 1) * h]));
-            let (q, k, v) = (part(0), part(1), part(2));
-            let (q, k) = match &rope {
-                Some((c, sn)) => (rotate(q, c, sn), rotate(k, c, sn)),
-                None => (q, k),
-            };
-            let ctx = attention(q, k, v, None, bias.clone(), AttentionModuleOptions::default());
-            let ctx = ctx.swap_dims(1, 2).reshape([padded, h]);
-            let ctx = match &to_padded {
-                Some(i) => ctx.select(0, i.clone()),
-                None => ctx,
+            let qkv = layer.qkv.forward(x.clone());
+            let on_host = host.as_ref().and_then(|l| {
+                let p = qkv.clone().into_dispatch();
+                flex_f32(&p).map(|v| f32_tensor(encoder_attention::attend(v, h, l), [real.len(), h], &self.device))
+            });
+            let ctx = match on_host {
+                Some(ctx) => ctx,
+                None => {
+                    let qkv = unpack(qkv);
+                    let part = |i: usize| heads(qkv.clone().slice([0..padded, i * h..(i + 1) * h]));
+                    let (q, k, v) = (part(0), part(1), part(2));
+                    let (q, k) = match &rope {
+                        Some((c, sn)) => (rotate(q, c, sn), rotate(k, c, sn)),
+                        None => (q, k),
+                    };
+                    let ctx = attention(q, k, v, None, bias.clone(), AttentionModuleOptions::default());
+                    let ctx = ctx.swap_dims(1, 2).reshape([padded, h]);
+                    match &to_padded {
+                        Some(i) => ctx.select(0, i.clone()),
+                        None => ctx,
+                    }
+                }
             };
             x = layer.attn_norm.forward(layer.attn_out.forward(ctx) + x, eps);
             let inter = layer.intermediate.forward(x.clone());

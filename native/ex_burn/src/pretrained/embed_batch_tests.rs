@@ -1,7 +1,8 @@
 //! An embedding does not depend on the texts that share its call: rows of equal token count run
 //! together without padding, and each comes out bit for bit as it does alone, on both engines
-//! (the guarantee `ExBurn.Embedding` and the serving Batcher document). Checked on the installed
-//! all-MiniLM-L6-v2 and on the tiny encoders in `test/data/encoders/`.
+//! (the guarantee `ExBurn.Embedding` and the serving Batcher document); on Burn on the CPU rows of
+//! any lengths do. Checked on the installed all-MiniLM-L6-v2 and on the tiny encoders in
+//! `test/data/encoders/`.
 
 use std::path::{Path, PathBuf};
 
@@ -51,6 +52,38 @@ fn alone_equals_batched(dir: &Path, engine: Engine) {
         }
     }
     println!("{} on {}: {checked} rows identical alone and in batches of equal length", dir.display(), engine.name());
+}
+
+/// On the Burn engine on the CPU rows of different lengths may share a call too: only their
+/// real tokens go through the dense layers, and each text attends over its own tokens
+/// (`encoder_attention`), so a padded batch gives each row its bits alone.
+fn mixed_lengths_equal_alone(dir: &Path) {
+    let model = EmbeddingModel::load(dir, Engine::Burn, DeviceRef::CPU).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let full = model.tokenize(&[format!("{TEXT}, {TEXT}")]).unwrap().remove(0);
+    let rows: Vec<Vec<u32>> = [5, 40, 13, 2, 25, 24]
+        .iter()
+        .map(|&len| {
+            let mut ids = full[..len.min(full.len()) - 1].to_vec();
+            ids.push(full[full.len() - 1]);
+            ids
+        })
+        .collect();
+    let together = model.embed_ids(&rows).unwrap();
+    for (i, row) in rows.iter().enumerate() {
+        let alone = model.embed_ids(std::slice::from_ref(row)).unwrap().remove(0);
+        assert!(alone == together[i], "{}: row {i} ({} tokens) differs from alone", dir.display(), row.len());
+    }
+    println!("{} on burn: {} rows of 2 to 40 tokens identical alone and in one padded batch", dir.display(), rows.len());
+}
+
+#[test]
+fn burn_rows_of_mixed_lengths_equal_alone() {
+    let mut dirs = tiny_encoders();
+    dirs.push(tiny_encoders()[0].with_file_name("tiny-nomic-bert-mean"));
+    dirs.extend(minilm_dir());
+    for dir in dirs {
+        mixed_lengths_equal_alone(&dir);
+    }
 }
 
 fn tiny_encoders() -> Vec<PathBuf> {

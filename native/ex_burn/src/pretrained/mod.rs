@@ -15,6 +15,7 @@ pub mod candle_nomic;
 pub mod candle_llama;
 pub mod decoder_family;
 pub mod decoder_source;
+mod encoder_attention;
 pub mod encoder_family;
 pub mod errors;
 pub mod files;
