@@ -14,9 +14,10 @@ use super::encoder_attention;
 use super::encoder_family::{mpnet_position_bias, padding_bias, rope_tables, Family, MODEL_TYPES};
 use super::weights::{f32_tensor, i32_tensor, Safetensors};
 use super::{Encoder, TokenBatch};
-use crate::device::DeviceRef;
+use crate::device::{DeviceKind, DeviceRef};
 use crate::error::{catch, ExError, ExResult};
 use crate::kernels::cpu::linear::linear_f32;
+use crate::kernels::cpu::linear_packed::PackedLinear;
 use crate::kernels::cpu::vector::flex_f32;
 
 /// The fields of a Hugging Face BERT `config.json` the forward pass needs.
@@ -130,28 +131,39 @@ impl BertConfig {
     }
 }
 
-/// A dense layer kept as PyTorch stores it (`[out, in]`); `wt` is the transposed view the
-/// matmul reads, which costs no copy on the CPU backend.
+/// A dense layer: as PyTorch stores it (`[out, in]`), read through `wt`, its transposed view
+/// (no copy on the CPU backend), or, on CPUs with AVX-512, in `linear_packed`'s panels.
 struct Dense {
-    wt: Tensor<2>,
+    /// None where `packed` holds the weights.
+    wt: Option<Tensor<2>>,
+    packed: Option<PackedLinear>,
     /// None where the layer has no bias (NomicBERT).
     b: Option<Tensor<1>>,
 }
 
 impl Dense {
-    fn load(st: &Safetensors, name: &str, out: usize, inp: usize, dev: &Device) -> ExResult<Dense> {
-        let bias = format!("{name}.bias");
-        Ok(Dense {
-            wt: st.tensor(&format!("{name}.weight"), [out, inp], dev)?.transpose(),
-            b: if st.contains(&bias) { Some(st.tensor(&bias, [out], dev)?) } else { None },
-        })
-    }
-
-    /// Several `[out_i, in]` layers as one, their outputs side by side.
-    fn stacked(parts: Vec<Dense>) -> Dense {
-        let b = parts.iter().map(|d| d.b.clone()).collect::<Option<Vec<_>>>().map(|b| Tensor::cat(b, 0));
-        // stacked as `[Σ out, in]` rows, then viewed transposed, as `load` does
-        Dense { wt: Tensor::cat(parts.into_iter().map(|d| d.wt.transpose()).collect(), 0).transpose(), b }
+    /// The layers `names` (each `[out, in]`) stacked along their outputs as one layer, with
+    /// their biases where every one has one. `host`: the weights serve the host's kernels (the
+    /// CPU), which take them packed where they can.
+    fn load(st: &Safetensors, names: &[String], out: usize, inp: usize, dev: &Device, host: bool) -> ExResult<Dense> {
+        let mut w = Vec::with_capacity(names.len() * out * inp);
+        for name in names {
+            w.extend(st.values(&format!("{name}.weight"), &[out, inp])?);
+        }
+        let mut biases = Vec::with_capacity(names.len() * out);
+        for name in names {
+            let bias = format!("{name}.bias");
+            if !st.contains(&bias) {
+                biases.clear();
+                break;
+            }
+            biases.extend(st.values(&bias, &[out])?);
+        }
+        let rows = names.len() * out;
+        let b = (!biases.is_empty()).then(|| f32_tensor(biases, [rows], dev));
+        let packed = if host { PackedLinear::new(&w, rows, inp) } else { None };
+        let wt = packed.is_none().then(|| f32_tensor(w, [rows, inp], dev).transpose());
+        Ok(Dense { wt, packed, b })
     }
 
     /// `x @ W^T + b` on `[rows, in]`.
@@ -159,22 +171,31 @@ impl Dense {
         if let Some(y) = self.host_forward(&x) {
             return y;
         }
-        let y = x.matmul(self.wt.clone());
+        let wt = self.wt.as_ref().expect("weights as a tensor where the host's kernels do not run");
+        let y = x.matmul(wt.clone());
         match &self.b {
             Some(b) => y + b.clone().unsqueeze::<2>(),
             None => y,
         }
     }
 
-    /// The same on the host on the CPU, whatever the number of rows: `linear_f32` sums each row
-    /// in one order at any row count, so a text's embedding does not depend on the texts sharing
-    /// its call, and reads `W` in its stored `[out, in]` layout, where gemm would first pack all
-    /// of it again on every call; `None` elsewhere.
+    /// The same on the host on the CPU, whatever the number of rows: `linear_packed` (or
+    /// `linear_f32` without AVX-512) sums each output in one order at any row count, so a text's
+    /// embedding does not depend on the texts sharing its call, and reads `W` as loaded, where
+    /// gemm would first pack all of it again on every call; `None` elsewhere.
     fn host_forward(&self, x: &Tensor<2>) -> Option<Tensor<2>> {
-        let ([m, k], [_, n]) = (x.dims(), self.wt.dims());
-        let (xp, wp) = (x.clone().into_dispatch(), self.wt.clone().transpose().into_dispatch());
-        let (xs, ws) = (flex_f32(&xp)?, flex_f32(&wp)?);
-        let mut y = linear_f32(ws, n, k, xs, m);
+        let [m, k] = x.dims();
+        let xp = x.clone().into_dispatch();
+        let xs = flex_f32(&xp)?;
+        let (mut y, n) = match (&self.packed, &self.wt) {
+            (Some(p), _) => (p.matmul(xs, m), p.out_features()),
+            (None, Some(wt)) => {
+                let n = wt.dims()[1];
+                let wp = wt.clone().transpose().into_dispatch();
+                (linear_f32(flex_f32(&wp)?, n, k, xs, m), n)
+            }
+            (None, None) => unreachable!("a dense layer holds its weights"),
+        };
         if let Some(b) = &self.b {
             let bp = b.clone().into_dispatch();
             let bs = flex_f32(&bp)?;
@@ -240,10 +261,11 @@ impl BurnBert {
         let cfg = BertConfig::read(dir)?;
         let st = Safetensors::open(&dir.join("model.safetensors"))?;
         let dev = device.burn()?;
-        catch(|| Self::from_weights(cfg, &st, dev))
+        catch(|| Self::from_weights(cfg, &st, dev, device.kind == DeviceKind::Cpu))
     }
 
-    fn from_weights(cfg: BertConfig, st: &Safetensors, dev: Device) -> ExResult<BurnBert> {
+    /// `host`: the device is the CPU, whose dense layers run on the host's kernels.
+    fn from_weights(cfg: BertConfig, st: &Safetensors, dev: Device, host: bool) -> ExResult<BurnBert> {
         // Checkpoints saved from `BertForSequenceClassification` and friends prefix every name
         // with `bert.` (`roberta.`, `mpnet.`).
         let family = cfg.family;
@@ -313,15 +335,13 @@ impl BurnBert {
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| {
                 let (qkv, out, attn_norm, inter, output, out_norm) = names(l);
-                let stack = |names: &[String], rows: usize, cols: usize| -> ExResult<Dense> {
-                    Ok(Dense::stacked(names.iter().map(|m| Dense::load(st, m, rows, cols, &dev)).collect::<ExResult<Vec<_>>>()?))
-                };
+                let dense = |names: &[String], rows: usize, cols: usize| Dense::load(st, names, rows, cols, &dev, host);
                 Ok(Layer {
-                    qkv: stack(&qkv, 3 * h / qkv.len(), h)?,
-                    attn_out: Dense::load(st, &out, h, h, &dev)?,
+                    qkv: dense(&qkv, 3 * h / qkv.len(), h)?,
+                    attn_out: dense(&[out], h, h)?,
                     attn_norm: Norm::load(st, &attn_norm, h, &dev)?,
-                    intermediate: stack(&inter, i, h)?,
-                    output: Dense::load(st, &output, h, i, &dev)?,
+                    intermediate: dense(&inter, i, h)?,
+                    output: dense(&[output], h, i)?,
                     out_norm: Norm::load(st, &out_norm, h, &dev)?,
                 })
             })

@@ -7,6 +7,7 @@ pub(crate) mod fast_math;
 pub(crate) mod gather;
 pub(crate) mod layer_norm;
 pub(crate) mod linear;
+pub(crate) mod linear_packed;
 pub mod quant;
 pub(crate) mod row_split;
 pub(crate) mod sort;

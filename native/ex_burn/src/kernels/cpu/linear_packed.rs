@@ -1,0 +1,182 @@
+//! `x @ Wᵀ` in f32 for a constant `W` (a model's dense layer), repacked once at load into panels
+//! of `NR` output columns (`[k][NR]` each), for CPUs with AVX-512. Each output is one accumulator
+//! lane that adds `x[r][c]·W[j][c]` with FMA in increasing `c`, so a row of `x` gives the same
+//! bits alone and among any other rows, as `linear` guarantees.
+//!
+//! Why: `linear` reads `W` in its stored `[out, in]` layout and sums each output across vector
+//! lanes, which ends every output with a horizontal reduction: at BERT's 384-wide inputs a sixth of
+//! the work. Here a tile of `MR` rows by `NR` columns broadcasts one `x` value a row against
+//! `NR / 16` weight vectors per column `c`, and nothing is reduced across lanes.
+
+use super::vector::{par_tasks, simd, SharedMut, Simd};
+
+/// Output columns a panel holds: three AVX-512 vectors.
+const NR: usize = 48;
+
+/// Rows of `x` a tile holds: 8 x 3 accumulators, 3 weight vectors and a broadcast in the 32
+/// registers.
+const MR: usize = 8;
+
+/// Multiply-adds below which one thread does it all.
+const PAR_WORK: usize = 1 << 16;
+
+/// `W` (`n` rows of `k` values) in panels: panel `p`, column `c` holds `W[p·NR + j][c]` at
+/// `(p·k + c)·NR + j`, zeros past `n`.
+pub struct PackedLinear {
+    n: usize,
+    k: usize,
+    panels: Vec<f32>,
+}
+
+impl PackedLinear {
+    /// `w` (`[n, k]`, PyTorch's `[out, in]`) in panels, where the CPU has AVX-512; `None` elsewhere
+    /// (`linear::linear_f32` serves those).
+    pub fn new(w: &[f32], n: usize, k: usize) -> Option<PackedLinear> {
+        assert_eq!(w.len(), n * k, "PackedLinear: {} values for [{n}, {k}]", w.len());
+        if !cfg!(target_arch = "x86_64") || simd() < Simd::Avx512 {
+            return None;
+        }
+        let mut panels = vec![0f32; n.div_ceil(NR) * k * NR];
+        for (j, row) in w.chunks_exact(k.max(1)).enumerate().take(n) {
+            let (p, lane) = (j / NR, j % NR);
+            for (c, &v) in row.iter().enumerate() {
+                panels[(p * k + c) * NR + lane] = v;
+            }
+        }
+        Some(PackedLinear { n, k, panels })
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.n
+    }
+
+    /// `x @ Wᵀ` for `x` of `m` rows of `k` values: `m` rows of `n`.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let (n, k) = (self.n, self.k);
+        assert_eq!(x.len(), m * k, "PackedLinear: x holds {} values, not {m} rows of {k}", x.len());
+        let mut out = vec![0f32; m * n];
+        if m == 0 || n == 0 {
+            return out;
+        }
+        let base = SharedMut(out.as_mut_ptr());
+        let task = |p: usize| {
+            let cols = (n - p * NR).min(NR);
+            // SAFETY: the level was checked at `new` (x86-64 only); task `p` writes only columns
+            // p·NR..p·NR + cols of the `m` rows of `out`, which outlives every task; the panel
+            // and `x` hold the values the asserts checked.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                avx512::panel(self.panels[p * k * NR..].as_ptr(), x.as_ptr(), k, m, n, p * NR, cols, base.get())
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("no panels off x86-64 ({cols} columns)")
+        };
+        let panels = n.div_ceil(NR);
+        if m * n * k < PAR_WORK {
+            (0..panels).for_each(task);
+        } else {
+            par_tasks(panels, &task);
+        }
+        out
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{MR, NR};
+    use std::arch::x86_64::*;
+
+    /// Every row of `x` against one panel: tiles of `MR` rows, then one of the rows left.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn panel(w: *const f32, x: *const f32, k: usize, m: usize, n: usize, j0: usize, cols: usize, out: *mut f32) {
+        let mut i = 0;
+        while i + MR <= m {
+            tile::<MR>(w, x, k, i, n, j0, cols, out);
+            i += MR;
+        }
+        match m - i {
+            0 => {}
+            1 => tile::<1>(w, x, k, i, n, j0, cols, out),
+            2 => tile::<2>(w, x, k, i, n, j0, cols, out),
+            3 => tile::<3>(w, x, k, i, n, j0, cols, out),
+            4 => tile::<4>(w, x, k, i, n, j0, cols, out),
+            5 => tile::<5>(w, x, k, i, n, j0, cols, out),
+            6 => tile::<6>(w, x, k, i, n, j0, cols, out),
+            7 => tile::<7>(w, x, k, i, n, j0, cols, out),
+            r => unreachable!("{r} rows left of a tile of {MR}"),
+        }
+    }
+
+    /// Rows `i..i + M` of `x` by the panel's `cols` columns (the lanes past them are computed on
+    /// the panel's zeros and not stored).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const M: usize>(w: *const f32, x: *const f32, k: usize, i: usize, n: usize, j0: usize, cols: usize, out: *mut f32) {
+        let mut acc = [[_mm512_setzero_ps(); 3]; M];
+        let xs: [*const f32; M] = std::array::from_fn(|r| x.add((i + r) * k));
+        for c in 0..k {
+            let wc = w.add(c * NR);
+            let wv = [_mm512_loadu_ps(wc), _mm512_loadu_ps(wc.add(16)), _mm512_loadu_ps(wc.add(32))];
+            for r in 0..M {
+                let xb = _mm512_set1_ps(*xs[r].add(c));
+                for v in 0..3 {
+                    acc[r][v] = _mm512_fmadd_ps(xb, wv[v], acc[r][v]);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            let o = out.add((i + r) * n + j0);
+            for (v, lanes) in a.iter().enumerate() {
+                let take = cols.saturating_sub(16 * v).min(16);
+                if take == 16 {
+                    _mm512_storeu_ps(o.add(16 * v), *lanes);
+                } else if take > 0 {
+                    _mm512_mask_storeu_ps(o.add(16 * v), ((1u32 << take) - 1) as u16, *lanes);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len).map(|i| (((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0) * 0.37).collect()
+    }
+
+    /// Each output is the FMA chain over the columns in order (computed here one output at a
+    /// time), bit for bit, for shapes across panels, tiles and the single-thread threshold; and a
+    /// row's bits do not depend on the rows beside it.
+    #[test]
+    fn packed_linear_sums_each_output_in_column_order() {
+        for (n, k, m) in [(1, 32, 1), (7, 384, 5), (1152, 384, 19), (384, 1536, 9), (50, 3, 17), (96, 45, 8), (10, 0, 3)] {
+            let (w, x) = (values(n * k, 1), values(m * k, 2));
+            let Some(p) = PackedLinear::new(&w, n, k) else { return };
+            let got = p.matmul(&x, m);
+            for i in 0..m {
+                for j in 0..n {
+                    let want = (0..k).fold(0f32, |s, c| x[i * k + c].mul_add(w[j * k + c], s));
+                    assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{n}x{k} m={m} [{i},{j}]");
+                }
+                assert_eq!(p.matmul(&x[i * k..(i + 1) * k], 1), got[i * n..(i + 1) * n], "{n}x{k}: row {i} of {m} alone");
+            }
+        }
+    }
+
+    #[test]
+    fn packed_linear_propagates_specials_per_row() {
+        let (n, k, m) = (5, 40, 3);
+        let Some(p) = PackedLinear::new(&values(n * k, 5), n, k) else { return };
+        let mut x = values(m * k, 6);
+        x[k + 3] = f32::NAN;
+        x[2 * k + 39] = f32::INFINITY;
+        let y = p.matmul(&x, m);
+        assert!(y[..n].iter().all(|v| v.is_finite()));
+        assert!(y[n..2 * n].iter().all(|v| v.is_nan()));
+        assert!(y[2 * n..].iter().all(|v| !v.is_finite()));
+    }
+}
