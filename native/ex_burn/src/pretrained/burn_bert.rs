@@ -137,7 +137,7 @@ struct Dense {
     /// None where `packed` holds the weights.
     wt: Option<Tensor<2>>,
     packed: Option<PackedLinear>,
-    /// None where the layer has no bias (NomicBERT).
+    /// None where the layer has no bias (NomicBERT), or `packed` holds it.
     b: Option<Tensor<1>>,
 }
 
@@ -160,8 +160,10 @@ impl Dense {
             biases.extend(st.values(&bias, &[out])?);
         }
         let rows = names.len() * out;
-        let b = (!biases.is_empty()).then(|| f32_tensor(biases, [rows], dev));
-        let packed = if host { PackedLinear::new(&w, rows, inp) } else { None };
+        let biases = (!biases.is_empty()).then_some(biases);
+        let packed = if host { PackedLinear::new(&w, biases.as_deref(), rows, inp) } else { None };
+        // the packed layer adds its own bias
+        let b = biases.filter(|_| packed.is_none()).map(|b| f32_tensor(b, [rows], dev));
         let wt = packed.is_none().then(|| f32_tensor(w, [rows, inp], dev).transpose());
         Ok(Dense { wt, packed, b })
     }

@@ -21,17 +21,18 @@ const MR: usize = 8;
 const PAR_WORK: usize = 1 << 16;
 
 /// `W` (`n` rows of `k` values) in panels: panel `p`, column `c` holds `W[p·NR + j][c]` at
-/// `(p·k + c)·NR + j`, zeros past `n`.
+/// `(p·k + c)·NR + j`, zeros past `n`; and the bias, zeros past `n` too.
 pub struct PackedLinear {
     n: usize,
     k: usize,
     panels: Vec<f32>,
+    bias: Option<Vec<f32>>,
 }
 
 impl PackedLinear {
-    /// `w` (`[n, k]`, PyTorch's `[out, in]`) in panels, where the CPU has AVX-512; `None` elsewhere
-    /// (`linear::linear_f32` serves those).
-    pub fn new(w: &[f32], n: usize, k: usize) -> Option<PackedLinear> {
+    /// `w` (`[n, k]`, PyTorch's `[out, in]`) and the bias `b` (`n` values) in panels, where the
+    /// CPU has AVX-512; `None` elsewhere (`linear::linear_f32` serves those).
+    pub fn new(w: &[f32], b: Option<&[f32]>, n: usize, k: usize) -> Option<PackedLinear> {
         assert_eq!(w.len(), n * k, "PackedLinear: {} values for [{n}, {k}]", w.len());
         if !cfg!(target_arch = "x86_64") || simd() < Simd::Avx512 {
             return None;
@@ -43,14 +44,23 @@ impl PackedLinear {
                 panels[(p * k + c) * NR + lane] = v;
             }
         }
-        Some(PackedLinear { n, k, panels })
+        if let Some(b) = b {
+            assert_eq!(b.len(), n, "PackedLinear: {} bias values for {n} outputs", b.len());
+        }
+        let bias = b.map(|b| {
+            let mut v = b.to_vec();
+            v.resize(n.div_ceil(NR) * NR, 0.0);
+            v
+        });
+        Some(PackedLinear { n, k, panels, bias })
     }
 
     pub fn out_features(&self) -> usize {
         self.n
     }
 
-    /// `x @ Wᵀ` for `x` of `m` rows of `k` values: `m` rows of `n`.
+    /// `x @ Wᵀ (+ b)` for `x` of `m` rows of `k` values: `m` rows of `n`, the bias added to each
+    /// finished sum.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         assert_eq!(x.len(), m * k, "PackedLinear: x holds {} values, not {m} rows of {k}", x.len());
@@ -66,7 +76,8 @@ impl PackedLinear {
             // and `x` hold the values the asserts checked.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                avx512::panel(self.panels[p * k * NR..].as_ptr(), x.as_ptr(), k, m, n, p * NR, cols, base.get())
+                let bias = self.bias.as_ref().map(|b| b[p * NR..].as_ptr());
+                avx512::panel(self.panels[p * k * NR..].as_ptr(), bias, x.as_ptr(), k, m, n, p * NR, cols, base.get())
             }
             #[cfg(not(target_arch = "x86_64"))]
             unreachable!("no panels off x86-64 ({cols} columns)")
@@ -89,31 +100,31 @@ mod avx512 {
     /// Every row of `x` against one panel: tiles of `MR` rows, then one of the rows left.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn panel(w: *const f32, x: *const f32, k: usize, m: usize, n: usize, j0: usize, cols: usize, out: *mut f32) {
+    pub(super) unsafe fn panel(w: *const f32, bias: Option<*const f32>, x: *const f32, k: usize, m: usize, n: usize, j0: usize, cols: usize, out: *mut f32) {
         let mut i = 0;
         while i + MR <= m {
-            tile::<MR>(w, x, k, i, n, j0, cols, out);
+            tile::<MR>(w, bias, x, k, i, n, j0, cols, out);
             i += MR;
         }
         match m - i {
             0 => {}
-            1 => tile::<1>(w, x, k, i, n, j0, cols, out),
-            2 => tile::<2>(w, x, k, i, n, j0, cols, out),
-            3 => tile::<3>(w, x, k, i, n, j0, cols, out),
-            4 => tile::<4>(w, x, k, i, n, j0, cols, out),
-            5 => tile::<5>(w, x, k, i, n, j0, cols, out),
-            6 => tile::<6>(w, x, k, i, n, j0, cols, out),
-            7 => tile::<7>(w, x, k, i, n, j0, cols, out),
+            1 => tile::<1>(w, bias, x, k, i, n, j0, cols, out),
+            2 => tile::<2>(w, bias, x, k, i, n, j0, cols, out),
+            3 => tile::<3>(w, bias, x, k, i, n, j0, cols, out),
+            4 => tile::<4>(w, bias, x, k, i, n, j0, cols, out),
+            5 => tile::<5>(w, bias, x, k, i, n, j0, cols, out),
+            6 => tile::<6>(w, bias, x, k, i, n, j0, cols, out),
+            7 => tile::<7>(w, bias, x, k, i, n, j0, cols, out),
             r => unreachable!("{r} rows left of a tile of {MR}"),
         }
     }
 
     /// Rows `i..i + M` of `x` by the panel's `cols` columns (the lanes past them are computed on
-    /// the panel's zeros and not stored).
+    /// the panel's zeros and not stored), plus the panel's bias.
     #[target_feature(enable = "avx512f")]
     #[inline]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const M: usize>(w: *const f32, x: *const f32, k: usize, i: usize, n: usize, j0: usize, cols: usize, out: *mut f32) {
+    unsafe fn tile<const M: usize>(w: *const f32, bias: Option<*const f32>, x: *const f32, k: usize, i: usize, n: usize, j0: usize, cols: usize, out: *mut f32) {
         let mut acc = [[_mm512_setzero_ps(); 3]; M];
         let xs: [*const f32; M] = std::array::from_fn(|r| x.add((i + r) * k));
         for c in 0..k {
@@ -123,6 +134,14 @@ mod avx512 {
                 let xb = _mm512_set1_ps(*xs[r].add(c));
                 for v in 0..3 {
                     acc[r][v] = _mm512_fmadd_ps(xb, wv[v], acc[r][v]);
+                }
+            }
+        }
+        if let Some(b) = bias {
+            let bv = [_mm512_loadu_ps(b), _mm512_loadu_ps(b.add(16)), _mm512_loadu_ps(b.add(32))];
+            for a in acc.iter_mut() {
+                for v in 0..3 {
+                    a[v] = _mm512_add_ps(a[v], bv[v]);
                 }
             }
         }
@@ -149,20 +168,23 @@ mod tests {
     }
 
     /// Each output is the FMA chain over the columns in order (computed here one output at a
-    /// time), bit for bit, for shapes across panels, tiles and the single-thread threshold; and a
+    /// time), then the bias, bit for bit, for shapes across panels, tiles and the single-thread threshold; and a
     /// row's bits do not depend on the rows beside it.
     #[test]
     fn packed_linear_sums_each_output_in_column_order() {
         for (n, k, m) in [(1, 32, 1), (7, 384, 5), (1152, 384, 19), (384, 1536, 9), (50, 3, 17), (96, 45, 8), (10, 0, 3)] {
-            let (w, x) = (values(n * k, 1), values(m * k, 2));
-            let Some(p) = PackedLinear::new(&w, n, k) else { return };
-            let got = p.matmul(&x, m);
-            for i in 0..m {
-                for j in 0..n {
-                    let want = (0..k).fold(0f32, |s, c| x[i * k + c].mul_add(w[j * k + c], s));
-                    assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{n}x{k} m={m} [{i},{j}]");
+            let (w, x, b) = (values(n * k, 1), values(m * k, 2), values(n, 3));
+            for bias in [None, Some(&b[..])] {
+                let Some(p) = PackedLinear::new(&w, bias, n, k) else { return };
+                let got = p.matmul(&x, m);
+                for i in 0..m {
+                    for j in 0..n {
+                        let sum = (0..k).fold(0f32, |s, c| x[i * k + c].mul_add(w[j * k + c], s));
+                        let want = bias.map_or(sum, |b| sum + b[j]);
+                        assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{n}x{k} m={m} bias {} [{i},{j}]", bias.is_some());
+                    }
+                    assert_eq!(p.matmul(&x[i * k..(i + 1) * k], 1), got[i * n..(i + 1) * n], "{n}x{k}: row {i} of {m} alone");
                 }
-                assert_eq!(p.matmul(&x[i * k..(i + 1) * k], 1), got[i * n..(i + 1) * n], "{n}x{k}: row {i} of {m} alone");
             }
         }
     }
@@ -170,7 +192,7 @@ mod tests {
     #[test]
     fn packed_linear_propagates_specials_per_row() {
         let (n, k, m) = (5, 40, 3);
-        let Some(p) = PackedLinear::new(&values(n * k, 5), n, k) else { return };
+        let Some(p) = PackedLinear::new(&values(n * k, 5), None, n, k) else { return };
         let mut x = values(m * k, 6);
         x[k + 3] = f32::NAN;
         x[2 * k + 39] = f32::INFINITY;
