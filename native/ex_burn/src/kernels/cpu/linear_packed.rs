@@ -1,7 +1,8 @@
 //! `x @ Wᵀ` in f32 for a constant `W` (a model's dense layer), repacked once at load into panels
-//! of `NR` output columns (`[k][NR]` each), for CPUs with AVX-512. Each output is one accumulator
-//! lane that adds `x[r][c]·W[j][c]` with FMA in increasing `c`, so a row of `x` gives the same
-//! bits alone and among any other rows, as `linear` guarantees.
+//! of `NR` output columns (`[k][NR]` each), for CPUs with AVX2 and FMA. Each output is one
+//! accumulator lane that adds `x[r][c]·W[j][c]` with FMA in increasing `c`, so a row of `x` gives
+//! the same bits alone and among any other rows, as `linear` guarantees, and AVX-512 and AVX2
+//! give the same bits.
 //!
 //! Why: `linear` reads `W` in its stored `[out, in]` layout and sums each output across vector
 //! lanes, which ends every output with a horizontal reduction: at BERT's 384-wide inputs a sixth of
@@ -13,8 +14,8 @@ use super::vector::{par_tasks, simd, SharedMut, Simd};
 /// Output columns a panel holds: three AVX-512 vectors.
 const NR: usize = 48;
 
-/// Rows of `x` a tile holds: 8 x 3 accumulators, 3 weight vectors and a broadcast in the 32
-/// registers.
+/// Rows of `x` an AVX-512 tile holds: 8 x 3 accumulators, 3 weight vectors and a broadcast in
+/// the 32 registers. AVX2's tiles are 6 rows by 16 columns (`avx2`).
 const MR: usize = 8;
 
 /// Multiply-adds below which one thread does it all.
@@ -27,14 +28,16 @@ pub struct PackedLinear {
     k: usize,
     panels: Vec<f32>,
     bias: Option<Vec<f32>>,
+    level: Simd,
 }
 
 impl PackedLinear {
     /// `w` (`[n, k]`, PyTorch's `[out, in]`) and the bias `b` (`n` values) in panels, where the
-    /// CPU has AVX-512; `None` elsewhere (`linear::linear_f32` serves those).
+    /// CPU has AVX2 and FMA; `None` elsewhere (`linear::linear_f32` serves those).
     pub fn new(w: &[f32], b: Option<&[f32]>, n: usize, k: usize) -> Option<PackedLinear> {
         assert_eq!(w.len(), n * k, "PackedLinear: {} values for [{n}, {k}]", w.len());
-        if !cfg!(target_arch = "x86_64") || simd() < Simd::Avx512 {
+        let level = simd();
+        if !cfg!(target_arch = "x86_64") || level < Simd::Avx2 {
             return None;
         }
         let mut panels = vec![0f32; n.div_ceil(NR) * k * NR];
@@ -52,7 +55,7 @@ impl PackedLinear {
             v.resize(n.div_ceil(NR) * NR, 0.0);
             v
         });
-        Some(PackedLinear { n, k, panels, bias })
+        Some(PackedLinear { n, k, panels, bias, level })
     }
 
     pub fn out_features(&self) -> usize {
@@ -62,6 +65,11 @@ impl PackedLinear {
     /// `x @ Wᵀ (+ b)` for `x` of `m` rows of `k` values: `m` rows of `n`, the bias added to each
     /// finished sum.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_at(self.level, x, m)
+    }
+
+    /// `matmul` on the kernels of `level` (at most the CPU's).
+    fn matmul_at(&self, level: Simd, x: &[f32], m: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         assert_eq!(x.len(), m * k, "PackedLinear: x holds {} values, not {m} rows of {k}", x.len());
         let mut out = vec![0f32; m * n];
@@ -76,11 +84,15 @@ impl PackedLinear {
             // and `x` hold the values the asserts checked.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                let bias = self.bias.as_ref().map(|b| b[p * NR..].as_ptr());
-                avx512::panel(self.panels[p * k * NR..].as_ptr(), bias, x.as_ptr(), k, m, n, p * NR, cols, base.get())
+                let (w, bias) = (self.panels[p * k * NR..].as_ptr(), self.bias.as_ref().map(|b| b[p * NR..].as_ptr()));
+                if level >= Simd::Avx512 {
+                    avx512::panel(w, bias, x.as_ptr(), k, m, n, p * NR, cols, base.get())
+                } else {
+                    avx2::panel(w, bias, x.as_ptr(), k, m, n, p * NR, cols, base.get())
+                }
             }
             #[cfg(not(target_arch = "x86_64"))]
-            unreachable!("no panels off x86-64 ({cols} columns)")
+            unreachable!("no panels off x86-64 ({cols} columns, {level:?})")
         };
         let panels = n.div_ceil(NR);
         if m * n * k < PAR_WORK {
@@ -159,6 +171,79 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::NR;
+    use std::arch::x86_64::*;
+
+    /// Rows of `x` a tile holds: 6 x 2 accumulators, 2 weight vectors and a broadcast in the 16
+    /// registers.
+    const MR: usize = 6;
+
+    /// Every row of `x` against one panel, a third of its columns at a time (16, two vectors).
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn panel(w: *const f32, bias: Option<*const f32>, x: *const f32, k: usize, m: usize, n: usize, j0: usize, cols: usize, out: *mut f32) {
+        for s in (0..cols).step_by(16) {
+            let (w, bias, cols) = (w.add(s), bias.map(|b| b.add(s)), (cols - s).min(16));
+            let mut i = 0;
+            while i + MR <= m {
+                tile::<MR>(w, bias, x, k, i, n, j0 + s, cols, out);
+                i += MR;
+            }
+            match m - i {
+                0 => {}
+                1 => tile::<1>(w, bias, x, k, i, n, j0 + s, cols, out),
+                2 => tile::<2>(w, bias, x, k, i, n, j0 + s, cols, out),
+                3 => tile::<3>(w, bias, x, k, i, n, j0 + s, cols, out),
+                4 => tile::<4>(w, bias, x, k, i, n, j0 + s, cols, out),
+                5 => tile::<5>(w, bias, x, k, i, n, j0 + s, cols, out),
+                r => unreachable!("{r} rows left of a tile of {MR}"),
+            }
+        }
+    }
+
+    /// Rows `i..i + M` of `x` by 16 columns of the panel (`w` at the first, `NR` apart), `cols`
+    /// of them stored, plus their bias: the AVX-512 tile's sums, lane for lane.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const M: usize>(w: *const f32, bias: Option<*const f32>, x: *const f32, k: usize, i: usize, n: usize, j0: usize, cols: usize, out: *mut f32) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; M];
+        let xs: [*const f32; M] = std::array::from_fn(|r| x.add((i + r) * k));
+        for c in 0..k {
+            let wc = w.add(c * NR);
+            let wv = [_mm256_loadu_ps(wc), _mm256_loadu_ps(wc.add(8))];
+            for r in 0..M {
+                let xb = _mm256_set1_ps(*xs[r].add(c));
+                for v in 0..2 {
+                    acc[r][v] = _mm256_fmadd_ps(xb, wv[v], acc[r][v]);
+                }
+            }
+        }
+        if let Some(b) = bias {
+            let bv = [_mm256_loadu_ps(b), _mm256_loadu_ps(b.add(8))];
+            for a in acc.iter_mut() {
+                for v in 0..2 {
+                    a[v] = _mm256_add_ps(a[v], bv[v]);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            let o = out.add((i + r) * n + j0);
+            if cols == 16 {
+                _mm256_storeu_ps(o, a[0]);
+                _mm256_storeu_ps(o.add(8), a[1]);
+            } else {
+                let mut lanes = [0f32; 16];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), a[0]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), a[1]);
+                std::ptr::copy_nonoverlapping(lanes.as_ptr(), o, cols);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,7 +253,7 @@ mod tests {
     }
 
     /// Each output is the FMA chain over the columns in order (computed here one output at a
-    /// time), then the bias, bit for bit, for shapes across panels, tiles and the single-thread threshold; and a
+    /// time), then the bias, bit for bit, at every level the CPU runs, for shapes across panels, tiles and the single-thread threshold; and a
     /// row's bits do not depend on the rows beside it.
     #[test]
     fn packed_linear_sums_each_output_in_column_order() {
@@ -177,6 +262,8 @@ mod tests {
             for bias in [None, Some(&b[..])] {
                 let Some(p) = PackedLinear::new(&w, bias, n, k) else { return };
                 let got = p.matmul(&x, m);
+                // the narrower level's kernels give the same bits
+                assert_eq!(p.matmul_at(Simd::Avx2, &x, m), got, "{n}x{k} m={m}: AVX2 against {:?}", p.level);
                 for i in 0..m {
                     for j in 0..n {
                         let sum = (0..k).fold(0f32, |s, c| x[i * k + c].mul_add(w[j * k + c], s));
