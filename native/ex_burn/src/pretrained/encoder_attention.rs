@@ -7,6 +7,7 @@
 //! attention's small ops took a quarter of MiniLM's time on a batch of 32 texts, for arithmetic
 //! that is a few percent of the dense layers'.
 
+use super::llama_host::dot;
 use crate::kernels::cpu::vector::{par_tasks, SharedMut};
 
 /// The packed rows' texts and the extras some families add to the scores or the rows.
@@ -91,20 +92,6 @@ pub fn attend(qkv: &[f32], width: usize, l: &Layout) -> Vec<f32> {
     };
     par_tasks(l.lens.len() * l.heads, &task);
     out
-}
-
-/// `a · b` in eight independent sums (a head is a few dozen values): one running sum would wait
-/// on each add in turn, which made this dot product most of the attention's time.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
 #[cfg(test)]

@@ -103,8 +103,9 @@ pub(super) fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
 }
 
 /// `Σ a·b` in 16 lanes, so the compiler can keep it in vector registers (a sum in order is a
-/// chain of dependent additions, one element at a time).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// chain of dependent additions, one element at a time): attention's query-key products, here
+/// and in `encoder_attention`.
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
