@@ -129,6 +129,16 @@ pub fn assert_free_run(label: &str, got: &[u32], case: &Json) -> bool {
     false
 }
 
+/// Both checks of one reference case on `lm` (module doc): every step teacher-forced, then a
+/// free-running greedy generation of the reference's length, stopping at `eos`. The forced run,
+/// and whether the free run equals the reference.
+pub fn check_case(tag: &str, lm: &dyn CausalLm, case: &Json, eos: Option<u32>) -> (Forced, bool) {
+    let forced = teacher_forced(lm.session().unwrap().as_mut(), case);
+    assert_forced(tag, &forced);
+    let got = greedy(lm, &ids(&case["prompt_ids"]), ids(&case["generated_ids"]).len(), eos);
+    (forced, assert_free_run(tag, &got, case))
+}
+
 /// Greedy decoding of `n` tokens, stopping at (and leaving out) `eos`.
 pub fn greedy(lm: &dyn CausalLm, prompt: &[u32], n: usize, eos: Option<u32>) -> Vec<u32> {
     let mut s = lm.session().unwrap();
