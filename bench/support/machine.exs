@@ -34,11 +34,20 @@ defmodule Bench.Machine do
     end
   end
 
-  @doc "The ISA flags of `@isa` this CPU has, in `@isa`'s order."
+  @doc """
+  The ISA flags of `@isa` this CPU has, in `@isa`'s order, less those hidden from the run
+  (scripts/without_avx512.sh hides AVX-512 and AMX and says so in EXBURN_CPUID_MASK).
+  """
   def isa do
     flags = field("flags") |> String.split() |> MapSet.new()
-    Enum.filter(@isa, &(&1 in flags))
+    Enum.filter(@isa, &(&1 in flags and not hidden?(&1)))
   end
+
+  defp hidden?(flag) do
+    masked?() and String.starts_with?(flag, ["avx512", "amx"])
+  end
+
+  defp masked?, do: System.get_env("EXBURN_CPUID_MASK") == "avx512"
 
   def cpus, do: :erlang.system_info(:logical_processors_available)
 
@@ -46,7 +55,8 @@ defmodule Bench.Machine do
     have = isa()
     missing = @isa -- have
     none = if missing == [], do: "", else: " (none of #{Enum.join(missing, " ")})"
-    "machine: #{cpu_model()}, #{cpus()} CPUs; ISA #{Enum.join(have, " ")}#{none}"
+    mask = if masked?(), do: "; AVX-512 and AMX hidden by scripts/without_avx512.sh", else: ""
+    "machine: #{cpu_model()}, #{cpus()} CPUs; ISA #{Enum.join(have, " ")}#{none}#{mask}"
   end
 
   # The widest vector tier, as a file name's last word: the tier decides what the peers run.
@@ -68,7 +78,7 @@ defmodule Bench.Machine do
       |> String.replace(~r/[^a-z0-9]+/, "-")
       |> String.trim("-")
 
-    "#{name}-#{tier(isa())}"
+    if masked?(), do: "#{name}-avx512-as-#{tier(isa())}", else: "#{name}-#{tier(isa())}"
   end
 
   def loadavg, do: File.read!("/proc/loadavg") |> String.split() |> Enum.take(3) |> Enum.join(" ")

@@ -10,6 +10,10 @@ defmodule Mix.Tasks.Test.All do
 
     * `rust`: the Rust core's tests (`cargo test --release`, without the NIF layer: test
       binaries run outside the BEAM, which provides `enif_*`).
+    * `rust_avx2`: the same tests as an x86-64-v3 CPU runs them: `scripts/without_avx512.sh`
+      hides AVX-512 from every CPUID, so the kernels, the gemm crate and Burn's vector code take
+      their AVX2 paths. It runs on x86-64 Linux CPUs with AVX-512 and CPUID faulting (on others
+      the `rust` stage already runs the narrower code, or it cannot be hidden).
     * `exunit`: `mix test`, with the Nx-, Axon- and telemetry-tagged tests when those
       packages are dependencies.
     * `nx_suite`, `nx_suite_compiler`: Nx's own test suite through `ExBurn.Backend`, then
@@ -24,7 +28,7 @@ defmodule Mix.Tasks.Test.All do
   """
   use Mix.Task
 
-  @stages [:rust, :exunit, :nx_suite, :nx_suite_compiler, :axon_suite]
+  @stages [:rust, :rust_avx2, :exunit, :nx_suite, :nx_suite_compiler, :axon_suite]
 
   @impl true
   def run(args) do
@@ -69,6 +73,33 @@ defmodule Mix.Tasks.Test.All do
 
   defp requirement(stage) when stage in [:rust, :exunit], do: :ok
 
+  defp requirement(:rust_avx2) do
+    flags =
+      case File.read("/proc/cpuinfo") do
+        {:ok, text} ->
+          Regex.run(~r/^flags\s*:(.*)$/m, text, capture: :all_but_first)
+          |> List.wrap()
+          |> Enum.flat_map(&String.split/1)
+
+        {:error, _} ->
+          []
+      end
+
+    cond do
+      "avx512f" not in flags ->
+        {:skip, "no AVX-512 on this CPU (the rust stage runs its widest code, AVX2 or narrower)"}
+
+      "cpuid_fault" not in flags ->
+        {:skip, "this CPU (or its hypervisor) has no CPUID faulting to hide AVX-512 with"}
+
+      System.find_executable("cc") == nil ->
+        {:skip, "no C compiler (cc) for scripts/cpuid_mask.c"}
+
+      true ->
+        :ok
+    end
+  end
+
   defp requirement(stage) when stage in [:nx_suite, :nx_suite_compiler],
     do: suite_requirement(:nx, "EXBURN_NX_PATH")
 
@@ -98,16 +129,21 @@ defmodule Mix.Tasks.Test.All do
     {stage, verdict, counts(stage, output, status), seconds, failures(stage, output)}
   end
 
-  defp run_stage(:rust) do
-    cargo = System.find_executable("cargo") || Mix.raise("cargo not found in PATH (Rust >= 1.85 is required)")
-    env = [{"CARGO_TARGET_DIR", Mix.Tasks.Compile.ExBurnNative.target_dir()}]
-    command(cargo, ["test", "--release", "-p", "ex_burn", "--no-default-features"], env)
-  end
+  defp run_stage(:rust), do: command(cargo(), cargo_test(), cargo_env())
+
+  defp run_stage(:rust_avx2),
+    do: command(Path.expand("scripts/without_avx512.sh"), [cargo() | cargo_test()], cargo_env())
 
   defp run_stage(:exunit), do: mix(["test"], [])
   defp run_stage(:nx_suite), do: mix(["run", "test/nx_suite/run.exs"], suite_env())
   defp run_stage(:nx_suite_compiler), do: mix(["run", "test/nx_suite/run.exs", "--compiler"], suite_env())
   defp run_stage(:axon_suite), do: mix(["run", "test/nx_suite/run_axon.exs"], suite_env())
+
+  defp cargo,
+    do: System.find_executable("cargo") || Mix.raise("cargo not found in PATH (Rust >= 1.85 is required)")
+
+  defp cargo_test, do: ["test", "--release", "-p", "ex_burn", "--no-default-features"]
+  defp cargo_env, do: [{"CARGO_TARGET_DIR", Mix.Tasks.Compile.ExBurnNative.target_dir()}]
 
   # Nx's and Axon's test support define protocol implementations at run time (mix.exs leaves
   # protocols unconsolidated under this variable)
@@ -141,7 +177,7 @@ defmodule Mix.Tasks.Test.All do
   # A stage's counts, read off its output (public for the tests).
   def counts(stage, output, status)
 
-  def counts(:rust, output, status) do
+  def counts(stage, output, status) when stage in [:rust, :rust_avx2] do
     totals =
       Regex.scan(~r/test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored/, output)
       |> Enum.reduce({0, 0, 0}, fn [_ | n], {p, f, i} ->
@@ -172,7 +208,7 @@ defmodule Mix.Tasks.Test.All do
   # a CI log, often all that is kept of it) names what failed and why (public for the tests).
   def failures(stage, output, limit \\ 5)
 
-  def failures(:rust, output, limit) do
+  def failures(stage, output, limit) when stage in [:rust, :rust_avx2] do
     ~r/^---- (\S+) stdout ----\n(?:.*\n){0,3}?.*panicked at ([^\n]*)\n([^\n]*)/m
     |> Regex.scan(output, capture: :all_but_first)
     |> Enum.take(limit)

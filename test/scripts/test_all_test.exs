@@ -5,8 +5,8 @@ defmodule ExBurn.Scripts.TestAllTest do
   alias Mix.Tasks.Test.All
 
   test "stages run in their fixed order; --only and --skip select, unknown names raise" do
-    assert All.selected([]) == [:rust, :exunit, :nx_suite, :nx_suite_compiler, :axon_suite]
-    assert All.selected(skip: "rust") == [:exunit, :nx_suite, :nx_suite_compiler, :axon_suite]
+    assert All.selected([]) == [:rust, :rust_avx2, :exunit, :nx_suite, :nx_suite_compiler, :axon_suite]
+    assert All.selected(skip: "rust") == [:rust_avx2, :exunit, :nx_suite, :nx_suite_compiler, :axon_suite]
     assert All.selected(only: "axon_suite,rust") == [:rust, :axon_suite]
     assert All.selected(only: "rust,exunit", skip: "rust") == [:exunit]
     assert_raise Mix.Error, ~r/unknown stage "nx"/, fn -> All.selected(only: "nx") end
