@@ -71,7 +71,9 @@ impl BertConfig {
     pub fn read(dir: &Path) -> ExResult<Self> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| super::errors::io(&path, e))?;
-        let mut cfg: BertConfig = serde_json::from_str(&text).map_err(|e| super::errors::bad_config(&path, format!("not a BERT config: {e}")))?;
+        let mut raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| super::errors::bad_config(&path, format!("not a BERT config: {e}")))?;
+        Family::hub_config(&mut raw, &path, "burn")?;
+        let mut cfg: BertConfig = serde_json::from_value(raw).map_err(|e| super::errors::bad_config(&path, format!("not a BERT config: {e}")))?;
         cfg.check("burn")?;
         Ok(cfg)
     }

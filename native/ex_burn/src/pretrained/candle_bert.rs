@@ -92,6 +92,7 @@ fn read_config(dir: &Path) -> ExResult<(Family, serde_json::Value)> {
     let text = std::fs::read_to_string(&path).map_err(|e| errors::io(&path, e))?;
     let mut raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| errors::bad_config(&path, e))?;
     let family = Family::of_config(&raw, &path)?;
+    Family::hub_config(&mut raw, &path, "candle")?;
     if let Some(obj) = raw.as_object_mut() {
         for (k, v) in [
             ("hidden_dropout_prob", serde_json::json!(0.1)),

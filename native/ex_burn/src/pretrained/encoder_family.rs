@@ -49,6 +49,66 @@ impl Family {
         })
     }
 
+    /// NomicBERT's hub uploads (nomic-embed-text v1 and v1.5) describe the model in GPT-2's
+    /// config keys (`n_embd`, `n_head`, `n_layer`, `n_inner`, ...) with switches for variants of
+    /// the block, where transformers' `NomicBertConfig` has BERT's. Rewrites such a config in
+    /// place into the latter's keys, and refuses a switch set to a variant the forward passes do
+    /// not compute (an absent switch takes the upload code's default). Other configs are left.
+    pub fn hub_config(config: &mut serde_json::Value, path: &Path, engine: &'static str) -> ExResult<()> {
+        use serde_json::{json, Value};
+        let Some(c) = config.as_object_mut() else { return Ok(()) };
+        if c.get("model_type").and_then(Value::as_str) != Some("nomic_bert") || !c.contains_key("n_embd") || c.contains_key("hidden_size") {
+            return Ok(());
+        }
+        let given = |key: &str| c.get(key).filter(|v| !v.is_null()).cloned();
+        // (switch, its default in the upload code, the value the forward passes compute)
+        let switches: [(&str, Value, Value); 10] = [
+            ("activation_function", json!("gelu_new"), json!("swiglu")),
+            ("qkv_proj_bias", json!(true), json!(false)),
+            ("mlp_fc1_bias", json!(true), json!(false)),
+            ("mlp_fc2_bias", json!(true), json!(false)),
+            ("prenorm", json!(false), json!(false)),
+            ("parallel_block", json!(false), json!(false)),
+            ("use_rms_norm", json!(false), json!(false)),
+            ("causal", json!(false), json!(false)),
+            ("rotary_emb_interleaved", json!(false), json!(false)),
+            ("rotary_emb_fraction", json!(0.0), json!(1.0)),
+        ];
+        for (key, default, computed) in switches {
+            let v = given(key).unwrap_or(default);
+            let same = match (v.as_f64(), computed.as_f64()) {
+                (Some(a), Some(b)) => a == b,
+                _ => v == computed,
+            };
+            if !same {
+                return Err(errors::unsupported(engine, format!("NomicBERT with {key} = {v} in {} (only {computed})", path.display())));
+            }
+        }
+        // rope scaling: none, or a factor of 1
+        let scaled = [("rotary_scaling_factor", given("rotary_scaling_factor").filter(|v| v.as_f64() != Some(1.0))), ("rotary_emb_scale_base", given("rotary_emb_scale_base"))];
+        if let Some((key, Some(v))) = scaled.into_iter().find(|(_, v)| v.is_some()) {
+            return Err(errors::unsupported(engine, format!("unsupported rope scaling ({key} = {v} in {}; the encoders rotate with the default rope)", path.display())));
+        }
+        let count = |key: &str| given(key).and_then(|v| v.as_u64());
+        let need = |key: &str| count(key).ok_or_else(|| errors::bad_config(path, format!("`{key}` is missing or not a count")));
+        let width = need("n_embd")?;
+        let native = [
+            ("hidden_size", json!(width)),
+            ("num_attention_heads", json!(need("n_head")?)),
+            ("num_hidden_layers", json!(need("n_layer")?)),
+            // GPT-2's rule for an absent n_inner, which the upload code's MLP follows
+            ("intermediate_size", json!(count("n_inner").unwrap_or(4 * width))),
+            ("max_position_embeddings", json!(count("n_positions").unwrap_or(1024))),
+            ("layer_norm_eps", given("layer_norm_epsilon").unwrap_or(json!(1e-5))),
+            ("hidden_act", json!("silu")),
+            ("rope_parameters", json!({"rope_type": "default", "rope_theta": given("rotary_emb_base").unwrap_or(json!(1000.0))})),
+        ];
+        for (k, v) in native {
+            c.insert(k.to_string(), v);
+        }
+        Ok(())
+    }
+
     pub fn model_type(self) -> &'static str {
         match self {
             Family::Bert => "bert",

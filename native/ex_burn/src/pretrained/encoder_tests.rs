@@ -136,21 +136,20 @@ fn unknown_encoder_types_are_refused_before_the_weights() {
         let e = Reranker::load(&dir, engine, DeviceRef::CPU).err().unwrap();
         assert_eq!(kind_of(&e), Some(kind::UNKNOWN_ARCHITECTURE), "{e}");
     }
-    // NomicBERT: a config in the first hub uploads' keys, rope scaling, and a cross-encoder
+    // NomicBERT: rope scaling, variants of the hub uploads' config, and a cross-encoder
     let nomic = data_dir().join("tiny-nomic-bert-mean");
     let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(nomic.join("config.json")).unwrap()).unwrap();
-    for (tag, edit, want) in [
-        ("n_embd", serde_json::json!({"n_embd": 32, "hidden_size": null}), kind::BAD_CONFIG),
-        ("yarn", serde_json::json!({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1000.0}}), kind::UNSUPPORTED_FEATURE),
+    let hub = nomic_hub_config(&config);
+    for (tag, base, edit, want) in [
+        ("yarn", &config, serde_json::json!({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1000.0}}), kind::UNSUPPORTED_FEATURE),
+        ("half-rotary", &hub, serde_json::json!({"rotary_emb_fraction": 0.5}), kind::UNSUPPORTED_FEATURE),
+        ("qkv-bias", &hub, serde_json::json!({"qkv_proj_bias": null}), kind::UNSUPPORTED_FEATURE),
+        ("prenorm", &hub, serde_json::json!({"prenorm": true}), kind::UNSUPPORTED_FEATURE),
+        ("gelu", &hub, serde_json::json!({"activation_function": "gelu"}), kind::UNSUPPORTED_FEATURE),
+        ("ntk", &hub, serde_json::json!({"rotary_scaling_factor": 2.0}), kind::UNSUPPORTED_FEATURE),
+        ("no-n_head", &hub, serde_json::json!({"n_head": null}), kind::BAD_CONFIG),
     ] {
-        let dir = super::gguf::tests::temp_dir(&format!("nomic-{tag}"));
-        for e in std::fs::read_dir(&nomic).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_file() {
-                std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
-            }
-        }
-        let mut c = config.clone();
+        let mut c = base.clone();
         for (k, v) in edit.as_object().unwrap() {
             if v.is_null() {
                 c.as_object_mut().unwrap().remove(k);
@@ -158,7 +157,7 @@ fn unknown_encoder_types_are_refused_before_the_weights() {
                 c[k] = v.clone();
             }
         }
-        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+        let dir = nomic_with_config(&format!("nomic-{tag}"), &c);
         for engine in [Engine::Burn, Engine::Candle] {
             let e = EmbeddingModel::load(&dir, engine, DeviceRef::CPU).err().unwrap();
             assert_eq!(kind_of(&e), Some(want), "{tag} on {engine:?}: {e}");
@@ -181,4 +180,60 @@ fn unknown_encoder_types_are_refused_before_the_weights() {
     assert_eq!(kind_of(&e), Some(kind::UNSUPPORTED_MODULE), "{e}");
     let e = Reranker::score(&Reranker::load(&data_dir().join("tiny-bert-reranker"), Engine::Burn, DeviceRef::CPU).unwrap(), "q", &[], false);
     assert_eq!(kind_of(&e.err().unwrap()), Some(kind::EMPTY_INPUT));
+}
+
+/// `config`, a transformers `NomicBertConfig`, in the keys of nomic-embed-text's hub uploads
+/// (GPT-2's names and the upload code's switches, as nomic-embed-text-v1.5's config.json has them).
+fn nomic_hub_config(config: &serde_json::Value) -> serde_json::Value {
+    let c = |k: &str| config[k].clone();
+    let theta = config["rope_parameters"].get("rope_theta").cloned().unwrap_or(serde_json::json!(1000.0));
+    serde_json::json!({
+        "model_type": "nomic_bert", "architectures": ["NomicBertModel"], "vocab_size": c("vocab_size"),
+        "n_embd": c("hidden_size"), "n_head": c("num_attention_heads"), "n_layer": c("num_hidden_layers"),
+        "n_inner": c("intermediate_size"), "n_positions": c("max_position_embeddings"),
+        "layer_norm_epsilon": c("layer_norm_eps"), "type_vocab_size": c("type_vocab_size"),
+        "activation_function": "swiglu", "rotary_emb_base": theta, "rotary_emb_fraction": 1.0,
+        "rotary_emb_interleaved": false, "rotary_scaling_factor": null, "rotary_emb_scale_base": null,
+        "qkv_proj_bias": false, "mlp_fc1_bias": false, "mlp_fc2_bias": false, "prenorm": false,
+        "parallel_block": false, "use_rms_norm": false, "causal": false, "max_trained_positions": 2048,
+    })
+}
+
+/// A copy of the tiny NomicBERT directory with `config` as its config.json.
+fn nomic_with_config(tag: &str, config: &serde_json::Value) -> PathBuf {
+    let dir = super::gguf::tests::temp_dir(tag);
+    for e in std::fs::read_dir(data_dir().join("tiny-nomic-bert-mean")).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+/// The hub uploads' config form loads as the transformers form of the same model: the same
+/// embeddings, bit for bit, on both engines, at the checkpoint's rotary base and at another.
+#[test]
+fn nomic_hub_config_gives_the_transformers_configs_embeddings() {
+    let nomic = data_dir().join("tiny-nomic-bert-mean");
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(nomic.join("config.json")).unwrap()).unwrap();
+    let texts = vec!["a rotary encoder".to_string(), "the hub's own config keys, and a longer text than the first".to_string()];
+    for engine in [Engine::Burn, Engine::Candle] {
+        let mut seen = Vec::new();
+        for theta in [1000.0, 10000.0] {
+            let mut native = config.clone();
+            native["rope_parameters"]["rope_theta"] = serde_json::json!(theta);
+            let tag = format!("nomic-{engine:?}-{theta}");
+            let (native_dir, hub_dir) = (nomic_with_config(&format!("{tag}-native"), &native), nomic_with_config(&format!("{tag}-hub"), &nomic_hub_config(&native)));
+            let (ids, want) = EmbeddingModel::load(&native_dir, engine, DeviceRef::CPU).unwrap().embed(&texts).unwrap();
+            let model = EmbeddingModel::load(&hub_dir, engine, DeviceRef::CPU).unwrap_or_else(|e| panic!("{engine:?}: {e}"));
+            assert_eq!(model.arch, "nomic_bert");
+            let (hub_ids, got) = model.embed(&texts).unwrap();
+            assert_eq!(hub_ids, ids);
+            assert_eq!(got, want, "{engine:?}, base {theta}");
+            seen.push(got);
+        }
+        assert_ne!(seen[0], seen[1], "the rotary base reaches the forward pass");
+    }
 }
