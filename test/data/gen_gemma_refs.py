@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Tiny Gemma 2 and Gemma 3 models, as GGUF files and Hugging Face directories, with
+"""Tiny Gemma, Gemma 2 and Gemma 3 models, as GGUF files and Hugging Face directories, with
 transformers' references, for ExBurn's LLM engines.
 
 Writes, next to this script, under llm/gemma/:
 
-  tiny-gemma2/, tiny-gemma3/          Hugging Face directories (f16 safetensors, the
+  tiny-gemma2/, tiny-gemma3/,         Hugging Face directories (f16 safetensors, the
+  tiny-gemma/
                                       SentencePiece tokenizer of gen_spm_refs.py as
                                       tokenizer.json)
   tiny-gemma2.F32.gguf, .Q8_0.gguf    the same models converted by llama.cpp's
   tiny-gemma3.F32.gguf, .Q8_0.gguf    convert_hf_to_gguf.py and quantised by llama-quantize
+  tiny-gemma.F32.gguf, .Q8_0.gguf
   reference.json                      per model: prompts (token ids, one longer than the
                                       sliding window, and texts as the directory's tokenizer
                                       gives them), 16 greedy tokens each with their
@@ -25,7 +27,9 @@ and of the output (at 15; 30 in real models), norms
 after attention and after the MLP, embeddings scaled by sqrt(hidden), GELU (tanh) gating, and
 a sliding window of 8 positions on every other layer. Gemma 3 (6 layers): per-head Q/K norms,
 no soft-capping, five sliding layers (rope base 10 000) then a global one (rope base 1e6).
-`query_pre_attn_scalar` is the head size, as llama.cpp assumes below 27B. Weights are random
+`query_pre_attn_scalar` is the head size, as llama.cpp assumes below 27B. Gemma (the first, 2
+layers): Gemma 2's layer without its soft-capping, its windows and its norms after attention and
+after the MLP. Weights are random
 (seeded), drawn wide so that greedy picks are rarely near ties, and rounded to f16. Run (CPU only):
 
   pip install torch numpy transformers tokenizers sentencepiece protobuf gguf
@@ -60,9 +64,15 @@ TOKENIZE_TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello world 1
 
 
 def build(arch, vocab, seed, hidden=64):
-    from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
+    from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GemmaConfig, GemmaForCausalLM
 
     head = hidden // 4
+    if arch == "gemma":
+        model = GemmaForCausalLM(GemmaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=head,
+                                             hidden_activation="gelu_pytorch_tanh", max_position_embeddings=128, rms_norm_eps=1e-6,
+                                             bos_token_id=1, eos_token_id=2, pad_token_id=0))
+        return randomise(model, seed, hidden)
     common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=head, query_pre_attn_scalar=head, max_position_embeddings=128,
                   rms_norm_eps=1e-6, sliding_window=WINDOW, bos_token_id=1, eos_token_id=2, pad_token_id=0,
@@ -72,6 +82,10 @@ def build(arch, vocab, seed, hidden=64):
         model = Gemma2ForCausalLM(Gemma2Config(num_hidden_layers=2, attn_logit_softcapping=5.0, final_logit_softcapping=15.0, **common))
     else:
         model = Gemma3ForCausalLM(Gemma3TextConfig(num_hidden_layers=6, **common))
+    return randomise(model, seed, hidden)
+
+
+def randomise(model, seed, hidden):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -89,6 +103,40 @@ def build(arch, vocab, seed, hidden=64):
     return model
 
 
+def from_gguf(model, path):
+    """`model` with the weights of the GGUF file at `path`, dequantised: by transformers' GGUF
+    loader, or for Gemma (the first), which it does not read, by the gguf package here."""
+    from transformers import AutoModelForCausalLM
+
+    if model.config.model_type != "gemma":
+        return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                    config=model.config, torch_dtype=torch.float32).eval()
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    parts = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
+             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    out = copy.deepcopy(model)
+    state = out.state_dict()
+    for t in GGUFReader(path).tensors:
+        if t.name == "token_embd.weight":
+            hf = "model.embed_tokens.weight"
+        elif t.name == "output_norm.weight":
+            hf = "model.norm.weight"
+        else:
+            _, layer, part, _ = t.name.split(".")
+            hf = f"model.layers.{layer}.{parts[part]}.weight"
+        values = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(state[hf].shape)
+        # the converter stores Gemma's norms as 1 + w
+        if hf.endswith("norm.weight"):
+            values = values - 1.0
+        state[hf] = torch.from_numpy(values)
+    out.load_state_dict(state)
+    return out.eval()
+
+
 def convert(hf, out):
     env = dict(os.environ, PYTHONPATH=os.path.join(LLAMA_CPP, "gguf-py"))
     subprocess.run([sys.executable, os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py"), hf, "--outfile", out, "--outtype", "f32"],
@@ -103,7 +151,7 @@ def main():
 
 
 def write_k(out_dir):
-    """The same two models with hidden size 256 (rows of 256, as the k-quants' blocks need) as
+    """The same three models with hidden size 256 (rows of 256, as the k-quants' blocks need) as
     F32, F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files, each with transformers' references on the
     file's own weights (its GGUF loader dequantises them; the F16 file rounds Gemma's 1 + w norms),
     written to `out_dir`: too large to commit, used by the Rust tests where they exist."""
@@ -111,7 +159,7 @@ def write_k(out_dir):
     reference = {"versions": base_versions(), "window": WINDOW}
     with tempfile.TemporaryDirectory() as scratch:
         tok, spm_model = spm.tokenizer(scratch)
-        for seed, arch in enumerate(["gemma2", "gemma3"], start=31):
+        for seed, arch in enumerate(["gemma2", "gemma3", "gemma"], start=31):
             model = build(arch, len(tok), seed, hidden=256)
             work = os.path.join(scratch, f"tiny-{arch}-k")
             model.save_pretrained(work, safe_serialization=True)
@@ -119,7 +167,7 @@ def write_k(out_dir):
             shutil.copy(spm_model, os.path.join(work, "tokenizer.model"))
             f32 = os.path.join(out_dir, f"tiny-{arch}-k.F32.gguf")
             convert(work, f32)
-            reference[arch] = k_quant_files(f32, QUANTIZE, model.config, PROMPTS, record, arch)
+            reference[arch] = k_quant_files(f32, QUANTIZE, model.config, PROMPTS, record, arch, load=lambda p, m=model: from_gguf(m, p))
     write_reference(os.path.join(out_dir, "reference.json"), reference)
 
 
@@ -130,7 +178,7 @@ def write_tiny():
     reference = {"versions": base_versions(), "window": WINDOW}
     with tempfile.TemporaryDirectory() as scratch:
         tok, spm_model = spm.tokenizer(scratch)
-        for seed, arch in enumerate(["gemma2", "gemma3"], start=21):
+        for seed, arch in enumerate(["gemma2", "gemma3", "gemma"], start=21):
             model = build(arch, len(tok), seed)
             name = f"tiny-{arch}"
             hf = os.path.join(OUT_DIR, name)
@@ -157,14 +205,12 @@ def write_tiny():
             entry = {"files": {k: os.path.basename(v) for k, v in files.items()}, "dir": name, "generate": cases,
                      "tokenize": [{"text": t, "ids": tok.encode(t, add_special_tokens=False)} for t in TOKENIZE_TEXTS]}
             # the Q8_0 file's own weights, dequantised by transformers' GGUF loader
-            qmodel = AutoModelForCausalLM.from_pretrained(OUT_DIR, gguf_file=os.path.basename(files["Q8_0"]),
-                                                          config=model.config, torch_dtype=torch.float32).eval()
+            qmodel = from_gguf(model, files["Q8_0"])
             qcases = [{"kind": "ids", "prompt_ids": p} for p in PROMPTS]
             record(f"{arch} Q8_0", qmodel, qcases, 2)
             entry["generate_Q8_0"] = qcases
             # the F32 file read back by transformers is the model itself
-            fmodel = AutoModelForCausalLM.from_pretrained(OUT_DIR, gguf_file=os.path.basename(files["F32"]),
-                                                          config=model.config, torch_dtype=torch.float32).eval()
+            fmodel = from_gguf(model, files["F32"])
             with torch.no_grad():
                 same = float((fmodel(torch.tensor([PROMPTS[0]])).logits - model(torch.tensor([PROMPTS[0]])).logits).abs().max())
             assert same < 1e-4, f"{arch}: the F32 file reads back as another model ({same})"

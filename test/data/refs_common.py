@@ -43,11 +43,12 @@ def write_reference(path, reference):
 K_FILES = ("F16", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
 
 
-def k_quant_files(f32, quantize, config, prompts, record, tag):
+def k_quant_files(f32, quantize, config, prompts, record, tag, load=None):
     """`f32` (a converted GGUF) quantised by llama-quantize (`quantize`) into each of K_FILES beside
     it, and for it and each of them, transformers' greedy references (`record`) for the token-id
     `prompts` on the file's own weights, as its GGUF loader dequantises them (with the model's
-    `config`). Returns the reference entry: `files` and `generate_<label>`."""
+    `config`), or `load(path)` where given. Returns the reference entry: `files` and
+    `generate_<label>`."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -59,8 +60,9 @@ def k_quant_files(f32, quantize, config, prompts, record, tag):
         subprocess.run([quantize, f32, path, label], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         entry["files"][label] = os.path.basename(path)
     for label in ("F32",) + K_FILES:
-        model = AutoModelForCausalLM.from_pretrained(out_dir, gguf_file=entry["files"][label], config=config,
-                                                     torch_dtype=torch.float32).eval()
+        path = os.path.join(out_dir, entry["files"][label])
+        model = load(path) if load else AutoModelForCausalLM.from_pretrained(out_dir, gguf_file=entry["files"][label], config=config,
+                                                                             torch_dtype=torch.float32).eval()
         cases = [{"kind": "ids", "prompt_ids": p} for p in prompts]
         record(f"{tag} {label}", model, cases, 2)
         entry[f"generate_{label}"] = cases

@@ -1,8 +1,8 @@
 defmodule ExBurn.LLM do
   @moduledoc """
   Text generation with pre-trained Llama-family models (GGUF architectures `llama`, `qwen2`,
-  `qwen3`, `phi3`, `gemma2` and `gemma3`; config.json `model_type` `llama`, `mistral`, `qwen2`,
-  `qwen3`, `phi3`, `gemma2` and `gemma3_text`)
+  `qwen3`, `phi3`, `gemma`, `gemma2` and `gemma3`; config.json `model_type` `llama`, `mistral`,
+  `qwen2`, `qwen3`, `phi3`, `gemma`, `gemma2` and `gemma3_text`)
   from GGUF files or Hugging Face directories (config.json, safetensors weights, tokenizer.json).
 
       {:ok, model} = ExBurn.LLM.load("smollm2-135m-instruct")

@@ -55,7 +55,7 @@ impl HeadExtras {
             (None, None)
         };
         let h = cfg.embedding_length;
-        let post_norms = if f.gemma {
+        let post_norms = if f.post_norms {
             Some((g.values(&n("post_attention_norm.weight"), &[h])?, g.values(&n("post_ffw_norm.weight"), &[h])?))
         } else {
             None
@@ -521,17 +521,22 @@ impl Weights {
                     }
                 }
             };
-            if let Some((post_attn, post_ffn)) = &block.post_norms {
-                x = x + Self::rms_norm(self.project(&block.out, ctx, Input::Plain, None), post_attn, cfg.rms_eps);
-                let gu = self.project(&block.gate_up, x.clone(), Input::Norm(&block.ffn_norm, cfg.rms_eps), None);
+            // Gemma 2 and 3 normalise each output before it joins the residual
+            x = match &block.post_norms {
+                Some((post_attn, _)) => x + Self::rms_norm(self.project(&block.out, ctx, Input::Plain, None), post_attn, cfg.rms_eps),
+                None => self.project(&block.out, ctx, Input::Plain, Some(x)),
+            };
+            let gu = self.project(&block.gate_up, x.clone(), Input::Norm(&block.ffn_norm, cfg.rms_eps), None);
+            let (act, input) = if cfg.family.gemma {
                 let [rows, width] = gu.dims();
-                let act = gelu_tanh(gu.clone().slice([0..rows, 0..width / 2])) * gu.slice([0..rows, width / 2..width]);
-                x = x.clone() + Self::rms_norm(self.project(&block.down, act, Input::Plain, None), post_ffn, cfg.rms_eps);
+                (gelu_tanh(gu.clone().slice([0..rows, 0..width / 2])) * gu.slice([0..rows, width / 2..width]), Input::Plain)
             } else {
-                x = self.project(&block.out, ctx, Input::Plain, Some(x));
-                let gu = self.project(&block.gate_up, x.clone(), Input::Norm(&block.ffn_norm, cfg.rms_eps), None);
-                x = self.project(&block.down, gu, Input::SiluMul, Some(x));
-            }
+                (gu, Input::SiluMul)
+            };
+            x = match &block.post_norms {
+                Some((_, post_ffn)) => x.clone() + Self::rms_norm(self.project(&block.down, act, input, None), post_ffn, cfg.rms_eps),
+                None => self.project(&block.down, act, input, Some(x)),
+            };
         }
         let last = i32_tensor(chunks.iter().zip(&starts).map(|(c, s)| (s + c.1.len() - 1) as i32).collect(), dev);
         let logits = self.project(&self.output, x.select(0, last), Input::Norm(&self.out_norm, cfg.rms_eps), None);
@@ -1112,7 +1117,7 @@ mod tests {
     fn pretrained_burn_llama_rope_halves() {
         let path = crate::process::env::reference_dir().parent().unwrap().join("llm/tiny-qwen3.F32.gguf");
         let dense = BurnLlama::load_with(&path, &crate::testing::device(), false).unwrap();
-        assert_eq!(dense.w.cfg.family, crate::pretrained::decoder_family::Family { qkv_bias: false, qk_norm: true, rope: RopeStyle::Halves, fused: false, gemma: false });
+        assert_eq!(dense.w.cfg.family, crate::pretrained::decoder_family::Family { qkv_bias: false, qk_norm: true, rope: RopeStyle::Halves, fused: false, gemma: false, post_norms: false });
         assert_eq!((dense.w.cfg.head_dim(), dense.w.cfg.rope_dim, dense.w.cfg.embedding_length), (32, 32, 64));
         assert_rope_forms_agree(&dense, &path);
     }
@@ -1145,9 +1150,9 @@ mod tests {
         assert!(err_text(load(&dir.path().join("none.gguf"), &dev)).contains("file not found"));
 
         let other = dir.path().join("other.gguf");
-        write_tiny(&other, "gemma", true);
+        write_tiny(&other, "gemma3n", true);
         let e = err_text(load(&other, &dev));
-        assert!(e.contains("unknown architecture `gemma`"), "{e}");
+        assert!(e.contains("unknown architecture `gemma3n`"), "{e}");
 
         for tied in [true, false] {
             let path = dir.path().join(format!("tiny{tied}.gguf"));

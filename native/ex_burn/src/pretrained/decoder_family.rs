@@ -2,7 +2,7 @@
 //! layer departs from Llama's, read by the Burn tensor path, the host layer path and Candle.
 
 /// GGUF `general.architecture` values this decoder runs (Mistral-style GGUFs say "llama" too).
-pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"];
+pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3"];
 
 /// Which pairs of a head's values rotate together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,10 +28,12 @@ pub struct Family {
     /// Q, K and V in one matrix (`blk.N.attn_qkv.weight`) and the gate and up projections in one
     /// (`blk.N.ffn_up.weight`, gate rows first): Phi-3.
     pub fused: bool,
-    /// Gemma 2 and 3: embeddings scaled by √hidden, GELU (tanh form) gating in place of SiLU,
-    /// and an RMSNorm on the attention's and the MLP's outputs before each joins the residual
-    /// (`blk.N.post_attention_norm.weight`, `blk.N.post_ffw_norm.weight`).
+    /// Gemma (1, 2 and 3): embeddings scaled by √hidden, GELU (tanh form) gating in place of
+    /// SiLU, and RMSNorms that scale by 1 + w (GGUF files store 1 + w).
     pub gemma: bool,
+    /// An RMSNorm on the attention's and the MLP's outputs before each joins the residual
+    /// (`blk.N.post_attention_norm.weight`, `blk.N.post_ffw_norm.weight`): Gemma 2 and 3.
+    pub post_norms: bool,
 }
 
 impl Family {
@@ -47,16 +49,17 @@ impl Family {
     }
 
     pub fn of(arch: &str) -> Option<Family> {
-        let (qkv_bias, qk_norm, rope, fused, gemma) = match arch {
-            "llama" => (false, false, RopeStyle::Interleaved, false, false),
-            "qwen2" => (true, false, RopeStyle::Halves, false, false),
-            "qwen3" => (false, true, RopeStyle::Halves, false, false),
-            "phi3" => (false, false, RopeStyle::Halves, true, false),
-            "gemma2" => (false, false, RopeStyle::Halves, false, true),
-            "gemma3" => (false, true, RopeStyle::Halves, false, true),
+        let (qkv_bias, qk_norm, rope, fused, gemma, post_norms) = match arch {
+            "llama" => (false, false, RopeStyle::Interleaved, false, false, false),
+            "qwen2" => (true, false, RopeStyle::Halves, false, false, false),
+            "qwen3" => (false, true, RopeStyle::Halves, false, false, false),
+            "phi3" => (false, false, RopeStyle::Halves, true, false, false),
+            "gemma" => (false, false, RopeStyle::Halves, false, true, false),
+            "gemma2" => (false, false, RopeStyle::Halves, false, true, true),
+            "gemma3" => (false, true, RopeStyle::Halves, false, true, true),
             _ => return None,
         };
-        Some(Family { qkv_bias, qk_norm, rope, fused, gemma })
+        Some(Family { qkv_bias, qk_norm, rope, fused, gemma, post_norms })
     }
 
     /// Where the family's sliding-window layers fall when the file does not say: every `n`-th

@@ -1,11 +1,12 @@
-//! Gemma 2 and Gemma 3 (`Family::gemma`) on both engines against transformers, on the tiny
+//! Gemma, Gemma 2 and Gemma 3 (`Family::gemma`) on both engines against transformers, on the tiny
 //! models `test/data/gen_gemma_refs.py` writes to `test/data/llm/gemma/` (committed, so nothing
 //! skips): each as an F32 GGUF file, a Q8_0 file and a Hugging Face directory (f16).
 //!
 //! Gemma 2 caps attention scores and logits (at 5 and 15, low enough to bend them), and its
 //! first layer of two slides over 8 positions; Gemma 3 has per-head Q/K norms and five sliding
-//! layers with their own rope base before a global one. One prompt of each set is longer than
-//! the window, so the windows decide its logits.
+//! layers with their own rope base before a global one; Gemma (the first) has neither windows,
+//! caps nor norms after attention and the MLP. One prompt of each set is longer than the window,
+//! so the windows decide its logits.
 
 use std::path::PathBuf;
 
@@ -35,15 +36,21 @@ fn sources(r: &Json, arch: &str) -> Vec<(&'static str, PathBuf)> {
 #[test]
 fn gemma_configs_read_alike_from_gguf_and_hf() {
     let r = reference();
-    for (arch, sliding, caps) in [("gemma2", vec![true, false], (Some(5.0), Some(15.0))), ("gemma3", vec![true, true, true, true, true, false], (None, None))] {
+    for (arch, sliding, caps) in [
+        ("gemma2", vec![true, false], (Some(5.0), Some(15.0))),
+        ("gemma3", vec![true, true, true, true, true, false], (None, None)),
+        ("gemma", vec![false, false], (None, None)),
+    ] {
         for (label, path) in sources(&r, arch) {
             let model = BurnLlama::load_with(&path, &crate::testing::device(), false).unwrap();
             let cfg = model.config();
             let tag = format!("{arch} {label}");
             assert_eq!((cfg.arch.as_str(), cfg.family.gemma, cfg.context_length), (arch, true, 128), "{tag}");
-            assert_eq!((cfg.window, &cfg.sliding), (Some(8), &sliding), "{tag}");
+            assert_eq!(cfg.family.post_norms, arch != "gemma", "{tag}");
+            let window = (arch != "gemma").then_some(8);
+            assert_eq!((cfg.window, &cfg.sliding), (window, &sliding), "{tag}");
             assert_eq!((cfg.attn_softcap, cfg.final_softcap), caps, "{tag}");
-            assert_eq!(cfg.attn_scale, 0.25, "{tag}: 1/√query_pre_attn_scalar");
+            assert_eq!(cfg.attn_scale, 0.25, "{tag}: 1/√query_pre_attn_scalar (Gemma 1: 1/√head_dim)");
             let swa = (arch == "gemma3").then_some((10000.0, 1.0));
             assert_eq!((cfg.rope_freq_base, cfg.rope_swa), (if arch == "gemma3" { 1e6 } else { 10000.0 }, swa), "{tag}");
         }
@@ -53,7 +60,7 @@ fn gemma_configs_read_alike_from_gguf_and_hf() {
 #[test]
 fn gemma_generates_as_transformers_on_both_engines() {
     let r = reference();
-    for arch in ["gemma2", "gemma3"] {
+    for arch in ["gemma2", "gemma3", "gemma"] {
         for (label, path) in sources(&r, arch) {
             // the Q8_0 file is held to transformers on its own weights, dequantised
             let quantised = label == "Q8_0";
@@ -95,7 +102,7 @@ fn gemma_generates_as_transformers_on_both_engines() {
 #[test]
 fn gemma_hf_tokenizer_matches_transformers() {
     let r = reference();
-    for arch in ["gemma2", "gemma3"] {
+    for arch in ["gemma2", "gemma3", "gemma"] {
         let model = TextModel::load(&dir().join(r[arch]["dir"].as_str().unwrap()), Engine::Candle, DeviceRef::CPU).unwrap();
         assert_eq!((model.arch.as_str(), model.bos_token_id), (arch, Some(1)));
         for c in r[arch]["tokenize"].as_array().unwrap() {
@@ -111,7 +118,7 @@ fn gemma_hf_tokenizer_matches_transformers() {
 fn gemma_gguf_tokenizer_matches_llama_cpp() {
     use super::{gguf, tokenizer::LmTokenizer};
     let r = reference();
-    for arch in ["gemma2", "gemma3"] {
+    for arch in ["gemma2", "gemma3", "gemma"] {
         let tok = LmTokenizer::from_gguf(&gguf::read_header(&dir().join(r[arch]["files"]["F32"].as_str().unwrap())).unwrap()).unwrap();
         let want = r[arch]["llama_cpp_tokenize"].as_array().unwrap();
         let cases = r[arch]["tokenize"].as_array().unwrap();
@@ -132,7 +139,7 @@ fn gemma_batched_rows_equal_alone() {
     use super::Chunk;
     let r = reference();
     let prompts: [&[u32]; 3] = [&[5, 17, 42, 99, 3, 250, 77, 300, 12, 8, 60, 61, 7], &[300], &[7, 8, 9, 10, 11]];
-    for arch in ["gemma2", "gemma3"] {
+    for arch in ["gemma2", "gemma3", "gemma"] {
         for (label, path) in sources(&r, arch) {
             for (engine, lm, cpu) in engines(&path) {
                 let host_path = engine == "burn" && cpu && label != "F32";
@@ -166,5 +173,5 @@ fn gemma_batched_rows_equal_alone() {
 /// `greedy_check::k_quant_files_match` holds them.
 #[test]
 fn gemma_k_quants_match_transformers() {
-    greedy_check::k_quant_files_match("gemma-kquants", "gen_gemma_refs.py", &["gemma2", "gemma3"]);
+    greedy_check::k_quant_files_match("gemma-kquants", "gen_gemma_refs.py", &["gemma2", "gemma3", "gemma"]);
 }

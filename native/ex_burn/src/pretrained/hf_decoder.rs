@@ -25,7 +25,7 @@ use super::files::{HF_CONFIG as CONFIG, HF_INDEX as INDEX, HF_SINGLE as SINGLE};
 
 /// config.json `model_type` values this reader takes, and the GGUF architecture each one is.
 const MODEL_TYPES: &[(&str, &str)] =
-    &[("llama", "llama"), ("mistral", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("phi3", "phi3"), ("gemma2", "gemma2"), ("gemma3_text", "gemma3")];
+    &[("llama", "llama"), ("mistral", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("phi3", "phi3"), ("gemma", "gemma"), ("gemma2", "gemma2"), ("gemma3_text", "gemma3")];
 
 /// A layer tensor's GGUF name part and its Hugging Face module path; Phi-3's fused gate/up
 /// projection is `ffn_up` in GGUF, and Gemma names its norms apart (`GEMMA_NORMS`).
@@ -44,8 +44,8 @@ const LAYER_PARTS: &[(&str, &str)] = &[
     ("ffn_down", "mlp.down_proj"),
 ];
 
-/// Gemma's four norms a layer: its `post_attention_layernorm` follows attention, where other
-/// families' precedes the MLP.
+/// Gemma 2's and 3's four norms a layer: their `post_attention_layernorm` follows attention,
+/// where other families' (Gemma 1's too) precedes the MLP.
 const GEMMA_NORMS: &[(&str, &str)] = &[
     ("attn_norm", "input_layernorm"),
     ("post_attention_norm", "post_attention_layernorm"),
@@ -151,7 +151,7 @@ impl HfDecoder {
         let (layer, rest) = gguf.strip_prefix("blk.")?.split_once('.')?;
         let (part, suffix) = rest.rsplit_once('.')?;
         let family = self.cfg.family;
-        let gemma_norms = if family.gemma { GEMMA_NORMS } else { &[] };
+        let gemma_norms = if family.post_norms { GEMMA_NORMS } else { &[] };
         let hf = match part {
             "ffn_up" if family.fused => "mlp.gate_up_proj",
             _ => gemma_norms.iter().chain(LAYER_PARTS).find(|(g, _)| *g == part)?.1,
