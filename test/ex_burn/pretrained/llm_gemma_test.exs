@@ -1,5 +1,5 @@
 defmodule ExBurn.Pretrained.LLMGemmaTest do
-  # Gemma 2 and Gemma 3 through the Elixir API, on the tiny models test/data/gen_gemma_refs.py
+  # Gemma, Gemma 2 and Gemma 3 through the Elixir API, on the tiny models test/data/gen_gemma_refs.py
   # writes (committed): the Hugging Face directory of each, on both engines, against
   # transformers' prompt ids and greedy tokens. The Rust tests (gemma_tests.rs) hold logits to
   # the references, on the GGUF files too.
@@ -10,7 +10,7 @@ defmodule ExBurn.Pretrained.LLMGemmaTest do
   @data Path.expand("../../data/llm/gemma", __DIR__)
   @ref @data |> Path.join("reference.json") |> File.read!() |> ExBurn.JSON.decode!()
 
-  for arch <- ["gemma2", "gemma3"], engine <- [:burn, :candle] do
+  for arch <- ["gemma", "gemma2", "gemma3"], engine <- [:burn, :candle] do
     test "#{arch} directory on #{engine}: prompt ids and greedy tokens as transformers'" do
       ref = @ref[unquote(arch)]
       model = LLM.load!(Path.join(@data, ref["dir"]), engine: unquote(engine), device: :cpu)
