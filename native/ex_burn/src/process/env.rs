@@ -122,9 +122,17 @@ pub const TEST_DEVICE: Var = Var {
     about: "the device the crate's tests (and burn_bench's device case) run on",
 };
 
+pub const CPUID_MASK: Var = Var {
+    name: "EXBURN_CPUID_MASK",
+    kind: Kind::Choice { values: &["none", "avx512"] },
+    reader: Reader::Tests,
+    about: "set by scripts/without_avx512.sh: the instruction sets hidden from the process, which the tests check are",
+};
+
 /// Every variable the crate reads.
-pub const ALL: [&Var; 12] =
-    [&MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &ROWS_KERNEL, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE];
+pub const ALL: [&Var; 13] = [
+    &MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &ROWS_KERNEL, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE, &CPUID_MASK,
+];
 
 /// `$e`, computed the first time this call site runs and remembered for the process.
 macro_rules! once {
@@ -182,6 +190,11 @@ pub fn models_dir() -> PathBuf {
 
 pub fn reference_dir() -> PathBuf {
     path(&REFERENCE_DIR)
+}
+
+/// Whether scripts/without_avx512.sh hid AVX-512 from this process (the tests check it did).
+pub fn avx512_hidden() -> bool {
+    choice(&CPUID_MASK) == "avx512"
 }
 
 /// The device tests run on; panics on a spec that names no device kind.

@@ -1150,12 +1150,12 @@ mod tests {
         (0..n).map(|i| if i % 97 == 0 { special[(i / 97) % special.len()] } else { ((i as f32) * 1.7e-3).sin() * 20.0 }).collect()
     }
 
-    /// Run through scripts/without_avx512.sh (which sets EXBURN_CPUID_MASK), the process sees no
+    /// Run through scripts/without_avx512.sh (which says so in EXBURN_CPUID_MASK), the process sees no
     /// AVX-512, so every kernel takes its AVX2 path: the `rust_avx2` stage tests what it claims.
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn hidden_avx512_leaves_the_avx2_kernels() {
-        if std::env::var("EXBURN_CPUID_MASK").as_deref() == Ok("avx512") {
+        if crate::process::env::avx512_hidden() {
             assert!(!is_x86_feature_detected!("avx512f"), "AVX-512 is still visible");
             assert_eq!(simd(), Simd::Avx2);
         }
