@@ -164,6 +164,12 @@ defmodule ExBurn.Server.HttpTest do
       end)
 
       assert ExBurn.Server.port(name) == port
+      # :httpc may first reuse its kept-alive connection to the killed listener, which the
+      # server closed: a client's stale connection, not the server's answer
+      ExBurn.TestHelpers.wait_until(fn ->
+        match?({:ok, {{_, 200, _}, _, _}}, :httpc.request(:get, {url <> "/api/v1/health", []}, [], []))
+      end)
+
       assert {200, _, %{"status" => "ok"}} = Support.http_json(:get, url <> "/api/v1/health")
     end
   end
