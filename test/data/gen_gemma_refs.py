@@ -11,6 +11,9 @@ Writes, next to this script, under llm/gemma/:
   tiny-gemma2.F32.gguf, .Q8_0.gguf    the same models converted by llama.cpp's
   tiny-gemma3.F32.gguf, .Q8_0.gguf    convert_hf_to_gguf.py and quantised by llama-quantize
   tiny-gemma.F32.gguf, .Q8_0.gguf
+  tiny-gemma3-mm/                     the Gemma 3 model's text weights inside a multimodal
+                                      Gemma3ForConditionalGeneration (a tiny random SigLIP tower),
+                                      saved as transformers saves it (`language_model.model.*`)
   reference.json                      per model: prompts (token ids, one longer than the
                                       sliding window, and texts as the directory's tokenizer
                                       gives them), 16 greedy tokens each with their
@@ -137,6 +140,29 @@ def from_gguf(model, path):
     return out.eval()
 
 
+def write_multimodal(text_model, name, tok):
+    """`text_model` (a Gemma3ForCausalLM) as the language model of a Gemma3ForConditionalGeneration
+    with a tiny random vision tower, saved in f16 under OUT_DIR/`name` as the hub's multimodal
+    Gemma 3 checkpoints are; returns `name`."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=32, patch_size=8)
+    torch.manual_seed(41)
+    mm = Gemma3ForConditionalGeneration(Gemma3Config(text_config=text_model.config.to_dict(), vision_config=vision.to_dict(),
+                                                     mm_tokens_per_image=4))
+    missing, _ = mm.model.language_model.load_state_dict(text_model.model.state_dict(), strict=False)
+    assert not missing, missing
+    out = os.path.join(OUT_DIR, name)
+    shutil.rmtree(out, ignore_errors=True)
+    mm.half().save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    for extra in ("tokenizer.model", "special_tokens_map.json"):
+        if os.path.exists(os.path.join(out, extra)):
+            os.remove(os.path.join(out, extra))
+    return name
+
+
 def convert(hf, out):
     env = dict(os.environ, PYTHONPATH=os.path.join(LLAMA_CPP, "gguf-py"))
     subprocess.run([sys.executable, os.path.join(LLAMA_CPP, "convert_hf_to_gguf.py"), hf, "--outfile", out, "--outtype", "f32"],
@@ -214,6 +240,8 @@ def write_tiny():
             with torch.no_grad():
                 same = float((fmodel(torch.tensor([PROMPTS[0]])).logits - model(torch.tensor([PROMPTS[0]])).logits).abs().max())
             assert same < 1e-4, f"{arch}: the F32 file reads back as another model ({same})"
+            if arch == "gemma3":
+                entry["multimodal_dir"] = write_multimodal(model, f"{name}-mm", tok)
             reference[arch] = entry
             sizes = {os.path.basename(p): os.path.getsize(p) for p in files.values()}
             print(f"{arch}: {sizes}")

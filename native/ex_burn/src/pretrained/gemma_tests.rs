@@ -175,3 +175,50 @@ fn gemma_batched_rows_equal_alone() {
 fn gemma_k_quants_match_transformers() {
     greedy_check::k_quant_files_match("gemma-kquants", "gen_gemma_refs.py", &["gemma2", "gemma3", "gemma"]);
 }
+
+/// A multimodal Gemma 3 checkpoint (`Gemma3ForConditionalGeneration`, its language model under
+/// `language_model.`, a vision tower beside it) runs its language model: the same logits, bit for
+/// bit, as the text-only directory of the same weights, on every engine.
+#[test]
+fn gemma3_multimodal_directory_runs_its_language_model() {
+    let r = reference();
+    let text = dir().join(r["gemma3"]["dir"].as_str().unwrap());
+    let mm = dir().join(r["gemma3"]["multimodal_dir"].as_str().unwrap());
+    assert_eq!(super::hf_decoder::peek(&mm).unwrap(), "gemma3");
+    for ((engine, a, _), (_, b, _)) in engines(&text).into_iter().zip(engines(&mm)) {
+        for case in r["gemma3"]["generate"].as_array().unwrap() {
+            let ids = ids(&case["prompt_ids"]);
+            let want = a.session().unwrap().forward(&ids, 0).unwrap();
+            assert_eq!(b.session().unwrap().forward(&ids, 0).unwrap(), want, "{engine}: {ids:?}");
+        }
+    }
+}
+
+/// The hub's multimodal configs leave out what equals `Gemma3TextConfig`'s defaults; those are
+/// filled in, and the tensors' three layouts map to their stored names.
+#[test]
+fn gemma3_multimodal_configs_take_transformers_defaults() {
+    use super::hf_decoder::{model_config, Layout};
+    let tmp = super::gguf::tests::temp_dir("gemma3-mm-config");
+    let config = serde_json::json!({
+        "model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+        "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
+                        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+        "vision_config": {"model_type": "siglip_vision_model"},
+    });
+    std::fs::write(tmp.join("config.json"), config.to_string()).unwrap();
+    let (c, _, arch) = model_config(&tmp).unwrap();
+    assert_eq!(arch, "gemma3");
+    for (key, want) in [("hidden_size", 2560.0), ("num_attention_heads", 8.0), ("num_key_value_heads", 4.0), ("head_dim", 256.0), ("sliding_window", 1024.0), ("rope_theta", 1e6), ("rope_local_base_freq", 1e4), ("query_pre_attn_scalar", 256.0)] {
+        assert_eq!(c[key].as_f64(), Some(want), "{key}");
+    }
+    std::fs::write(tmp.join("config.json"), r#"{"model_type": "gemma3"}"#).unwrap();
+    assert_eq!(super::errors::kind_of(&model_config(&tmp).unwrap_err()), Some(super::errors::kind::BAD_CONFIG));
+    for (layout, embed, head) in [
+        (Layout::Plain, "model.embed_tokens.weight", "lm_head.weight"),
+        (Layout::LanguageModel, "language_model.model.embed_tokens.weight", "language_model.lm_head.weight"),
+        (Layout::ModelLanguageModel, "model.language_model.embed_tokens.weight", "lm_head.weight"),
+    ] {
+        assert_eq!((layout.real("model.embed_tokens.weight").as_str(), layout.real("lm_head.weight").as_str()), (embed, head));
+    }
+}

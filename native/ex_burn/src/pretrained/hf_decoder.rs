@@ -59,6 +59,8 @@ pub struct HfDecoder {
     shards: Vec<Safetensors>,
     /// Hugging Face tensor name → its shard.
     index: HashMap<String, usize>,
+    /// Where the directory keeps the language model's tensors.
+    layout: Layout,
     tied: bool,
     /// Llama 3 rope scaling's per-frequency divisors, as `rope_freqs.weight` holds them in GGUF.
     rope_factors: Option<Vec<f32>>,
@@ -79,6 +81,39 @@ fn architecture(model_type: &str, config: &Path) -> ExResult<&'static str> {
             vec![("arch", Detail::Text(model_type.to_string())), errors::path_detail(config)],
         )
     })
+}
+
+/// Where a directory keeps the language model's tensors: at the top (`model.*`,
+/// `lm_head.weight`), or in a multimodal checkpoint (Gemma 3's `Gemma3ForConditionalGeneration`),
+/// as transformers saves one (`language_model.model.*`, `language_model.lm_head.weight`) or in
+/// transformers 5's module paths (`model.language_model.*`, `lm_head.weight`). The other
+/// towers' tensors are never read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Layout {
+    Plain,
+    LanguageModel,
+    ModelLanguageModel,
+}
+
+impl Layout {
+    fn of(index: &HashMap<String, usize>) -> Layout {
+        if index.contains_key("language_model.model.embed_tokens.weight") {
+            Layout::LanguageModel
+        } else if index.contains_key("model.language_model.embed_tokens.weight") {
+            Layout::ModelLanguageModel
+        } else {
+            Layout::Plain
+        }
+    }
+
+    /// The stored name of a language model tensor's top-level name.
+    pub(super) fn real(self, name: &str) -> String {
+        match (self, name.strip_prefix("model.")) {
+            (Layout::LanguageModel, _) => format!("language_model.{name}"),
+            (Layout::ModelLanguageModel, Some(rest)) => format!("model.language_model.{rest}"),
+            _ => name.to_string(),
+        }
+    }
 }
 
 impl HfDecoder {
@@ -123,13 +158,14 @@ impl HfDecoder {
                 ));
             }
         }
-        let tied = config.get("tie_word_embeddings").and_then(Json::as_bool) == Some(true) || !index.contains_key("lm_head.weight");
-        let embed = "model.embed_tokens.weight";
-        let embed_shape = index.get(embed).and_then(|&i| shards[i].shape(embed));
+        let layout = Layout::of(&index);
+        let tied = config.get("tie_word_embeddings").and_then(Json::as_bool) == Some(true) || !index.contains_key(&layout.real("lm_head.weight"));
+        let embed = layout.real("model.embed_tokens.weight");
+        let embed_shape = index.get(&embed).and_then(|&i| shards[i].shape(&embed));
         let rope = rope_parameters(&config);
         let cfg = read_config(&config, &config_path, arch, &rope, embed_shape)?;
         let rope_factors = llama3_factors(&rope, &cfg, &config_path)?;
-        Ok(HfDecoder { dir: dir.to_path_buf(), cfg, shards, index, tied, rope_factors })
+        Ok(HfDecoder { dir: dir.to_path_buf(), cfg, shards, index, layout, tied, rope_factors })
     }
 
     pub fn path(&self) -> &Path {
@@ -161,7 +197,7 @@ impl HfDecoder {
 
     /// The shard holding GGUF tensor `name`, and its Hugging Face name.
     fn locate(&self, name: &str) -> ExResult<(&Safetensors, String)> {
-        let hf = self.hf_name(name).filter(|_| name != "output.weight" || !self.tied);
+        let hf = self.hf_name(name).filter(|_| name != "output.weight" || !self.tied).map(|h| self.layout.real(&h));
         match hf.as_ref().and_then(|h| self.index.get(h)) {
             Some(&i) => Ok((&self.shards[i], hf.unwrap())),
             None => Err(errors::err(
@@ -449,10 +485,35 @@ pub fn peek(dir: &Path) -> ExResult<&'static str> {
 }
 
 /// config.json, its path, and the GGUF architecture its `model_type` maps to.
-fn model_config(dir: &Path) -> ExResult<(Json, PathBuf, &'static str)> {
+pub(super) fn model_config(dir: &Path) -> ExResult<(Json, PathBuf, &'static str)> {
     let path = dir.join(CONFIG);
-    let config = read_json(&path)?;
+    let mut config = read_json(&path)?;
+    if config.get("model_type").and_then(Json::as_str) == Some("gemma3") {
+        config = gemma3_text_config(&config, &path)?;
+    }
     let model_type = config.get("model_type").and_then(Json::as_str).ok_or_else(|| errors::bad_config(&path, "no model_type"))?;
     let arch = architecture(model_type, &path)?;
     Ok((config, path, arch))
+}
+
+/// A multimodal Gemma 3 config's language model (`text_config`), as transformers'
+/// `Gemma3TextConfig` reads it: the hub's configs leave out what equals the class's defaults,
+/// which are filled in here.
+fn gemma3_text_config(config: &Json, path: &Path) -> ExResult<Json> {
+    let mut text = config.get("text_config").filter(|t| t.is_object()).cloned().ok_or_else(|| errors::bad_config(path, "a gemma3 config without its text_config"))?;
+    let defaults = serde_json::json!({
+        "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+        "rope_theta": 1_000_000.0, "rope_local_base_freq": 10000.0,
+    });
+    let obj = text.as_object_mut().expect("checked above");
+    for (k, v) in defaults.as_object().expect("an object") {
+        obj.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    if let Some(tied) = config.get("tie_word_embeddings") {
+        obj.entry("tie_word_embeddings").or_insert_with(|| tied.clone());
+    }
+    obj.insert("model_type".into(), "gemma3_text".into());
+    Ok(text)
 }
