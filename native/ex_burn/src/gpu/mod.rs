@@ -1,7 +1,9 @@
 //! Glue between the cube GPU backends and the rest of the crate: when queued work reaches the
 //! device (`flush`, any cube backend), kernels of a decoding step (`rows`, `rope_cache`,
-//! `paged_attention`), and, on CUDA, vendor libraries on cubecl's tensors (`cuda`).
+//! `paged_attention`) and the quantised weights they read (`blocks`), and, on CUDA, vendor
+//! libraries on cubecl's tensors (`cuda`).
 
+pub mod blocks;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod flush;

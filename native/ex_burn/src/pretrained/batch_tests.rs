@@ -163,7 +163,7 @@ fn pretrained_forward_batch_logits_equal_alone() {
 }
 
 /// Aggregate decode speed by batch size (run with `--ignored --nocapture`; `BATCH_ENGINE=candle`
-/// for Candle); the serving benchmark (`bench/llm_serving.exs`) is where CPU figures come from.
+/// for Candle, `BATCH_WEIGHTS=f32` for Burn with f32 weights); the serving benchmark (`bench/llm_serving.exs`) is where CPU figures come from.
 /// Sessions are driven directly with their argmax, past any end-of-sequence token, so every step
 /// decodes all `n` sequences.
 #[test]
@@ -174,7 +174,11 @@ fn pretrained_batched_decode_timing() {
         Ok("candle") => (Engine::Candle, crate::device::DeviceRef::CPU),
         _ => (Engine::Burn, crate::testing::device()),
     };
-    let model = TextModel::load(&path, engine, device).unwrap();
+    let mut model = TextModel::load(&path, engine, device.clone()).unwrap();
+    // BATCH_WEIGHTS=f32: every weight as f32 tensors (on a GPU, instead of the file's blocks)
+    if std::env::var("BATCH_WEIGHTS").as_deref() == Ok("f32") && matches!(engine, Engine::Burn) {
+        model.lm = Box::new(super::burn_llama::BurnLlama::load_with(&path, &device, false).unwrap());
+    }
     let sizes: Vec<usize> = std::env::var("BATCH_SIZES").map(|s| s.split(',').map(|n| n.parse().unwrap()).collect()).unwrap_or(vec![1, 2, 4, 8, 16, 32]);
     let steps = 64;
     // the prompt step, then `steps` decoding steps; the seconds of the decoding steps

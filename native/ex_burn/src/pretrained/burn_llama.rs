@@ -30,7 +30,9 @@ use super::{own_chunks, CausalLm, Chunk, LmSession};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::gpu::paged_attention::{self, Paged};
 use crate::gpu::rope_cache::{self, Rope};
-use crate::gpu::rows::{self, Input};
+use crate::gpu::blocks::GpuBlocks;
+use crate::gpu::rows::{self, Input, Weight};
+use crate::kernels::cpu::quant::groups::Layout;
 use crate::error::{catch, ExError, ExResult};
 
 use super::decoder_family::{HeadExtras, RopeStyle};
@@ -69,6 +71,17 @@ fn names(parts: &[(String, usize)]) -> Vec<(&str, usize)> {
     parts.iter().map(|(name, rows)| (name.as_str(), *rows)).collect()
 }
 
+/// Where a model's matrices keep the file's blocks.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Keep {
+    /// In host memory, for the CPU's block kernels (`qmatmul`).
+    Host,
+    /// On the GPU, as codes the rows kernel decodes (`gpu::blocks`).
+    Gpu,
+    /// Nowhere: dequantised to f32 tensors.
+    Dense,
+}
+
 /// A linear layer `x @ Wᵀ` without bias. Clones share the weights.
 #[derive(Clone)]
 enum Linear {
@@ -76,31 +89,61 @@ enum Linear {
     Dense(Tensor<2>),
     /// The file's blocks, `[out, in]`, on the CPU.
     Quant(Arc<QStack>),
+    /// The file's blocks on a GPU, `[out, in]` together: runs of parts of one layout each.
+    Blocks(Arc<Vec<GpuBlocks>>),
 }
 
 impl Linear {
-    /// The matrices `parts` (each `[rows, cols]`) stacked along their rows: kept quantised when
-    /// `quantised` and every part's format allows, else dequantised.
-    fn load(g: &mut DecoderSource, parts: &[(&str, usize)], cols: usize, dev: &Device, quantised: bool) -> ExResult<Linear> {
-        if quantised {
-            let mut q = Vec::with_capacity(parts.len());
-            for (name, rows) in parts {
-                match g.quantised(name, *rows, cols)? {
-                    Some(m) => q.push(m),
-                    None => break,
+    /// The matrices `parts` (each `[rows, cols]`) stacked along their rows: kept in their blocks
+    /// where `keep` says and every part's format allows, else dequantised.
+    fn load(g: &mut DecoderSource, parts: &[(&str, usize)], cols: usize, dev: &Device, keep: Keep) -> ExResult<Linear> {
+        match keep {
+            Keep::Host => {
+                let mut q = Vec::with_capacity(parts.len());
+                for (name, rows) in parts {
+                    match g.quantised(name, *rows, cols)? {
+                        Some(m) => q.push(m),
+                        None => break,
+                    }
+                }
+                if q.len() == parts.len() {
+                    if let Some(stack) = QStack::new(q) {
+                        return Ok(Linear::Quant(Arc::new(stack)));
+                    }
                 }
             }
-            if q.len() == parts.len() {
-                if let Some(stack) = QStack::new(q) {
-                    return Ok(Linear::Quant(Arc::new(stack)));
+            Keep::Gpu => {
+                if let Some(runs) = Self::gpu_blocks(g, parts, cols, dev)? {
+                    return Ok(Linear::Blocks(Arc::new(runs)));
                 }
             }
+            Keep::Dense => {}
         }
         let mut dense = Vec::with_capacity(parts.len());
         for (name, rows) in parts {
             dense.push(g.tensor(name, [*rows, cols], dev)?);
         }
         Ok(Linear::Dense(Tensor::cat(dense, 0)))
+    }
+
+    /// `parts` as GPU blocks, neighbours of one layout stacked together; `None` where a part's
+    /// format has no layout.
+    fn gpu_blocks(g: &mut DecoderSource, parts: &[(&str, usize)], cols: usize, dev: &Device) -> ExResult<Option<Vec<GpuBlocks>>> {
+        let mut read = Vec::with_capacity(parts.len());
+        for (name, rows) in parts {
+            match g.blocks(name, *rows, cols)? {
+                Some((format, data)) if Layout::of(format).is_some() => read.push((format, *rows, data)),
+                _ => return Ok(None),
+            }
+        }
+        let mut runs = vec![];
+        for run in read.chunk_by(|a, b| Layout::of(a.0) == Layout::of(b.0)) {
+            match GpuBlocks::stack(run, cols, dev) {
+                Some(b) => runs.push(b),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(runs))
     }
 
     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
@@ -110,8 +153,33 @@ impl Linear {
                 let ([m, _], dev) = (x.dims(), x.device());
                 f32_tensor(quant_matmul(w, x), [m, w.rows()], &dev)
             }
+            // the kernel takes a few rows at a time (a prompt's rows, here)
+            Linear::Blocks(runs) => {
+                let m = x.dims()[0];
+                let chunks = (0..m).step_by(rows::MAX_ROWS).map(|r| x.clone().slice([r..(r + rows::MAX_ROWS).min(m)]));
+                let outs: Vec<Tensor<2>> = chunks.map(|c| blocks_product(runs, c, Input::Plain, None).unwrap_or_else(|_| unreachable!("f32 rows within MAX_ROWS"))).collect();
+                Tensor::cat(outs, 0)
+            }
         }
     }
+}
+
+/// `input(x) @ Wᵀ (+ residual)` on the rows kernel for W as GPU block runs, or the operands back
+/// where the kernel does not take them.
+#[allow(clippy::result_large_err)]
+fn blocks_product(runs: &[GpuBlocks], x: Tensor<2>, input: Input, residual: Option<Tensor<2>>) -> Result<Tensor<2>, (Tensor<2>, Option<Tensor<2>>)> {
+    if let [only] = runs {
+        return rows::fused(x, Weight::Blocks(only), input, residual);
+    }
+    let mut outs = Vec::with_capacity(runs.len());
+    for run in runs {
+        outs.push(rows::fused(x.clone(), Weight::Blocks(run), input, None).map_err(|_| (x.clone(), residual.clone()))?);
+    }
+    let y = Tensor::cat(outs, 1);
+    Ok(match residual {
+        Some(r) => r + y,
+        None => y,
+    })
 }
 
 /// `decoder_family::gelu_tanh` on every value, in tensor ops.
@@ -190,7 +258,7 @@ struct HostWeights {
 fn quant_stack(l: &Linear) -> Option<&QStack> {
     match l {
         Linear::Quant(q) => Some(q),
-        Linear::Dense(_) => None,
+        Linear::Dense(_) | Linear::Blocks(_) => None,
     }
 }
 
@@ -204,18 +272,39 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
 }
 
 impl BurnLlama {
+    /// Keeps the file's blocks: on the CPU in host memory (the host path), on a GPU where its
+    /// kernels run as codes (the tensor path, its products on the rows kernel).
     pub fn load(path: &Path, device: &DeviceRef) -> ExResult<BurnLlama> {
-        Self::load_with(path, device, device.kind == DeviceKind::Cpu)
+        Self::load_with(path, device, true)
     }
 
-    /// `quantised: false` dequantises every weight, as devices other than the CPU do: the tensor
-    /// path. Tests use it to check that path on the CPU.
+    /// `quantised: false` dequantises every weight: the tensor path with f32 weights. Tests use
+    /// it to check that path on the CPU.
     pub(crate) fn load_with(path: &Path, device: &DeviceRef, quantised: bool) -> ExResult<BurnLlama> {
         let mut g = DecoderSource::open(path)?;
         let cfg = g.config()?;
         let dev = device.burn()?;
-        let w = catch(|| Weights::load(&mut g, cfg, dev, quantised))?;
+        let keep = match (quantised, device.kind) {
+            (false, _) => Keep::Dense,
+            (true, DeviceKind::Cpu) => Keep::Host,
+            (true, _) => Keep::Gpu,
+        };
+        let w = catch(|| Weights::load(&mut g, cfg, dev, keep))?;
         Ok(BurnLlama { w: Arc::new(w) })
+    }
+
+    /// Where the layers' matrices keep their blocks (`Keep::Dense` where any does not).
+    #[cfg(test)]
+    pub(crate) fn kept(&self) -> Keep {
+        let w = &self.w;
+        let layers = || w.blocks.iter().flat_map(|b| [&b.qkv, &b.out, &b.gate_up, &b.down]).chain([&w.output]);
+        if layers().all(|l| matches!(l, Linear::Quant(_))) {
+            Keep::Host
+        } else if layers().all(|l| matches!(l, Linear::Blocks(_))) {
+            Keep::Gpu
+        } else {
+            Keep::Dense
+        }
     }
 
     pub fn config(&self) -> &LlamaConfig {
@@ -240,11 +329,17 @@ impl BurnLlama {
 }
 
 impl Weights {
-    fn load(g: &mut DecoderSource, cfg: LlamaConfig, dev: Device, quantised: bool) -> ExResult<Weights> {
+    fn load(g: &mut DecoderSource, cfg: LlamaConfig, dev: Device, keep: Keep) -> ExResult<Weights> {
         let (h, f, dh) = (cfg.embedding_length, cfg.feed_forward_length, cfg.head_dim());
         let (q_rows, kv_rows) = (cfg.head_count * dh, cfg.head_count_kv * dh);
-        let linear = |g: &mut DecoderSource, parts: &[(&str, usize)], cols: usize| Linear::load(g, parts, cols, &dev, quantised);
-        let embed = linear(g, &[("token_embd.weight", cfg.vocab_size)], h)?;
+        // the kernels compute Llama's layer; Gemma's runs in Burn ops
+        let gpu_kernels = crate::gpu::kernels_run(&f32_tensor(vec![0.0], [1], &dev)) && !cfg.family.gemma;
+        let keep = if keep == Keep::Gpu && !gpu_kernels { Keep::Dense } else { keep };
+        let linear = |g: &mut DecoderSource, parts: &[(&str, usize)], cols: usize| Linear::load(g, parts, cols, &dev, keep);
+        // on a GPU the embedding's rows are looked up in host memory; the (tied) output
+        // projection reads the same matrix as GPU blocks
+        let embed_keep = if keep == Keep::Gpu { Keep::Host } else { keep };
+        let embed = Linear::load(g, &[("token_embd.weight", cfg.vocab_size)], h, &dev, embed_keep)?;
         let mut blocks = Vec::with_capacity(cfg.block_count);
         for l in 0..cfg.block_count {
             let n = |name: &str| format!("blk.{l}.{name}.weight");
@@ -263,6 +358,8 @@ impl Weights {
         let out_norm = g.tensor("output_norm.weight", [h], &dev)?;
         let output = if g.contains("output.weight") {
             linear(g, &[("output.weight", cfg.vocab_size)], h)?
+        } else if embed_keep != keep {
+            linear(g, &[("token_embd.weight", cfg.vocab_size)], h)?
         } else {
             embed.clone()
         };
@@ -291,8 +388,6 @@ impl Weights {
             None
         };
         let pool = Mutex::new(KvPool::new(cfg.block_count, cfg.head_count_kv * dh, &dev));
-        // the kernels compute Llama's layer; Gemma's runs in Burn ops
-        let gpu_kernels = crate::gpu::kernels_run(&out_norm) && !cfg.family.gemma;
         Ok(Weights { cfg, device: dev, embed, blocks, out_norm, output, pair_tables, pair_tables_swa, host, pool, gpu_kernels })
     }
 
@@ -304,12 +399,14 @@ impl Weights {
     /// `input(x)` through `lin`, plus `residual`: on the GPU's rows kernel where it applies
     /// (`gpu::rows`), else in Burn ops.
     fn project(&self, lin: &Linear, x: Tensor<2>, input: Input, residual: Option<Tensor<2>>) -> Tensor<2> {
-        let (x, residual) = match lin {
-            Linear::Dense(w) if self.gpu_kernels => match rows::fused(x, w, input, residual) {
-                Ok(y) => return y,
-                Err(back) => back,
-            },
-            _ => (x, residual),
+        let fused = match lin {
+            Linear::Dense(w) if self.gpu_kernels => rows::fused(x, Weight::F32(w), input, residual),
+            Linear::Blocks(runs) => blocks_product(runs, x, input, residual),
+            _ => Err((x, residual)),
+        };
+        let (x, residual) = match fused {
+            Ok(y) => return y,
+            Err(back) => back,
         };
         let x = match input {
             Input::Plain => x,
@@ -451,6 +548,7 @@ impl Weights {
         let mut x = match &self.embed {
             Linear::Dense(e) => e.clone().select(0, i32_tensor(tokens.iter().map(|&t| t as i32).collect(), dev)),
             Linear::Quant(e) => f32_tensor(e.dequantise_rows(&tokens), [t, h], dev),
+            Linear::Blocks(_) => unreachable!("an embedding's rows are read from host memory"),
         };
         if cfg.family.gemma {
             x = x.mul_scalar((h as f32).sqrt());

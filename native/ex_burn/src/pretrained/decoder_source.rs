@@ -10,7 +10,7 @@ use candle_core::quantized::QTensor;
 use super::llama_config::LlamaConfig;
 use super::files::is_hf_dir;
 use super::hf_decoder::HfDecoder;
-use super::qmatmul::QMatrix;
+use super::qmatmul::{QFormat, QMatrix};
 use super::weights::{f32_tensor, Gguf};
 use crate::error::ExResult;
 
@@ -74,6 +74,15 @@ impl DecoderSource {
         match self {
             DecoderSource::Gguf(g) => g.quantised(name, rows, cols),
             DecoderSource::Hf(h) => h.quantised(name, rows, cols),
+        }
+    }
+
+    /// The matrix `name` as whole rows of GGML blocks a kernel format holds (`Gguf::blocks`);
+    /// `None` for a directory's float tensors and for other formats.
+    pub fn blocks(&mut self, name: &str, rows: usize, cols: usize) -> ExResult<Option<(QFormat, Vec<u8>)>> {
+        match self {
+            DecoderSource::Gguf(g) => g.blocks(name, rows, cols),
+            DecoderSource::Hf(_) => Ok(None),
         }
     }
 

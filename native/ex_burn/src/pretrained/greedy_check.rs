@@ -244,6 +244,18 @@ pub fn assert_prompts(model: &super::TextModel, cases: &Json, tag: &str) -> usiz
     chats
 }
 
+/// Where a GPU keeps a quantised file's matrices: as blocks wherever the rows kernel runs the
+/// model's layers (not Gemma's), and F16 and F32 files as tensors.
+pub fn gpu_keeps(dev: &crate::device::DeviceRef, model: &super::burn_llama::BurnLlama, label: &str) -> super::burn_llama::Keep {
+    use super::burn_llama::Keep;
+    let runs = crate::gpu::kernels_run(&super::weights::f32_tensor(vec![0.0], [1], &dev.burn().unwrap()));
+    if runs && !model.config().family.gemma && !matches!(label, "F16" | "F32") {
+        Keep::Gpu
+    } else {
+        Keep::Dense
+    }
+}
+
 /// The k-size models of `archs` in `~/.cache/ex_burn/<cache>/` (written by `test/data/<script>
 /// --k-quants`; skips where absent) as F16, Q8_0, Q4_K_M, Q5_K_M and Q6_K files: `k_quant_files_in`.
 pub fn k_quant_files_match(cache: &str, script: &str, archs: &[&str]) {
@@ -273,9 +285,11 @@ pub fn k_quant_files_in(dir: &std::path::Path, archs: &[&str]) {
         let labels: Vec<&str> = r[arch]["files"].as_object().unwrap().keys().map(String::as_str).filter(|l| *l != "F32").collect();
         for label in labels {
             let path = dir.join(r[arch]["files"][label].as_str().unwrap());
+            let model = super::burn_llama::BurnLlama::load(&path, &dev).unwrap();
             if dev.kind == DeviceKind::Cpu {
-                let model = super::burn_llama::BurnLlama::load(&path, &dev).unwrap();
                 assert!(model.host_formats().is_some(), "{arch} {label}: every layer in its blocks");
+            } else {
+                assert_eq!(model.kept(), gpu_keeps(&dev, &model, label), "{arch} {label}");
             }
             let cases = r[arch][format!("generate_{label}")].as_array().unwrap();
             for (engine, lm, on_cpu) in engines(&path) {

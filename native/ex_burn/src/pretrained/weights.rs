@@ -338,6 +338,30 @@ impl Gguf {
             .map_err(|e| errors::engine("candle", format!("cannot read tensor `{name}` from {}: {e}", self.path.display())))
     }
 
+    /// The `[rows, cols]` matrix `name` as GGML stores it, whole rows of blocks, when the block
+    /// kernels decode its format (Q3_K rewritten as Q6_K, `widen`); `None` otherwise.
+    pub fn blocks(&mut self, name: &str, rows: usize, cols: usize) -> ExResult<Option<(QFormat, Vec<u8>)>> {
+        let info = self.content.tensor_infos.get(name).ok_or_else(|| missing_tensor(&self.path, name))?;
+        check_shape(&self.path, name, info.shape.dims(), &[rows, cols])?;
+        let dtype = info.ggml_dtype;
+        let format = match dtype {
+            GgmlDType::Q3K => QFormat::Q6_K,
+            _ => match QFormat::from_ggml(dtype) {
+                Some(f) => f,
+                None => return Ok(None),
+            },
+        };
+        if !cols.is_multiple_of(dtype.block_size()) {
+            return Ok(None);
+        }
+        let start = self.content.tensor_data_offset + info.offset;
+        let mut raw = vec![0u8; rows * cols / dtype.block_size() * dtype.type_size()];
+        let read_err = |e: std::io::Error| errors::io(&self.path, e);
+        self.file.seek(SeekFrom::Start(start)).map_err(read_err)?;
+        self.file.read_exact(&mut raw).map_err(read_err)?;
+        Ok(Some(if dtype == GgmlDType::Q3K { widen::q3_k_rows(&raw) } else { (format, raw) }))
+    }
+
     /// The `[rows, cols]` matrix `name` in its GGML blocks, when `qmatmul` decodes its format
     /// (`None` otherwise: the caller dequantises). Q3_K blocks become the Q6_K blocks of the
     /// same values (`widen`); Q2_K's values, which no kernel format holds exactly, f16 rows
@@ -346,15 +370,7 @@ impl Gguf {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| missing_tensor(&self.path, name))?;
         check_shape(&self.path, name, info.shape.dims(), &[rows, cols])?;
         match info.ggml_dtype {
-            GgmlDType::Q3K if cols.is_multiple_of(256) => {
-                let (start, len) = (self.content.tensor_data_offset + info.offset, rows * cols / 256 * widen::Q3_K_BYTES);
-                let mut raw = vec![0u8; len];
-                let read_err = |e: std::io::Error| errors::io(&self.path, e);
-                self.file.seek(SeekFrom::Start(start)).map_err(read_err)?;
-                self.file.read_exact(&mut raw).map_err(read_err)?;
-                let (format, data) = widen::q3_k_rows(&raw);
-                return Ok(QMatrix::new(format, rows, cols, data));
-            }
+            GgmlDType::Q3K => return Ok(self.blocks(name, rows, cols)?.and_then(|(format, data)| QMatrix::new(format, rows, cols, data))),
             GgmlDType::Q2K => {
                 let data = self.values(name, &[rows, cols])?.into_iter().flat_map(|v| f16::from_f32(v).to_bits().to_le_bytes()).collect();
                 return Ok(QMatrix::new(QFormat::F16, rows, cols, data));

@@ -26,6 +26,7 @@
 mod f32_dots;
 mod isa;
 mod grouped;
+pub mod groups;
 pub mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_avx2;
