@@ -245,11 +245,13 @@ pub fn assert_prompts(model: &super::TextModel, cases: &Json, tag: &str) -> usiz
 }
 
 /// Where a GPU keeps a quantised file's matrices: as blocks wherever the rows kernel runs the
-/// model's layers (not Gemma's), and F16 and F32 files as tensors.
+/// model's layers (not Gemma's), and F16 and F32 files as tensors. A Q2_K file keeps a mix
+/// (`Keep::Dense` in `BurnLlama::kept`): its Q2_K matrices, whose offsets per 16 values fit no
+/// block layout, are tensors beside the other formats' blocks.
 pub fn gpu_keeps(dev: &crate::device::DeviceRef, model: &super::burn_llama::BurnLlama, label: &str) -> super::burn_llama::Keep {
     use super::burn_llama::Keep;
     let runs = crate::gpu::kernels_run(&super::weights::f32_tensor(vec![0.0], [1], &dev.burn().unwrap()));
-    if runs && !model.config().family.gemma && !matches!(label, "F16" | "F32") {
+    if runs && !model.config().family.gemma && !matches!(label, "F16" | "F32" | "Q2_K") {
         Keep::Gpu
     } else {
         Keep::Dense
