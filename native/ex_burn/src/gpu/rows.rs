@@ -444,25 +444,36 @@ mod tests {
                     };
                     assert_eq!(got.dims(), [m, n]);
                     let got = got.into_data().try_into_vec::<f32>().unwrap();
-                    for r in 0..m {
-                        let row = &x[r * width..(r + 1) * width];
-                        let xr: Vec<f64> = match form {
-                            0 => row.to_vec(),
-                            1 => {
-                                let scale = 1.0 / (row.iter().map(|a| a * a).sum::<f64>() / k as f64 + eps).sqrt();
-                                row.iter().zip(&g).map(|(a, b)| a * scale * b).collect()
-                            }
-                            _ => (0..k).map(|j| row[j] / (1.0 + (-row[j]).exp()) * row[k + j]).collect(),
-                        };
-                        for c in 0..n {
-                            let terms = (0..k).map(|j| xr[j] * w[c * k + j]);
-                            let want = terms.clone().sum::<f64>() + if with_residual { res[r * n + c] } else { 0.0 };
-                            let bound = 1e-5 * (terms.map(f64::abs).sum::<f64>() + 1.0);
-                            let v = got[r * n + c] as f64;
-                            assert!((v - want).abs() <= bound, "m {m} form {form} residual {with_residual} at ({r}, {c}): {v} vs {want}");
-                        }
-                    }
+                    let tag = format!("m {m} form {form} residual {with_residual}");
+                    assert_rows_match(&got, &x, &w, with_residual.then_some(&res[..]), &g, (m, n, k, eps), form, &tag);
                 }
+            }
+        }
+    }
+
+    /// The kernel's `got` (`m` rows of `n`) against f64 arithmetic: each row of `x` in input form
+    /// `form` (plain; RMS-normalised with the weights `g`; SiLU of its first half times its
+    /// second) against the `n` rows of `k` values of `w`, plus `res` where given, within 1e-5 of
+    /// the sum of the terms' magnitudes.
+    #[allow(clippy::too_many_arguments)]
+    fn assert_rows_match(got: &[f32], x: &[f64], w: &[f64], res: Option<&[f64]>, g: &[f64], (m, n, k, eps): (usize, usize, usize, f64), form: usize, tag: &str) {
+        let width = if form == 2 { 2 * k } else { k };
+        for r in 0..m {
+            let row = &x[r * width..(r + 1) * width];
+            let xr: Vec<f64> = match form {
+                0 => row.to_vec(),
+                1 => {
+                    let scale = 1.0 / (row.iter().map(|a| a * a).sum::<f64>() / k as f64 + eps).sqrt();
+                    row.iter().zip(g).map(|(a, b)| a * scale * b).collect()
+                }
+                _ => (0..k).map(|j| row[j] / (1.0 + (-row[j]).exp()) * row[k + j]).collect(),
+            };
+            for c in 0..n {
+                let terms = (0..k).map(|j| xr[j] * w[c * k + j]);
+                let want = terms.clone().sum::<f64>() + res.map_or(0.0, |res| res[r * n + c]);
+                let bound = 1e-5 * (terms.map(f64::abs).sum::<f64>() + 1.0);
+                let v = got[r * n + c] as f64;
+                assert!((v - want).abs() <= bound, "{tag} at ({r}, {c}): {v} vs {want}");
             }
         }
     }
@@ -488,6 +499,7 @@ mod tests {
             for (r, out) in w.chunks_exact_mut(k).enumerate() {
                 dequantise_row(f, &data[r * row..(r + 1) * row], out);
             }
+            let w: Vec<f64> = w.into_iter().map(f64::from).collect();
             let g: Vec<f64> = (0..k).map(|i| 0.5 + value(i, 2)).collect();
             let gt = f32_tensor(g.iter().map(|&v| v as f32).collect(), [k], &dev);
             for m in [1, 7, MAX_ROWS] {
@@ -501,24 +513,7 @@ mod tests {
                     let got = fused(xt, Weight::Blocks(&blocks), input, Some(rt)).unwrap_or_else(|_| panic!("{f:?}: the kernel refused {m} rows"));
                     assert_eq!(got.dims(), [m, n]);
                     let got = got.into_data().try_into_vec::<f32>().unwrap();
-                    for r in 0..m {
-                        let row = &x[r * width..(r + 1) * width];
-                        let xr: Vec<f64> = match form {
-                            0 => row.to_vec(),
-                            1 => {
-                                let scale = 1.0 / (row.iter().map(|a| a * a).sum::<f64>() / k as f64 + eps).sqrt();
-                                row.iter().zip(&g).map(|(a, b)| a * scale * b).collect()
-                            }
-                            _ => (0..k).map(|j| row[j] / (1.0 + (-row[j]).exp()) * row[k + j]).collect(),
-                        };
-                        for c in 0..n {
-                            let terms = (0..k).map(|j| xr[j] * w[c * k + j] as f64);
-                            let want = terms.clone().sum::<f64>() + res[r * n + c];
-                            let bound = 1e-5 * (terms.map(f64::abs).sum::<f64>() + 1.0);
-                            let v = got[r * n + c] as f64;
-                            assert!((v - want).abs() <= bound, "{f:?} m {m} form {form} at ({r}, {c}): {v} vs {want}");
-                        }
-                    }
+                    assert_rows_match(&got, &x, &w, Some(&res), &g, (m, n, k, eps), form, &format!("{f:?} m {m} form {form}"));
                 }
             }
         }
