@@ -1,73 +1,166 @@
-//! Mid-size f32/f64 products on the CPU, cut into row blocks that flex multiplies on one
-//! thread each, the blocks spread by `par_tasks`.
+//! Mid-size f32/f64 products on the CPU, cut into row blocks that the `gemm` crate multiplies
+//! on one thread each, straight into one output buffer, the blocks spread by `par_tasks`.
 //!
-//! Why: above 192^3 multiply-adds flex hands a product to gemm with rayon parallelism, and
-//! gemm forks from the calling thread. Our callers are the BEAM's dirty schedulers, outside
-//! rayon's pool, so every such product parks the caller and wakes a worker, twice, and those
-//! context switches weigh on a mid-size product (perf: `finish_task_switch`).
-//! Through `par_tasks` the caller starts on the first block at once and a worker takes blocks
-//! as soon as it wakes. The gain shrinks with the product's size and turns negative around
-//! 2^26, so products above 2^25 stay whole, where gemm's own split (one packed B) does as well
-//! (guides/backend.md has the timings).
-//! Written against Burn's public API, so it could move upstream into flex's matmul.
+//! Why: from 192^3 multiply-adds flex hands a product to gemm with rayon parallelism, and gemm
+//! forks from the calling thread. Our callers are the BEAM's dirty schedulers, outside rayon's
+//! pool, so every such product parks the caller and wakes a worker, twice, and those context
+//! switches weigh on a mid-size product (perf: `finish_task_switch`). Below 192^3 flex keeps a
+//! product on one thread. Through `par_tasks` the caller starts on the first block at once and a
+//! worker takes blocks as soon as it wakes. Each block packs its own copy of B, which costs more
+//! than it saves on large products, so products above 2^25 stay with gemm's own split (one
+//! packed B); guides/backend.md has the timings.
 
-use std::sync::Mutex;
-
-use burn::backend::ops::FloatTensorOps;
-use burn::backend::{BackendTensor, DType, Dispatch, DispatchTensorKind};
-use burn::tensor::Slice;
+use burn::backend::{BackendTensor, DType, DispatchTensorKind};
+use burn::tensor::TensorData;
 
 use super::vector::par_tasks;
 use crate::dispatch::{self, Prim};
 
-/// burn-flex's PARALLEL_THRESHOLD (ops/matmul.rs): products from here up are threaded by gemm.
-const FLEX_PARALLEL: usize = 192 * 192 * 192;
+/// Products from this many multiply-adds up are split (below, the fork costs what it saves).
+const SPLIT_MIN: usize = 1 << 18;
 /// Products above this many multiply-adds stay whole.
 const SPLIT_MAX: usize = 1 << 25;
 /// Blocks thinner than this would run gemm at a poor shape.
 const MIN_ROWS: usize = 16;
 
-/// `pa · pb` for flex f32/f64 operands `[1, m, k]` and `[1, k, n]` in the size range above, as
-/// row blocks of fewer than `FLEX_PARALLEL` multiply-adds each; `None` otherwise.
+/// `pa · pb` for flex f32/f64 operands `[1, m, k]` and `[1, k, n]` of one dtype (any strides) in
+/// the size range above, as row blocks; `None` otherwise.
 pub fn matmul(pa: &Prim, pb: &Prim, [bsz, m, k, n]: [usize; 4]) -> Option<Prim> {
-    let flex_float = |p: &Prim| matches!(&p.kind, DispatchTensorKind::Flex(BackendTensor::Float(t)) if matches!(t.dtype(), DType::F32 | DType::F64));
     let macs = m.checked_mul(k)?.checked_mul(n)?;
-    if bsz != 1 || !(FLEX_PARALLEL..=SPLIT_MAX).contains(&macs) || rayon::current_num_threads() < 2 || !flex_float(pa) || !flex_float(pb) {
+    let threads = rayon::current_num_threads();
+    if bsz != 1 || !(SPLIT_MIN..=SPLIT_MAX).contains(&macs) || threads < 2 || m < 2 * MIN_ROWS {
         return None;
     }
-    let rows = (FLEX_PARALLEL - 1) / (k * n);
-    if rows < MIN_ROWS || m <= rows {
-        return None;
+    // two blocks a thread where they stay thick enough, so a thread another process holds up
+    // leaves its second block to the other
+    let blocks = (2 * threads).min(m / MIN_ROWS);
+    let dims = [m, k, n];
+    if let (Some(a), Some(b)) = (View::<f32>::of(pa, DType::F32, [m, k]), View::<f32>::of(pb, DType::F32, [k, n])) {
+        return Some(split(a, b, dims, blocks, [0.0, 1.0]));
     }
-    let blocks = m.div_ceil(rows);
-    let parts: Vec<Mutex<Option<Prim>>> = (0..blocks).map(|_| Mutex::new(None)).collect();
+    let (a, b) = (View::<f64>::of(pa, DType::F64, [m, k])?, View::<f64>::of(pb, DType::F64, [k, n])?);
+    Some(split(a, b, dims, blocks, [0.0, 1.0]))
+}
+
+/// A rank-3 flex float tensor's storage with its offset and strides (in elements), as flex
+/// keeps them, so a permuted operand is read where it lies.
+struct View<'a, T> {
+    data: &'a [T],
+    offset: isize,
+    strides: [isize; 3],
+}
+
+impl<'a, T: burn::tensor::Element + bytemuck::Pod> View<'a, T> {
+    /// The view of `p` if it is a `[1, rows, cols]` flex tensor of `dtype` whose elements all lie
+    /// inside its storage (checked once: gemm reads through raw pointers).
+    fn of(p: &'a Prim, dtype: DType, [rows, cols]: [usize; 2]) -> Option<Self> {
+        let t = match &p.kind {
+            DispatchTensorKind::Flex(BackendTensor::Float(t)) if t.dtype() == dtype => t,
+            _ => return None,
+        };
+        let layout = t.layout();
+        let strides: [isize; 3] = layout.strides().try_into().ok()?;
+        if layout.shape().as_slice() != [1, rows, cols] {
+            return None;
+        }
+        let v = View { data: t.storage::<T>(), offset: layout.start_offset() as isize, strides };
+        // the lowest and highest element the strides reach
+        let (mut lo, mut hi) = (v.offset, v.offset);
+        for (s, n) in [(strides[1], rows), (strides[2], cols)] {
+            let reach = (n as isize - 1) * s;
+            (lo, hi) = (lo + reach.min(0), hi + reach.max(0));
+        }
+        (lo >= 0 && (hi as usize) < v.data.len()).then_some(v)
+    }
+}
+
+/// The product as `blocks` row blocks, each a one-thread gemm writing its rows of the result
+/// (`[zero, one]` of `T` for gemm's `alpha` and `beta`).
+fn split<T: burn::tensor::Element + bytemuck::Pod>(a: View<T>, b: View<T>, [m, k, n]: [usize; 3], blocks: usize, [zero, one]: [T; 2]) -> Prim {
+    let rows = m.div_ceil(blocks);
+    let mut out = vec![zero; m * n];
+    struct Out<T>(*mut T);
+    // SAFETY: each task writes only its own rows of `out`, which outlives `par_tasks`.
+    unsafe impl<T> Sync for Out<T> {}
+    let dst = Out(out.as_mut_ptr());
     par_tasks(blocks, &|i| {
         let (r0, r1) = (i * rows, m.min((i + 1) * rows));
-        let a = dispatch::slice(pa.clone(), &[Slice::new(0, Some(1), 1), Slice::new(r0 as isize, Some(r1 as isize), 1), Slice::new(0, Some(k as isize), 1)]);
-        let p = Dispatch::float_matmul(a, pb.clone());
-        *parts[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        if r0 >= r1 {
+            return;
+        }
+        let dst = &dst;
+        // SAFETY: the operand views are in bounds (asserted above), rows r0..r1 of `out` are
+        // this task's alone, and gemm reads `dst` not at all (`read_dst` false).
+        unsafe {
+            gemm::gemm(
+                r1 - r0,
+                n,
+                k,
+                dst.0.add(r0 * n),
+                1,
+                n as isize,
+                false,
+                a.data.as_ptr().offset(a.offset + r0 as isize * a.strides[1]),
+                a.strides[2],
+                a.strides[1],
+                b.data.as_ptr().offset(b.offset),
+                b.strides[2],
+                b.strides[1],
+                zero,
+                one,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        }
     });
-    // par_tasks returned, so every task ran (a panic would have been re-raised)
-    let parts: Vec<Prim> = parts.into_iter().map(|p| p.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every block ran")).collect();
-    Some(dispatch::cat(parts, 1))
+    dispatch::from_data(TensorData::new(out, [1, m, n]), &burn::tensor::Device::flex())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::{assert_f32_product, flex_f32s, prim_f32s};
+    use burn::backend::ops::FloatTensorOps;
+    use burn::backend::Dispatch;
+
+    fn values(len: usize, p: usize, q: usize) -> Vec<f32> {
+        (0..len).map(|i| ((i * p) % q) as f32 / (q as f32 / 2.0) - 1.0).collect()
+    }
 
     /// Split products equal the whole product computed in f64 within f32 rounding, at row
-    /// counts that leave a partial last block, and the sizes outside the range are declined.
+    /// counts that leave a partial last block and with transposed operands read where they
+    /// lie; f64 products to f64 rounding; the sizes outside the range are declined.
     #[test]
     fn split_products_match_the_f64_product() {
-        for (m, k, n) in [(256, 256, 256), (301, 200, 150), (1000, 300, 40)] {
-            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 997) as f32 / 498.5 - 1.0).collect();
+        for (m, k, n) in [(64, 64, 64), (256, 256, 256), (301, 200, 150), (1000, 300, 40)] {
+            let (a, b) = (values(m * k, 7919, 1000), values(k * n, 104729, 997));
             let got = matmul(&flex_f32s(a.clone(), &[1, m, k]), &flex_f32s(b.clone(), &[1, k, n]), [1, m, k, n]).expect("in range");
             assert_eq!(dispatch::dims(&got), vec![1, m, n]);
             let got: Vec<f64> = prim_f32s(got).into_iter().map(f64::from).collect();
             assert_f32_product(&got, |i, l| a[i * k + l] as f64, &b, (m, k, n), "row split");
+        }
+        // Aᵀ and Bᵀ stored as [k, m] and [n, k]
+        let (m, k, n) = (200, 120, 90);
+        let (at, bt) = (values(k * m, 7919, 1000), values(n * k, 104729, 997));
+        let pa = dispatch::permute(flex_f32s(at.clone(), &[1, k, m]), &[0, 2, 1]);
+        let pb = dispatch::permute(flex_f32s(bt.clone(), &[1, n, k]), &[0, 2, 1]);
+        let got: Vec<f64> = prim_f32s(matmul(&pa, &pb, [1, m, k, n]).expect("in range")).into_iter().map(f64::from).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| bt[(i % n) * k + i / n]).collect();
+        assert_f32_product(&got, |i, l| at[l * m + i] as f64, &b, (m, k, n), "transposed operands");
+        // f64: within a few f64 roundings of the exact product of these dyadic values
+        let (m, k, n) = (128, 96, 64);
+        let a64: Vec<f64> = values(m * k, 31, 64).into_iter().map(f64::from).collect();
+        let b64: Vec<f64> = values(k * n, 17, 32).into_iter().map(f64::from).collect();
+        let flex64 = |v: Vec<f64>, d: [usize; 3]| dispatch::from_data(TensorData::new(v, d), &burn::tensor::Device::flex());
+        let got = matmul(&flex64(a64.clone(), [1, m, k]), &flex64(b64.clone(), [1, k, n]), [1, m, k, n]).expect("in range");
+        let got = dispatch::into_data(got).unwrap().try_to_vec::<f64>().unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = (0..k).map(|l| a64[i * k + l] * b64[l * n + j]).sum();
+                assert_eq!(got[i * n + j], want, "f64 [{i},{j}]: products of these values are exact");
+            }
         }
         // a NaN in a row of A makes that row NaN, an infinity in a column of B that column
         let (m, k, n) = (256, 256, 256);
@@ -86,7 +179,35 @@ mod tests {
                 }
             }
         }
-        let small = flex_f32s(vec![1.0; 64 * 64], &[1, 64, 64]);
-        assert!(matmul(&small, &small, [1, 64, 64, 64]).is_none());
+        // too small, too few rows, batched, too large (the sizes alone decide)
+        let small = flex_f32s(vec![1.0; 48 * 48], &[1, 48, 48]);
+        assert!(matmul(&small, &small, [1, 48, 48, 48]).is_none());
+        let (thin, wide) = (flex_f32s(vec![1.0; 16 * 4096], &[1, 16, 4096]), flex_f32s(vec![1.0; 4096 * 64], &[1, 4096, 64]));
+        assert!(matmul(&thin, &wide, [1, 16, 4096, 64]).is_none());
+        assert!(matmul(&small, &small, [2, 64, 64, 64]).is_none());
+        assert!(matmul(&small, &small, [1, 1024, 256, 256]).is_none());
+    }
+
+    /// Split against flex's whole product, alternating calls from a thread outside rayon's pool
+    /// (as a dirty scheduler calls): min / median µs at sizes in and around the range.
+    #[test]
+    #[ignore]
+    fn row_split_timing() {
+        println!("load: {}", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
+        for (m, k, n) in [(64, 64, 64), (160, 160, 160), (256, 256, 256), (128, 784, 256), (300, 300, 300), (1024, 128, 128)] {
+            let (a, b) = (flex_f32s(values(m * k, 7919, 1000), &[1, m, k]), flex_f32s(values(k * n, 104729, 997), &[1, k, n]));
+            let mut times = [vec![], vec![]];
+            for round in 0..600 {
+                let t = std::time::Instant::now();
+                let r = if round % 2 == 0 { matmul(&a, &b, [1, m, k, n]).expect("in range") } else { Dispatch::float_matmul(a.clone(), b.clone()) };
+                std::hint::black_box(r);
+                times[round % 2].push(t.elapsed().as_micros());
+            }
+            let [split, whole] = times.map(|mut t| {
+                t.sort();
+                (t[0], t[t.len() / 2])
+            });
+            println!("{m}x{k}x{n}: split {} / {} µs, whole {} / {} µs", split.0, split.1, whole.0, whole.1);
+        }
     }
 }
