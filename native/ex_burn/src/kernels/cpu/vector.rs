@@ -851,6 +851,12 @@ fn expf_table8<S: Isa>(k: &[u64; 8]) -> [u64; 8] {
 /// `__expf_fma`, its special cases as selects.
 #[inline(always)]
 fn expf8<S: Isa>(x: &[f32; 8]) -> [f32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if S::FMA && !S::AVX512 {
+        // SAFETY: FMA without AVX-512 is `wide!`'s AVX2 copy, which runs only where `simd()`
+        // found AVX2 and FMA.
+        return unsafe { expf8_avx2(x) };
+    }
     let mut ki = [0u64; 8];
     let mut r = [0f64; 8];
     for i in 0..8 {
@@ -878,6 +884,45 @@ fn expf8<S: Isa>(x: &[f32; 8]) -> [f32; 8] {
         out[i] = if x.is_nan() { x + x } else { y };
     }
     out
+}
+
+/// `expf8` in AVX2 registers, the replica's operations one for one (so the same bits), the table
+/// read by a gather. Left to LLVM's vectoriser, whether the eight lanes became vectors depended
+/// on the function the replica was inlined into: one build ran the softmax kernel's copy a lane
+/// at a time, at half the speed of its exp.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn expf8_avx2(x: &[f32; 8]) -> [f32; 8] {
+    use std::arch::x86_64::*;
+    /// Four lanes, in f64, up to the rounding to f32.
+    #[inline(always)]
+    unsafe fn four(xd: __m256d) -> __m128 {
+        unsafe {
+            let c = _mm256_set1_pd;
+            let kd = _mm256_fmadd_pd(c(EXPF_INVLN2N), xd, c(EXPF_SHIFT));
+            let minus = _mm256_xor_pd(_mm256_sub_pd(kd, c(EXPF_SHIFT)), c(-0.0));
+            let r = _mm256_fmadd_pd(c(EXPF_INVLN2N), xd, minus);
+            let ki = _mm256_castpd_si256(kd);
+            let t = _mm256_i64gather_epi64::<8>(EXPF_TAB.as_ptr() as *const i64, _mm256_and_si256(ki, _mm256_set1_epi64x(31)));
+            let s = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64::<47>(ki)));
+            let z = _mm256_fmadd_pd(c(EXPF_C[0]), r, c(EXPF_C[1]));
+            let r2 = _mm256_mul_pd(r, r);
+            let y = _mm256_fmadd_pd(c(EXPF_C[2]), r, c(1.0));
+            _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_fmadd_pd(z, r2, y), s))
+        }
+    }
+    unsafe {
+        let xs = _mm256_loadu_ps(x.as_ptr());
+        let lo = four(_mm256_cvtps_pd(_mm256_castps256_ps128(xs)));
+        let hi = four(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(xs)));
+        let y = _mm256_set_m128(hi, lo);
+        let y = _mm256_blendv_ps(y, _mm256_set1_ps(f32::INFINITY), _mm256_cmp_ps::<_CMP_GT_OQ>(xs, _mm256_set1_ps(EXPF_OVER)));
+        let y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(xs, _mm256_set1_ps(EXPF_UNDER)));
+        let y = _mm256_blendv_ps(y, _mm256_add_ps(xs, xs), _mm256_cmp_ps::<_CMP_UNORD_Q>(xs, xs));
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), y);
+        out
+    }
 }
 
 /// exp over a slice: glibc's expf replica where the level has FMA, else std's f32::exp (without
@@ -1595,5 +1640,36 @@ mod tests {
         });
         assert!(r.is_err());
         assert_eq!(ran.load(Ordering::Relaxed), 64);
+    }
+
+    /// The exact softmax over {1024, 1024} f32 and its pieces at this CPU's level (run under
+    /// `scripts/without_avx512.sh` for AVX2): whole kernels on the pool (min, median µs), then
+    /// one thread over 1024 rows of 1024.
+    #[test]
+    #[ignore]
+    fn softmax_timing() {
+        let n = 1024;
+        let xs: Vec<f32> = (0..n * n).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
+        let x = crate::testing::flex_f32s(xs.clone(), &[n, n]);
+        let pool = |f: &dyn Fn()| {
+            let mut t: Vec<u128> = (0..100).map(|_| (std::time::Instant::now(), f()).0.elapsed().as_micros()).collect();
+            t.sort();
+            (t[0], t[50])
+        };
+        let alone = |f: &mut dyn FnMut()| {
+            let t = std::time::Instant::now();
+            (0..n).for_each(|_| f());
+            t.elapsed().as_micros()
+        };
+        println!("level {:?}, {} threads, load {}", simd(), rayon::current_num_threads(), std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
+        println!("softmax_last {:?} µs, exp {:?} µs", pool(&|| drop(softmax_last(&x, false).expect("fused"))), pool(&|| drop(exp_f32(simd(), &xs))));
+        let (row, mut o, mut e) = (&xs[..n], vec![MaybeUninit::<f32>::uninit(); n], vec![0.5f32; n]);
+        let softmax = alone(&mut || softmax_row_wide(simd(), row, &mut o, false, n * n));
+        let exp = alone(&mut || exp_f32_into(simd(), row, &mut o));
+        let divide = alone(&mut || divide_by_wide(simd(), &mut e, 3.0));
+        let sum = alone(&mut || {
+            std::hint::black_box(row_sum_as_sum(simd(), row, n * n));
+        });
+        println!("one thread, 1024 rows: softmax {softmax} µs: exp {exp}, divide {divide}, sum {sum}");
     }
 }
