@@ -89,8 +89,9 @@ fn split<T: burn::tensor::Element + bytemuck::Pod>(a: View<T>, b: View<T>, [m, k
             return;
         }
         let dst = &dst;
-        // SAFETY: the operand views are in bounds (asserted above), rows r0..r1 of `out` are
-        // this task's alone, and gemm reads `dst` not at all (`read_dst` false).
+        // SAFETY: every element the operand views reach is in their storage (`View::of`),
+        // rows r0..r1 of `out` are this task's alone, and gemm does not read `dst` (`read_dst`
+        // false).
         unsafe {
             gemm::gemm(
                 r1 - r0,
@@ -149,7 +150,7 @@ mod tests {
         let got: Vec<f64> = prim_f32s(matmul(&pa, &pb, [1, m, k, n]).expect("in range")).into_iter().map(f64::from).collect();
         let b: Vec<f32> = (0..k * n).map(|i| bt[(i % n) * k + i / n]).collect();
         assert_f32_product(&got, |i, l| at[l * m + i] as f64, &b, (m, k, n), "transposed operands");
-        // f64: within a few f64 roundings of the exact product of these dyadic values
+        // f64: exactly the product, as every partial sum of these dyadic values is exact
         let (m, k, n) = (128, 96, 64);
         let a64: Vec<f64> = values(m * k, 31, 64).into_iter().map(f64::from).collect();
         let b64: Vec<f64> = values(k * n, 17, 32).into_iter().map(f64::from).collect();

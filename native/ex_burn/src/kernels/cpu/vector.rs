@@ -888,8 +888,8 @@ fn expf8<S: Isa>(x: &[f32; 8]) -> [f32; 8] {
 
 /// `expf8` in AVX2 registers, the replica's operations one for one (so the same bits), the table
 /// read by a gather. Left to LLVM's vectoriser, whether the eight lanes became vectors depended
-/// on the function the replica was inlined into: one build ran the softmax kernel's copy a lane
-/// at a time, at half the speed of its exp.
+/// on the function the replica was inlined into: the NIF build ran the fused softmax's copy a
+/// lane at a time.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn expf8_avx2(x: &[f32; 8]) -> [f32; 8] {
