@@ -42,7 +42,7 @@ use std::sync::OnceLock;
 #[cfg(target_arch = "x86_64")]
 mod amx;
 
-use burn::backend::{BackendTensor, DType, DispatchTensorKind, TensorData};
+use burn::backend::{DType, TensorData};
 use burn::tensor::bf16;
 
 use super::vector::par_tasks;
@@ -99,58 +99,13 @@ fn detected() -> bool {
     }
 }
 
-/// A `[bsz, rows, cols]` strided view of bf16 bit patterns (strides in elements, of any sign,
-/// zero for broadcast axes).
-#[derive(Clone, Copy)]
-struct View<'a> {
-    data: &'a [u16],
-    offset: usize,
-    shape: [usize; 3],
-    strides: [isize; 3],
-}
+/// A `[bsz, rows, cols]` strided view of bf16 bit patterns.
+type View<'a> = super::strided::View<'a, u16>;
 
-/// The view of a rank-3 bf16 flex tensor: storage, offset and strides as flex keeps them, so a
-/// permuted operand is read where it lies rather than copied first.
+/// The view of a rank-3 bf16 flex tensor, so a permuted operand is read where it lies rather than
+/// copied first.
 fn view(p: &Prim) -> Option<View<'_>> {
-    let t = match &p.kind {
-        DispatchTensorKind::Flex(BackendTensor::Float(t)) if t.dtype() == DType::BF16 => t,
-        _ => return None,
-    };
-    let layout = t.layout();
-    let dims = layout.shape();
-    let shape: [usize; 3] = [*dims.first()?, *dims.get(1)?, *dims.get(2)?];
-    let strides: [isize; 3] = layout.strides().try_into().ok()?;
-    let v = View { data: bytemuck::cast_slice(t.storage::<bf16>()), offset: layout.start_offset(), shape, strides };
-    (dims.len() == 3 && v.in_bounds()).then_some(v)
-}
-
-impl View<'_> {
-    /// Whether every element the shape reaches lies inside `data`; checked once, so the loops
-    /// below read through raw pointers.
-    fn in_bounds(&self) -> bool {
-        if self.shape.contains(&0) {
-            return true;
-        }
-        let (mut lo, mut hi) = (self.offset as isize, self.offset as isize);
-        for (&d, &s) in self.shape.iter().zip(&self.strides) {
-            let reach = (d as isize - 1) * s;
-            if reach < 0 {
-                lo += reach;
-            } else {
-                hi += reach;
-            }
-        }
-        lo >= 0 && (hi as usize) < self.data.len()
-    }
-
-    /// Element (b, r, c); dereferencing it is sound for indices inside the shape of a view that
-    /// passed `in_bounds`.
-    #[inline(always)]
-    fn ptr(&self, b: usize, r: usize, c: usize) -> *const u16 {
-        let [s0, s1, s2] = self.strides;
-        let at = self.offset as isize + b as isize * s0 + r as isize * s1 + c as isize * s2;
-        self.data.as_ptr().wrapping_offset(at)
-    }
+    View::of::<bf16>(p, DType::BF16)
 }
 
 /// bf16 bits `lo` and `hi` as one 32-bit lane, `lo` in the low half: vdpbf16ps multiplies

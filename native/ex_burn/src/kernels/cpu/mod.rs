@@ -11,5 +11,6 @@ pub(crate) mod linear_packed;
 pub mod quant;
 pub(crate) mod row_split;
 pub(crate) mod sort;
+pub(crate) mod strided;
 pub(crate) mod vector;
 pub(crate) mod winograd;

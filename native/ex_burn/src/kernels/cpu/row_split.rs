@@ -10,9 +10,10 @@
 //! than it saves on large products, so products above 2^25 stay with gemm's own split (one
 //! packed B); guides/backend.md has the timings.
 
-use burn::backend::{BackendTensor, DType, DispatchTensorKind};
+use burn::backend::DType;
 use burn::tensor::TensorData;
 
+use super::strided::View;
 use super::vector::par_tasks;
 use crate::dispatch::{self, Prim};
 
@@ -35,48 +36,19 @@ pub fn matmul(pa: &Prim, pb: &Prim, [bsz, m, k, n]: [usize; 4]) -> Option<Prim> 
     // leaves its second block to the other
     let blocks = (2 * threads).min(m / MIN_ROWS);
     let dims = [m, k, n];
-    if let (Some(a), Some(b)) = (View::<f32>::of(pa, DType::F32, [m, k]), View::<f32>::of(pb, DType::F32, [k, n])) {
-        return Some(split(a, b, dims, blocks, [0.0, 1.0]));
+    if let (Some(a), Some(b)) = (View::<f32>::of::<f32>(pa, DType::F32), View::<f32>::of::<f32>(pb, DType::F32)) {
+        return split(a, b, dims, blocks, [0.0, 1.0]);
     }
-    let (a, b) = (View::<f64>::of(pa, DType::F64, [m, k])?, View::<f64>::of(pb, DType::F64, [k, n])?);
-    Some(split(a, b, dims, blocks, [0.0, 1.0]))
-}
-
-/// A rank-3 flex float tensor's storage with its offset and strides (in elements), as flex
-/// keeps them, so a permuted operand is read where it lies.
-struct View<'a, T> {
-    data: &'a [T],
-    offset: isize,
-    strides: [isize; 3],
-}
-
-impl<'a, T: burn::tensor::Element + bytemuck::Pod> View<'a, T> {
-    /// The view of `p` if it is a `[1, rows, cols]` flex tensor of `dtype` whose elements all lie
-    /// inside its storage (checked once: gemm reads through raw pointers).
-    fn of(p: &'a Prim, dtype: DType, [rows, cols]: [usize; 2]) -> Option<Self> {
-        let t = match &p.kind {
-            DispatchTensorKind::Flex(BackendTensor::Float(t)) if t.dtype() == dtype => t,
-            _ => return None,
-        };
-        let layout = t.layout();
-        let strides: [isize; 3] = layout.strides().try_into().ok()?;
-        if layout.shape().as_slice() != [1, rows, cols] {
-            return None;
-        }
-        let v = View { data: t.storage::<T>(), offset: layout.start_offset() as isize, strides };
-        // the lowest and highest element the strides reach
-        let (mut lo, mut hi) = (v.offset, v.offset);
-        for (s, n) in [(strides[1], rows), (strides[2], cols)] {
-            let reach = (n as isize - 1) * s;
-            (lo, hi) = (lo + reach.min(0), hi + reach.max(0));
-        }
-        (lo >= 0 && (hi as usize) < v.data.len()).then_some(v)
-    }
+    split(View::<f64>::of::<f64>(pa, DType::F64)?, View::<f64>::of::<f64>(pb, DType::F64)?, dims, blocks, [0.0, 1.0])
 }
 
 /// The product as `blocks` row blocks, each a one-thread gemm writing its rows of the result
-/// (`[zero, one]` of `T` for gemm's `alpha` and `beta`).
-fn split<T: burn::tensor::Element + bytemuck::Pod>(a: View<T>, b: View<T>, [m, k, n]: [usize; 3], blocks: usize, [zero, one]: [T; 2]) -> Prim {
+/// (`[zero, one]` of `T` for gemm's `alpha` and `beta`); `None` where the views are not
+/// `[1, m, k]` and `[1, k, n]`.
+fn split<T: burn::tensor::Element + bytemuck::Pod>(a: View<T>, b: View<T>, [m, k, n]: [usize; 3], blocks: usize, [zero, one]: [T; 2]) -> Option<Prim> {
+    if a.shape != [1, m, k] || b.shape != [1, k, n] {
+        return None;
+    }
     let rows = m.div_ceil(blocks);
     let mut out = vec![zero; m * n];
     struct Out<T>(*mut T);
@@ -101,10 +73,10 @@ fn split<T: burn::tensor::Element + bytemuck::Pod>(a: View<T>, b: View<T>, [m, k
                 1,
                 n as isize,
                 false,
-                a.data.as_ptr().offset(a.offset + r0 as isize * a.strides[1]),
+                a.ptr(0, r0, 0),
                 a.strides[2],
                 a.strides[1],
-                b.data.as_ptr().offset(b.offset),
+                b.ptr(0, 0, 0),
                 b.strides[2],
                 b.strides[1],
                 zero,
@@ -116,7 +88,7 @@ fn split<T: burn::tensor::Element + bytemuck::Pod>(a: View<T>, b: View<T>, [m, k
             )
         }
     });
-    dispatch::from_data(TensorData::new(out, [1, m, n]), &burn::tensor::Device::flex())
+    Some(dispatch::from_data(TensorData::new(out, [1, m, n]), &burn::tensor::Device::flex()))
 }
 
 #[cfg(test)]
