@@ -14,7 +14,7 @@ use burn::backend::DType;
 use burn::tensor::TensorData;
 
 use super::strided::View;
-use super::vector::par_tasks;
+use super::vector::{par_tasks, SharedMut};
 use crate::dispatch::{self, Prim};
 
 /// Products from this many multiply-adds up are split (below, the fork costs what it saves).
@@ -51,16 +51,13 @@ fn split<T: burn::tensor::Element + bytemuck::Pod>(a: View<T>, b: View<T>, [m, k
     }
     let rows = m.div_ceil(blocks);
     let mut out = vec![zero; m * n];
-    struct Out<T>(*mut T);
-    // SAFETY: each task writes only its own rows of `out`, which outlives `par_tasks`.
-    unsafe impl<T> Sync for Out<T> {}
-    let dst = Out(out.as_mut_ptr());
+    // each task writes only its own rows of `out`, which outlives `par_tasks`
+    let dst = SharedMut(out.as_mut_ptr());
     par_tasks(blocks, &|i| {
         let (r0, r1) = (i * rows, m.min((i + 1) * rows));
         if r0 >= r1 {
             return;
         }
-        let dst = &dst;
         // SAFETY: every element the operand views reach is in their storage (`View::of`),
         // rows r0..r1 of `out` are this task's alone, and gemm does not read `dst` (`read_dst`
         // false).
@@ -69,7 +66,7 @@ fn split<T: burn::tensor::Element + bytemuck::Pod>(a: View<T>, b: View<T>, [m, k
                 r1 - r0,
                 n,
                 k,
-                dst.0.add(r0 * n),
+                dst.get().add(r0 * n),
                 1,
                 n as isize,
                 false,
