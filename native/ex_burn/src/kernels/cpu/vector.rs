@@ -201,19 +201,14 @@ pub(super) fn sum_lanes<T: Copy + Default + Into<f64>, S: Isa>(xs: &[T]) -> f64 
             *a += x.into();
         }
     }
-    let mut pad = [T::default(); LANES];
-    pad[..rest.len()].copy_from_slice(rest);
-    for (a, &x) in acc.iter_mut().zip(&pad) {
-        *a += x.into();
-    }
-    let mut w = LANES;
-    while w > 1 {
-        w /= 2;
-        for i in 0..w {
-            acc[i] += acc[i + w];
+    if !rest.is_empty() {
+        let mut pad = [T::default(); LANES];
+        pad[..rest.len()].copy_from_slice(rest);
+        for (a, &x) in acc.iter_mut().zip(&pad) {
+            *a += x.into();
         }
     }
-    acc[0]
+    halve_lanes(acc, |a, b| a + b)
 }
 
 /// `acc[i] += row[i]` in f64 (one row of a column sum).
@@ -437,27 +432,43 @@ fn max_step<T: Float>(acc: T, x: T) -> T {
 /// with -inf.
 #[inline(always)]
 fn max_lanes<T: Float, S: Isa>(xs: &[T]) -> T {
+    max_lanes_by::<T, S>(xs, max_step)
+}
+
+#[inline(always)]
+fn max_lanes_by<T: Float, S: Isa>(xs: &[T], step: impl Fn(T, T) -> T) -> T {
     let mut acc = [T::NEG_INFINITY; LANES];
     let chunks = xs.chunks_exact(LANES);
     let rest = chunks.remainder();
     for c in chunks {
         for (a, &x) in acc.iter_mut().zip(c) {
-            *a = max_step(*a, x);
+            *a = step(*a, x);
         }
     }
-    for (a, &x) in acc.iter_mut().zip(rest) {
-        *a = max_step(*a, x);
+    if !rest.is_empty() {
+        let mut pad = [T::NEG_INFINITY; LANES];
+        pad[..rest.len()].copy_from_slice(rest);
+        for (a, &x) in acc.iter_mut().zip(&pad) {
+            *a = step(*a, x);
+        }
     }
     // halving, like the sums: a fold over the 64 lanes would be a serial chain of compares,
     // 70 ns a row, as long as the vectorised pass over a 1024-long row
-    let mut w = LANES;
-    while w > 1 {
-        w /= 2;
-        for i in 0..w {
-            acc[i] = max_step(acc[i], acc[i + w]);
-        }
-    }
-    acc[0]
+    halve_lanes(acc, step)
+}
+
+/// `acc[i] = op(acc[i], acc[i + w])` for w = 32, 16, .., 1, then `acc[0]`: the lanes' fixed
+/// combining order. Fixed-size arrays keep the lanes in registers; with a loop over `w`, LLVM
+/// left them on the stack, and its masked stores stalled the loads that followed (a row's max
+/// took as long as its exp's tenth).
+#[inline(always)]
+fn halve_lanes<T: Copy>(acc: [T; LANES], op: impl Fn(T, T) -> T) -> T {
+    let a: [T; 32] = std::array::from_fn(|i| op(acc[i], acc[i + 32]));
+    let a: [T; 16] = std::array::from_fn(|i| op(a[i], a[i + 16]));
+    let a: [T; 8] = std::array::from_fn(|i| op(a[i], a[i + 8]));
+    let a: [T; 4] = std::array::from_fn(|i| op(a[i], a[i + 4]));
+    let a: [T; 2] = std::array::from_fn(|i| op(a[i], a[i + 2]));
+    op(a[0], a[1])
 }
 
 /// `acc[i] = max(acc[i], row[i])` (one row of a maximum down the columns).
@@ -848,14 +859,16 @@ fn expf_table8<S: Isa>(k: &[u64; 8]) -> [u64; 8] {
 }
 
 /// glibc's expf of eight values; every operation (and which ones are fused multiply-adds) as in
-/// `__expf_fma`, its special cases as selects.
+/// `__expf_fma`, its special cases as selects. `SHIFTED`: softmax's first try, whose caller knows
+/// every value to be at most 0 and does a row with a NaN again (its sum is NaN) through the
+/// general copy, so the overflow and NaN selects are left out: a NaN gives some NaN.
 #[inline(always)]
-fn expf8<S: Isa>(x: &[f32; 8]) -> [f32; 8] {
+fn expf8<S: Isa, const SHIFTED: bool>(x: &[f32; 8]) -> [f32; 8] {
     #[cfg(target_arch = "x86_64")]
     if S::FMA && !S::AVX512 {
         // SAFETY: FMA without AVX-512 is `wide!`'s AVX2 copy, which runs only where `simd()`
         // found AVX2 and FMA.
-        return unsafe { expf8_avx2(x) };
+        return unsafe { expf8_avx2::<SHIFTED>(x) };
     }
     let mut ki = [0u64; 8];
     let mut r = [0f64; 8];
@@ -877,11 +890,11 @@ fn expf8<S: Isa>(x: &[f32; 8]) -> [f32; 8] {
         let y = EXPF_C[2].mul_add(r, 1.0);
         let y = (z.mul_add(r2, y) * s) as f32;
         let x = x[i];
-        let y = if x > EXPF_OVER { f32::INFINITY } else { y };
+        let y = if !SHIFTED && x > EXPF_OVER { f32::INFINITY } else { y };
         // also -inf -> +0
         let y = if x < EXPF_UNDER { 0.0 } else { y };
         // NaN -> x + x: quiet, with x's sign and payload (glibc's `return x + x`)
-        out[i] = if x.is_nan() { x + x } else { y };
+        out[i] = if !SHIFTED && x.is_nan() { x + x } else { y };
     }
     out
 }
@@ -892,7 +905,7 @@ fn expf8<S: Isa>(x: &[f32; 8]) -> [f32; 8] {
 /// lane at a time.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn expf8_avx2(x: &[f32; 8]) -> [f32; 8] {
+unsafe fn expf8_avx2<const SHIFTED: bool>(x: &[f32; 8]) -> [f32; 8] {
     use std::arch::x86_64::*;
     /// Four lanes, in f64, up to the rounding to f32.
     #[inline(always)]
@@ -916,9 +929,9 @@ unsafe fn expf8_avx2(x: &[f32; 8]) -> [f32; 8] {
         let lo = four(_mm256_cvtps_pd(_mm256_castps256_ps128(xs)));
         let hi = four(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(xs)));
         let y = _mm256_set_m128(hi, lo);
-        let y = _mm256_blendv_ps(y, _mm256_set1_ps(f32::INFINITY), _mm256_cmp_ps::<_CMP_GT_OQ>(xs, _mm256_set1_ps(EXPF_OVER)));
+        let y = if SHIFTED { y } else { _mm256_blendv_ps(y, _mm256_set1_ps(f32::INFINITY), _mm256_cmp_ps::<_CMP_GT_OQ>(xs, _mm256_set1_ps(EXPF_OVER))) };
         let y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LT_OQ>(xs, _mm256_set1_ps(EXPF_UNDER)));
-        let y = _mm256_blendv_ps(y, _mm256_add_ps(xs, xs), _mm256_cmp_ps::<_CMP_UNORD_Q>(xs, xs));
+        let y = if SHIFTED { y } else { _mm256_blendv_ps(y, _mm256_add_ps(xs, xs), _mm256_cmp_ps::<_CMP_UNORD_Q>(xs, xs)) };
         let mut out = [0f32; 8];
         _mm256_storeu_ps(out.as_mut_ptr(), y);
         out
@@ -929,13 +942,14 @@ unsafe fn expf8_avx2(x: &[f32; 8]) -> [f32; 8] {
 /// FMA instructions mul_add is a libm call, and glibc runs its non-FMA build there anyway).
 #[inline(always)]
 fn exp_f32_slice<S: Isa>(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
-    exp_minus_slice::<S>(xs, 0.0, out)
+    exp_minus_slice::<S, false>(xs, 0.0, out)
 }
 
 /// `out = exp(xs - m)`, the f32 difference rounded as a pass of its own would round it (`x - 0`
-/// is `x`, NaN payloads included), so softmax's shift costs no pass over memory.
+/// is `x`, NaN payloads included), so softmax's shift costs no pass over memory. `SHIFTED`: as
+/// `expf8`'s (`m` the maximum of the values that are not NaN).
 #[inline(always)]
-fn exp_minus_slice<S: Isa>(xs: &[f32], m: f32, out: &mut [MaybeUninit<f32>]) {
+fn exp_minus_slice<S: Isa, const SHIFTED: bool>(xs: &[f32], m: f32, out: &mut [MaybeUninit<f32>]) {
     if !S::FMA {
         for (o, &x) in out.iter_mut().zip(xs) {
             o.write((x - m).exp());
@@ -946,7 +960,7 @@ fn exp_minus_slice<S: Isa>(xs: &[f32], m: f32, out: &mut [MaybeUninit<f32>]) {
     let mut ins = xs.chunks_exact(8);
     for (o, x) in (&mut outs).zip(&mut ins) {
         let x: &[f32; 8] = x.try_into().unwrap();
-        let y = expf8::<S>(&x.map(|x| x - m));
+        let y = expf8::<S, SHIFTED>(&x.map(|x| x - m));
         for (o, y) in o.iter_mut().zip(y) {
             o.write(y);
         }
@@ -955,7 +969,7 @@ fn exp_minus_slice<S: Isa>(xs: &[f32], m: f32, out: &mut [MaybeUninit<f32>]) {
     let rest = ins.remainder();
     let mut pad = [0f32; 8];
     pad[..rest.len()].copy_from_slice(rest);
-    let y = expf8::<S>(&pad.map(|x| x - m));
+    let y = expf8::<S, SHIFTED>(&pad.map(|x| x - m));
     for (o, y) in outs.into_remainder().iter_mut().zip(y) {
         o.write(y);
     }
@@ -1027,19 +1041,58 @@ fn row_sum_lanes<S: Isa>(row: &[f32], total: usize) -> f64 {
 
 wide!(pub(super) fn row_sum_as_sum(row: &[f32], total: usize) -> f64 = row_sum_lanes;);
 
+/// The maximum and the minimum of the values of a row that are not NaN (`-inf` and `inf` for
+/// none) in one pass, one `max` and one `min` instruction a vector, where `max_step`'s NaN rule
+/// takes three. Without a NaN the maximum is `max_lanes`' value up to the sign of a zero.
+#[inline(always)]
+fn max_min_blind<S: Isa>(xs: &[f32]) -> (f32, f32) {
+    let (mut hi, mut lo) = ([f32::NEG_INFINITY; LANES], [f32::INFINITY; LANES]);
+    let mut take = |c: &[f32; LANES]| {
+        for ((h, l), &x) in hi.iter_mut().zip(lo.iter_mut()).zip(c) {
+            *h = if x > *h { x } else { *h };
+            *l = if x < *l { x } else { *l };
+        }
+    };
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    chunks.for_each(|c| take(c.try_into().unwrap()));
+    if let Some(&first) = rest.first() {
+        // padded with one of its own values, neutral to both
+        let mut pad = [first; LANES];
+        pad[..rest.len()].copy_from_slice(rest);
+        take(&pad);
+    }
+    (halve_lanes(hi, f32::max), halve_lanes(lo, f32::min))
+}
+
 /// One row of `softmax_last`, every pass in `S`'s vector registers (baseline x86-64 code works
 /// four lanes at a time).
 #[inline(always)]
 fn softmax_row<S: Isa>(row: &[f32], o: &mut [MaybeUninit<f32>], recip: bool, total: usize) {
-    exp_minus_slice::<S>(row, max_lanes::<f32, S>(row), o);
+    // The shift by the NaN-blind maximum gives the same `e` as by `reduce_max`'s: they differ only
+    // in a zero's sign, and exp(x - 0) = exp(x + 0) (exp(±0) = 1). A NaN in the row (or an
+    // infinite maximum, inf - inf) makes the sum NaN, and only then is the row done again with
+    // the NaN rule and the general exp, whose NaNs carry the composition's bits.
+    let (m, low) = max_min_blind::<S>(row);
+    // every x - m in [-41, 0] puts every e in [exp(-41), 1], inside `divide_by`'s range
+    let in_range = low - m >= -41.0;
+    exp_minus_slice::<S, true>(row, m, o);
     // SAFETY: exp_minus_slice wrote every element of `o`.
-    let e: &mut [f32] = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
-    let s = row_sum_lanes::<S>(e, total) as f32;
+    let mut e: &mut [f32] = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
+    let mut s = row_sum_lanes::<S>(e, total) as f32;
+    if s.is_nan() {
+        // SAFETY: as above, the same memory, `e`'s borrow ending here.
+        let o = unsafe { &mut *(e as *mut [f32] as *mut [MaybeUninit<f32>]) };
+        exp_minus_slice::<S, false>(row, max_lanes::<f32, S>(row), o);
+        // SAFETY: exp_minus_slice wrote every element of `o`.
+        e = unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) };
+        s = row_sum_lanes::<S>(e, total) as f32;
+    }
     if recip {
         let r = 1.0 / s;
         e.iter_mut().for_each(|v| *v *= r);
     } else {
-        divide_by::<S>(e, s);
+        divide_by::<S>(e, s, in_range && !s.is_nan());
     }
 }
 
@@ -1048,9 +1101,10 @@ fn softmax_row<S: Isa>(row: &[f32], o: &mut [MaybeUninit<f32>], recip: bool, tot
 /// exact in a fused multiply-add, and `q + (v - q s) r` rounds to the rounded quotient
 /// (Markstein's theorem), while no value nears the subnormal or overflow range. Values outside
 /// `[2^-60, 2^60]` (zeros, NaN) divide; a row of in-range values, the common case, takes the
-/// multiplications alone.
+/// multiplications alone. `in_range` says the caller knows every value to be in that range, so
+/// the row is not checked.
 #[inline(always)]
-fn divide_by<S: Isa>(e: &mut [f32], s: f32) {
+fn divide_by<S: Isa>(e: &mut [f32], s: f32, in_range: bool) {
     const LO: f32 = 8.673_617e-19; // 2^-60
     const HI: f32 = 1.152_921_5e18; // 2^60
     if !S::FMA || !(9.536_743e-7..=1_048_576.0).contains(&s) {
@@ -1063,14 +1117,14 @@ fn divide_by<S: Isa>(e: &mut [f32], s: f32) {
         let q = v * r;
         (-q).mul_add(s, v).mul_add(r, q)
     };
-    if e.iter().fold(true, |ok, &v| ok & (v >= LO) & (v <= HI)) {
+    if in_range || e.iter().fold(true, |ok, &v| ok & (v >= LO) & (v <= HI)) {
         e.iter_mut().for_each(|v| *v = fast(*v));
     } else {
         e.iter_mut().for_each(|v| *v = if (LO..=HI).contains(v) { fast(*v) } else { *v / s });
     }
 }
 
-wide!(#[cfg(test)] fn divide_by_wide(e: &mut [f32], s: f32) = divide_by;);
+wide!(#[cfg(test)] fn divide_by_wide(e: &mut [f32], s: f32, in_range: bool) = divide_by;);
 
 wide!(fn softmax_row_wide(row: &[f32], o: &mut [MaybeUninit<f32>], recip: bool, total: usize) = softmax_row;);
 
@@ -1373,7 +1427,11 @@ mod tests {
         for level in levels() {
             for &d in &divisors {
                 let mut got = values.clone();
-                got.chunks_mut(64).for_each(|row| divide_by_wide(level, row, d));
+                // rows wholly in range also go unchecked, every other one of them
+                for (i, row) in got.chunks_mut(64).enumerate() {
+                    let in_range = i % 2 == 0 && row.iter().all(|v| (8.673_617e-19..=1.152_921_5e18).contains(v));
+                    divide_by_wide(level, row, d, in_range);
+                }
                 for (v, g) in values.iter().zip(&got) {
                     let want = v / d;
                     assert!(g.to_bits() == want.to_bits(), "{level:?}: {v:e} / {d:e} = {want:e}, got {g:e}");
@@ -1667,7 +1725,7 @@ mod tests {
         let softmax = alone(&mut || softmax_row_wide(simd(), row, &mut o, false, n * n));
         let exp = alone(&mut || exp_f32_into(simd(), row, &mut o));
         // by 1, so the values stay in the range of the multiplications
-        let divide = alone(&mut || divide_by_wide(simd(), &mut e, 1.0));
+        let divide = alone(&mut || divide_by_wide(simd(), &mut e, 1.0, false));
         let max = alone(&mut || {
             std::hint::black_box(max_wide(simd(), row));
         });
