@@ -8,7 +8,8 @@
 
 use burn::backend::{BackendTensor, DType, DispatchTensorKind, TensorData};
 use std::mem::MaybeUninit;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::dispatch::{self, Prim};
 use crate::ops::vocab::UnaryOp;
@@ -229,53 +230,29 @@ wide!(fn add_row_wide<T: Float>(acc: &mut [f64], row: &[T]) = add_row;);
 /// job, waits for a worker to wake, then waits to be woken itself: a round trip that costs more
 /// than a pass over 1M values. The caller being one of the workers, it asks for one helper fewer
 /// than the pool has threads: as many as the pool was slower under load (guides/backend.md has
-/// the timings).
+/// the timings). Helpers stay warm for the next call a while (`stay_warm`).
 pub(crate) fn par_tasks(n: usize, task: &(dyn Fn(usize) + Sync)) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let helpers = (rayon::current_num_threads() - 1).min(n.saturating_sub(1));
     if helpers == 0 {
         (0..n).for_each(task);
         return;
     }
-    struct Shared {
-        next: AtomicUsize,
-        done: AtomicUsize,
-        panicked: std::sync::atomic::AtomicBool,
-        n: usize,
-        task: *const (dyn Fn(usize) + Sync),
-    }
-    // SAFETY: `task` is Sync, and only called through a claimed index, which `par_tasks` waits
-    // for (below) before its borrow ends; late helpers find nothing to claim and never touch it.
-    unsafe impl Send for Shared {}
-    unsafe impl Sync for Shared {}
-    fn drain(s: &Shared) {
-        loop {
-            let i = s.next.fetch_add(1, Ordering::Relaxed);
-            if i >= s.n {
-                return;
-            }
-            // SAFETY: see `Shared`; i < n, so `par_tasks` is still waiting for this task.
-            // A panic is caught and re-raised on the caller once every task is done: unwinding
-            // here would leave the caller waiting (or, in a rayon job, abort the VM), and the
-            // caller must not unwind while helpers still write into its buffers.
-            let task = std::panic::AssertUnwindSafe(|| unsafe { (*s.task)(i) });
-            if std::panic::catch_unwind(task).is_err() {
-                s.panicked.store(true, Ordering::Relaxed);
-            }
-            s.done.fetch_add(1, Ordering::Release);
-        }
-    }
-    // SAFETY: only the lifetime is erased; see `Shared`.
+    // SAFETY: only the lifetime is erased; see `Tasks`.
     let task: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(task as *const (dyn Fn(usize) + Sync + '_)) };
-    let shared = std::sync::Arc::new(Shared { next: AtomicUsize::new(0), done: AtomicUsize::new(0), panicked: Default::default(), n, task });
-    for _ in 0..helpers {
-        let s = shared.clone();
-        rayon::spawn(move || drain(&s));
+    let tasks = Arc::new(Tasks { next: AtomicUsize::new(0), done: AtomicUsize::new(0), panicked: Default::default(), n, task });
+    *LATEST.lock().unwrap_or_else(|e| e.into_inner()) = Some(tasks.clone());
+    // Helpers still warm from an earlier call see the new epoch; workers are woken for the rest.
+    // Sequentially consistent with a leaving helper's two steps (`stay_warm`): either it is no
+    // longer counted here, or it sees this epoch and stays.
+    EPOCH.fetch_add(1, Ordering::SeqCst);
+    for _ in WARM.load(Ordering::SeqCst).min(helpers)..helpers {
+        let t = tasks.clone();
+        rayon::spawn(move || stay_warm(t));
     }
-    drain(&shared);
+    tasks.drain();
     // the tasks helpers claimed are running: short waits
     let mut spins = 0u32;
-    while shared.done.load(Ordering::Acquire) < n {
+    while tasks.done.load(Ordering::Acquire) < n {
         if spins < 2000 {
             std::hint::spin_loop();
             spins += 1;
@@ -283,7 +260,82 @@ pub(crate) fn par_tasks(n: usize, task: &(dyn Fn(usize) + Sync)) {
             std::thread::yield_now();
         }
     }
-    assert!(!shared.panicked.load(Ordering::Relaxed), "a parallel CPU kernel task panicked");
+    assert!(!tasks.panicked.load(Ordering::Relaxed), "a parallel CPU kernel task panicked");
+}
+
+/// One `par_tasks` call's tasks, claimed from a counter.
+struct Tasks {
+    next: AtomicUsize,
+    done: AtomicUsize,
+    panicked: AtomicBool,
+    n: usize,
+    task: *const (dyn Fn(usize) + Sync),
+}
+
+// SAFETY: `task` is Sync, and only called through a claimed index, which `par_tasks` waits for
+// before its borrow ends; a helper that finds the tasks later (through `LATEST` or a late wake)
+// has nothing left to claim and never touches it.
+unsafe impl Send for Tasks {}
+unsafe impl Sync for Tasks {}
+
+impl Tasks {
+    fn drain(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.n {
+                return;
+            }
+            // SAFETY: see `Tasks`; i < n, so `par_tasks` is still waiting for this task.
+            // A panic is caught and re-raised on the caller once every task is done: unwinding
+            // here would leave the caller waiting (or, in a rayon job, abort the VM), and the
+            // caller must not unwind while helpers still write into its buffers.
+            let task = std::panic::AssertUnwindSafe(|| unsafe { (*self.task)(i) });
+            if std::panic::catch_unwind(task).is_err() {
+                self.panicked.store(true, Ordering::Relaxed);
+            }
+            self.done.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+/// The latest `par_tasks` call's tasks, and a count of calls, for helpers that stay warm.
+static LATEST: Mutex<Option<Arc<Tasks>>> = Mutex::new(None);
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+/// Helpers between calls, watching `EPOCH`.
+static WARM: AtomicUsize = AtomicUsize::new(0);
+/// How long a helper watches for the next call before it hands its thread back to rayon. A
+/// worker woken from sleep joins late (hundreds of µs after a few ms idle on the 2-vCPU VM
+/// measured), so calls in quick succession, as a model's ops come, would otherwise run on the
+/// calling thread alone; OpenMP's workers spin between parallel regions for the same reason.
+const WARM_FOR: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// A helper's job: `first`'s tasks, then those of calls that come within `WARM_FOR` of each
+/// other, running rayon's other jobs meanwhile so the pool never waits on a watching helper.
+fn stay_warm(first: Arc<Tasks>) {
+    first.drain();
+    drop(first);
+    let mut seen = EPOCH.load(Ordering::SeqCst);
+    WARM.fetch_add(1, Ordering::SeqCst);
+    let mut since = std::time::Instant::now();
+    loop {
+        let epoch = EPOCH.load(Ordering::SeqCst);
+        if epoch != seen {
+            seen = epoch;
+            let latest = LATEST.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(tasks) = latest {
+                tasks.drain();
+            }
+            since = std::time::Instant::now();
+        } else if since.elapsed() > WARM_FOR {
+            WARM.fetch_sub(1, Ordering::SeqCst);
+            if EPOCH.load(Ordering::SeqCst) == seen {
+                return;
+            }
+            WARM.fetch_add(1, Ordering::SeqCst);
+        } else if rayon::yield_now() != Some(rayon::Yield::Executed) {
+            std::hint::spin_loop();
+        }
+    }
 }
 
 /// A raw pointer the tasks of `par_chunks_for` share (each writes its own piece).
@@ -1682,6 +1734,20 @@ mod tests {
         }
         // from rayon's own workers (nested in a parallel loop): no deadlock, same coverage
         (0..8).into_par_iter().for_each(|k| check(100 + k));
+        // several callers at once, calls close together and around `WARM_FOR` apart, so warm
+        // helpers take tasks of whichever call is the latest and leave between calls
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                s.spawn(move || {
+                    for k in 0..40u64 {
+                        check(2 + ((t * 40 + k) % 97) as usize);
+                        if k % 8 == 7 {
+                            std::thread::sleep(WARM_FOR.mul_f64(0.5 + (t as f64) * 0.4));
+                        }
+                    }
+                });
+            }
+        });
         // chunked writes: every element written once by its own chunk, short last chunk included
         for (len, chunk, work) in [(10, 3, 0), (1000, 7, PAR_MIN), (PAR_MIN + 5, 1024, PAR_MIN + 5)] {
             let mut out = vec![usize::MAX; len];
@@ -1721,6 +1787,20 @@ mod tests {
         };
         println!("level {:?}, {} threads, load {}", simd(), rayon::current_num_threads(), std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
         println!("softmax_last {:?} µs, exp {:?} µs", pool(&|| drop(softmax_last(&x, false).expect("fused"))), pool(&|| drop(exp_f32(simd(), &xs))));
+        // after a pause, as calls through the NIF come: helpers that went to sleep join late
+        let after = |pause: u64| {
+            let mut t: Vec<u128> = (0..100)
+                .map(|_| {
+                    std::thread::sleep(std::time::Duration::from_micros(pause));
+                    let t = std::time::Instant::now();
+                    drop(softmax_last(&x, false).expect("fused"));
+                    t.elapsed().as_micros()
+                })
+                .collect();
+            t.sort();
+            (t[0], t[50])
+        };
+        println!("softmax_last after a pause of 50 µs {:?}, 300 µs {:?}, 5 ms {:?}", after(50), after(300), after(5000));
         let (row, mut o, mut e) = (&xs[..n], vec![MaybeUninit::<f32>::uninit(); n], vec![0.5f32; n]);
         let softmax = alone(&mut || softmax_row_wide(simd(), row, &mut o, false, n * n));
         let exp = alone(&mut || exp_f32_into(simd(), row, &mut o));
