@@ -304,9 +304,9 @@ static EPOCH: AtomicU64 = AtomicU64::new(0);
 /// Helpers between calls, watching `EPOCH`.
 static WARM: AtomicUsize = AtomicUsize::new(0);
 /// How long a helper watches for the next call before it hands its thread back to rayon. A
-/// worker woken from sleep joins late (hundreds of µs after a few ms idle on the 2-vCPU VM
-/// measured), so calls in quick succession, as a model's ops come, would otherwise run on the
-/// calling thread alone; OpenMP's workers spin between parallel regions for the same reason.
+/// worker woken from sleep joins late (guides/backend.md, the task pool), so calls in quick
+/// succession, as a model's ops come, would run mostly on the calling thread; OpenMP's workers
+/// spin between parallel regions for the same reason.
 const WARM_FOR: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// A helper's job: `first`'s tasks, then those of calls that come within `WARM_FOR` of each
@@ -511,8 +511,7 @@ fn max_lanes_by<T: Float, S: Isa>(xs: &[T], step: impl Fn(T, T) -> T) -> T {
 
 /// `acc[i] = op(acc[i], acc[i + w])` for w = 32, 16, .., 1, then `acc[0]`: the lanes' fixed
 /// combining order. Fixed-size arrays keep the lanes in registers; with a loop over `w`, LLVM
-/// left them on the stack, and its masked stores stalled the loads that followed (a row's max
-/// took as long as its exp's tenth).
+/// left them on the stack, and its masked stores stalled the loads that followed.
 #[inline(always)]
 fn halve_lanes<T: Copy>(acc: [T; LANES], op: impl Fn(T, T) -> T) -> T {
     let a: [T; 32] = std::array::from_fn(|i| op(acc[i], acc[i + 32]));
