@@ -484,29 +484,24 @@ fn max_step<T: Float>(acc: T, x: T) -> T {
 /// with -inf.
 #[inline(always)]
 fn max_lanes<T: Float, S: Isa>(xs: &[T]) -> T {
-    max_lanes_by::<T, S>(xs, max_step)
-}
-
-#[inline(always)]
-fn max_lanes_by<T: Float, S: Isa>(xs: &[T], step: impl Fn(T, T) -> T) -> T {
     let mut acc = [T::NEG_INFINITY; LANES];
     let chunks = xs.chunks_exact(LANES);
     let rest = chunks.remainder();
     for c in chunks {
         for (a, &x) in acc.iter_mut().zip(c) {
-            *a = step(*a, x);
+            *a = max_step(*a, x);
         }
     }
     if !rest.is_empty() {
         let mut pad = [T::NEG_INFINITY; LANES];
         pad[..rest.len()].copy_from_slice(rest);
         for (a, &x) in acc.iter_mut().zip(&pad) {
-            *a = step(*a, x);
+            *a = max_step(*a, x);
         }
     }
     // halving, like the sums: a fold over the 64 lanes would be a serial chain of compares,
     // 70 ns a row, as long as the vectorised pass over a 1024-long row
-    halve_lanes(acc, step)
+    halve_lanes(acc, max_step)
 }
 
 /// `acc[i] = op(acc[i], acc[i + w])` for w = 32, 16, .., 1, then `acc[0]`: the lanes' fixed
@@ -1143,9 +1138,13 @@ fn softmax_row<S: Isa>(row: &[f32], o: &mut [MaybeUninit<f32>], recip: bool, tot
         let r = 1.0 / s;
         e.iter_mut().for_each(|v| *v *= r);
     } else {
-        divide_by::<S>(e, s, in_range && !s.is_nan());
+        divide_by::<S>(e, s, in_range);
     }
 }
+
+/// The values whose quotients `divide_by` takes in multiplications: [2^-60, 2^60].
+const DIVIDE_LO: f32 = 8.673_617e-19;
+const DIVIDE_HI: f32 = 1.152_921_5e18;
 
 /// `v / s` for every `v` with the division's bits, in multiplications where that is proven:
 /// with `r` the rounded `1/s`, `q = v r` is within an ulp of `v / s`, the residual `v - q s` is
@@ -1156,8 +1155,6 @@ fn softmax_row<S: Isa>(row: &[f32], o: &mut [MaybeUninit<f32>], recip: bool, tot
 /// the row is not checked.
 #[inline(always)]
 fn divide_by<S: Isa>(e: &mut [f32], s: f32, in_range: bool) {
-    const LO: f32 = 8.673_617e-19; // 2^-60
-    const HI: f32 = 1.152_921_5e18; // 2^60
     if !S::FMA || !(9.536_743e-7..=1_048_576.0).contains(&s) {
         // outside [2^-20, 2^20]
         e.iter_mut().for_each(|v| *v /= s);
@@ -1168,10 +1165,10 @@ fn divide_by<S: Isa>(e: &mut [f32], s: f32, in_range: bool) {
         let q = v * r;
         (-q).mul_add(s, v).mul_add(r, q)
     };
-    if in_range || e.iter().fold(true, |ok, &v| ok & (v >= LO) & (v <= HI)) {
+    if in_range || e.iter().fold(true, |ok, &v| ok & (v >= DIVIDE_LO) & (v <= DIVIDE_HI)) {
         e.iter_mut().for_each(|v| *v = fast(*v));
     } else {
-        e.iter_mut().for_each(|v| *v = if (LO..=HI).contains(v) { fast(*v) } else { *v / s });
+        e.iter_mut().for_each(|v| *v = if (DIVIDE_LO..=DIVIDE_HI).contains(v) { fast(*v) } else { *v / s });
     }
 }
 
@@ -1480,7 +1477,7 @@ mod tests {
                 let mut got = values.clone();
                 // rows wholly in range also go unchecked, every other one of them
                 for (i, row) in got.chunks_mut(64).enumerate() {
-                    let in_range = i % 2 == 0 && row.iter().all(|v| (8.673_617e-19..=1.152_921_5e18).contains(v));
+                    let in_range = i % 2 == 0 && row.iter().all(|v| (DIVIDE_LO..=DIVIDE_HI).contains(v));
                     divide_by_wide(level, row, d, in_range);
                 }
                 for (v, g) in values.iter().zip(&got) {
