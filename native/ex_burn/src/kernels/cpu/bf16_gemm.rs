@@ -45,7 +45,7 @@ mod amx;
 use burn::backend::{DType, TensorData};
 use burn::tensor::bf16;
 
-use super::vector::par_tasks;
+use super::vector::{par_tasks, SharedMut};
 use crate::dispatch::{self, Prim};
 
 /// Pairs of k per block: a panel's block is 256 x 64 lanes, 64 KiB, which stays in Zen 5's L2
@@ -113,18 +113,6 @@ fn view(p: &Prim) -> Option<View<'_>> {
 #[inline(always)]
 fn pair(lo: u16, hi: u16) -> u32 {
     lo as u32 | (hi as u32) << 16
-}
-
-/// A raw pointer the parallel tasks share, each writing its own part.
-#[derive(Clone, Copy)]
-struct Shared<T>(*mut T);
-unsafe impl<T> Send for Shared<T> {}
-unsafe impl<T> Sync for Shared<T> {}
-impl<T> Shared<T> {
-    // a method, so closures capture the Sync wrapper rather than the raw pointer field
-    fn get(self) -> *mut T {
-        self.0
-    }
 }
 
 /// `a · b`, `[bsz, m, n]` row-major; `None` where the CPU lacks the instructions. The shapes must
@@ -234,7 +222,7 @@ fn run<const MR: usize, const NV: usize>(a: View, b: View, amx: bool) -> Vec<bf1
         const RB: usize = 16;
         let blocks = m.div_ceil(RB);
         ap.reserve_exact(bsz * m * kp);
-        let base = Shared(ap.as_mut_ptr());
+        let base = SharedMut(ap.as_mut_ptr());
         par_tasks(bsz * blocks, &|t| {
             let (bi, r0) = (t / blocks, t % blocks * RB);
             // SAFETY: a is in bounds (`view`); each task writes its own rows
@@ -243,14 +231,14 @@ fn run<const MR: usize, const NV: usize>(a: View, b: View, amx: bool) -> Vec<bf1
         // SAFETY: the tasks wrote every pair of every row
         unsafe { ap.set_len(bsz * m * kp) };
     }
-    let rows = Rows { a, direct, packed: Shared(ap.as_mut_ptr()), m, kp };
+    let rows = Rows { a, direct, packed: SharedMut(ap.as_mut_ptr()), m, kp };
 
     // With AMX, A's whole 32-row groups as tiles, once for every column block (`amx::pack_a`)
     let groups = m / 32;
     let mut at: Vec<u32> = Vec::new();
     if amx {
         at.reserve_exact(bsz * groups * kp * 32);
-        let base = Shared(at.as_mut_ptr());
+        let base = SharedMut(at.as_mut_ptr());
         par_tasks(bsz * groups, &|t| {
             let (bi, g) = (t / groups, t % groups);
             let first = rows.row(bi, 32 * g) as *const u8;
@@ -261,7 +249,7 @@ fn run<const MR: usize, const NV: usize>(a: View, b: View, amx: bool) -> Vec<bf1
         // SAFETY: the tasks wrote every group's tiles
         unsafe { at.set_len(bsz * groups * kp * 32) };
     }
-    let a_tiles = amx.then_some(Shared(at.as_mut_ptr()));
+    let a_tiles = amx.then_some(SharedMut(at.as_mut_ptr()));
 
     // With one row block each B block is used by one task: it packs its own, a k block at a
     // time, into a buffer that stays in cache. Packed ahead, a large B is also a fresh mapping
@@ -276,7 +264,7 @@ fn run<const MR: usize, const NV: usize>(a: View, b: View, amx: bool) -> Vec<bf1
         const PB: usize = 16;
         let chunks = kp.div_ceil(PB);
         bp.reserve_exact(bsz * per_batch);
-        let base = Shared(bp.as_mut_ptr());
+        let base = SharedMut(bp.as_mut_ptr());
         par_tasks(bsz * chunks, &|t| {
             let (bi, p0) = (t / chunks, t % chunks * PB);
             // SAFETY: b is in bounds; tasks write disjoint pairs of the batch's panels
@@ -291,10 +279,10 @@ fn run<const MR: usize, const NV: usize>(a: View, b: View, amx: bool) -> Vec<bf1
         // SAFETY: the tasks wrote every pair of every panel of every batch (and the padding)
         unsafe { bp.set_len(bsz * per_batch) };
     }
-    let packed_b = (mb > 1).then_some(Shared(bp.as_mut_ptr()));
+    let packed_b = (mb > 1).then_some(SharedMut(bp.as_mut_ptr()));
 
     let mut out: Vec<bf16> = Vec::with_capacity(bsz * m * n);
-    let dst = Shared(out.as_mut_ptr() as *mut u16);
+    let dst = SharedMut(out.as_mut_ptr() as *mut u16);
     par_tasks(bsz * mb * nb, &|t| {
         let (bi, jc, ic) = (t / (mb * nb), t / mb % nb, t % mb);
         let bs = match packed_b {
@@ -313,7 +301,7 @@ fn run<const MR: usize, const NV: usize>(a: View, b: View, amx: bool) -> Vec<bf1
 struct Rows<'a> {
     a: View<'a>,
     direct: bool,
-    packed: Shared<u32>,
+    packed: SharedMut<u32>,
     m: usize,
     kp: usize,
 }

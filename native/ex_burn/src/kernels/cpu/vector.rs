@@ -338,10 +338,19 @@ fn stay_warm(first: Arc<Tasks>) {
     }
 }
 
-/// A raw pointer the tasks of `par_chunks_for` share (each writes its own piece).
+/// A raw pointer parallel tasks share, each writing its own piece (`par_chunks_for`, the CPU
+/// product kernels).
 pub(crate) struct SharedMut<T>(pub(crate) *mut T);
+// not derived: a derive would ask `T: Clone`, which a pointer's copy does not need
+impl<T> Clone for SharedMut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<T> {}
 unsafe impl<T: Send> Sync for SharedMut<T> {}
 impl<T> SharedMut<T> {
+    // a method, so closures capture the Sync wrapper rather than the raw pointer field
     pub(crate) fn get(&self) -> *mut T {
         self.0
     }
