@@ -4,7 +4,7 @@
 
 use super::generate::{GenOptions, Generation, Step};
 use super::weights::test_support::smollm_path;
-use super::{Chunk, Engine, TextModel};
+use super::{Chunk, Engine, Next, TextModel};
 use crate::error::ExResult;
 
 const PROMPTS: [&str; 5] = [
@@ -162,10 +162,47 @@ fn pretrained_forward_batch_logits_equal_alone() {
     same(r[1].as_ref().unwrap(), &alone[0], "the chunk beside a refused one");
 }
 
+/// On the tensor path, a greedy chunk is answered with its token, taken where the logits lie,
+/// the others with their logits: each prompt runs twice in one batch, once greedy and once not,
+/// and the token is a maximum of its twin's logits (within the batch's rounding on GPUs).
+#[test]
+fn pretrained_greedy_chunks_get_the_logits_maximum() {
+    let Some(path) = smollm_path() else { return };
+    let device = crate::testing::device();
+    let mut model = TextModel::load(&path, Engine::Burn, device.clone()).unwrap();
+    on_the_tensor_path(&mut model, &path);
+    let lm = &*model.lm;
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| model.tokenizer.encode(p, true).unwrap()).collect();
+    for all_greedy in [false, true] {
+        let mut sessions: Vec<_> = (0..2 * prompts.len()).map(|_| lm.session().unwrap()).collect();
+        let mut chunks: Vec<Chunk> = sessions.iter_mut().enumerate().map(|(i, s)| Chunk { session: s.as_mut(), tokens: &prompts[i / 2], pos: 0 }).collect();
+        let greedy: Vec<bool> = (0..chunks.len()).map(|i| all_greedy || i % 2 == 0).collect();
+        let answers: Vec<Next> = lm.forward_batch_next(&mut chunks, &greedy).into_iter().map(Result::unwrap).collect();
+        let twins: Vec<Vec<f32>> = match all_greedy {
+            false => answers.iter().skip(1).step_by(2).map(|a| match a {
+                Next::Logits(l) => l.clone(),
+                Next::Token(_) => panic!("a chunk that asked for logits got a token"),
+            }).collect(),
+            true => prompts.iter().map(|p| lm.session().unwrap().forward(p, 0).unwrap()).collect(),
+        };
+        for (i, twin) in twins.iter().enumerate() {
+            let Next::Token(t) = answers[2 * i] else { panic!("prompt {i}: a greedy chunk got logits") };
+            let max = twin.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let scale = twin.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let slack = if all_greedy { super::greedy_check::batch_bound(device.kind) * scale } else { 0.0 };
+            assert!(twin[t as usize] >= max - slack, "prompt {i} (all greedy: {all_greedy}): token {t} at {} against the maximum {max}", twin[t as usize]);
+        }
+        if all_greedy {
+            assert!(answers.iter().all(|a| matches!(a, Next::Token(_))), "every greedy chunk gets its token");
+        }
+    }
+}
+
 /// Aggregate decode speed by batch size (run with `--ignored --nocapture`; `BATCH_ENGINE=candle`
 /// for Candle, `BATCH_WEIGHTS=f32` for Burn with f32 weights); the serving benchmark (`bench/llm_serving.exs`) is where CPU figures come from.
 /// Sessions are driven directly with their argmax, past any end-of-sequence token, so every step
-/// decodes all `n` sequences.
+/// decodes all `n` sequences; the argmax is the engine's (`forward_batch_next`), or the host's
+/// over the logits read back with `BATCH_ARGMAX=host`.
 #[test]
 #[ignore]
 fn pretrained_batched_decode_timing() {
@@ -186,16 +223,20 @@ fn pretrained_batched_decode_timing() {
         let prompts: Vec<Vec<u32>> = (0..n).map(|i| model.tokenizer.encode(PROMPTS[i % PROMPTS.len()], true).unwrap()).collect();
         let mut sessions: Vec<_> = (0..n).map(|_| model.lm.session().unwrap()).collect();
         let mut next: Vec<(Vec<u32>, usize)> = prompts.iter().map(|p| (p.clone(), 0)).collect();
-        // the host's share of a step: the argmax over each sequence's logits
+        // the host's share of a step: the argmax over each sequence's logits, where it takes it
         let mut host = std::time::Duration::ZERO;
+        let greedy = vec![std::env::var("BATCH_ARGMAX").as_deref() != Ok("host"); n];
         let mut step = |sessions: &mut Vec<Box<dyn super::LmSession>>, next: &mut Vec<(Vec<u32>, usize)>| {
             let mut chunks: Vec<Chunk> = sessions.iter_mut().zip(next.iter()).map(|(s, (t, p))| Chunk { session: s.as_mut(), tokens: t, pos: *p }).collect();
-            let logits: Vec<Vec<f32>> = model.lm.forward_batch(&mut chunks).into_iter().map(|r| r.unwrap()).collect();
+            let answers: Vec<Next> = model.lm.forward_batch_next(&mut chunks, &greedy).into_iter().map(|r| r.unwrap()).collect();
             drop(chunks);
             let t = std::time::Instant::now();
-            for ((tokens, pos), l) in next.iter_mut().zip(logits) {
+            for ((tokens, pos), a) in next.iter_mut().zip(answers) {
                 *pos += tokens.len();
-                *tokens = vec![super::greedy_check::argmax(&l)];
+                *tokens = vec![match a {
+                    Next::Token(t) => t,
+                    Next::Logits(l) => super::greedy_check::argmax(&l),
+                }];
             }
             host += t.elapsed();
         };
@@ -211,7 +252,7 @@ fn pretrained_batched_decode_timing() {
         let (cold, _) = run(n);
         let (dt, host) = run(n);
         println!(
-            "batch {n:2}: {:7.1} tok/s aggregate, {:6.2} ms a step, {:5.2} ms of it the argmax (first run {:6.2} ms a step)",
+            "batch {n:2}: {:7.1} tok/s aggregate, {:6.2} ms a step, {:5.2} ms of it the host's argmax (first run {:6.2} ms a step)",
             (n * steps) as f64 / dt,
             dt * 1e3 / steps as f64,
             host * 1e3 / (steps + 1) as f64,

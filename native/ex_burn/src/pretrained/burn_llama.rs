@@ -26,7 +26,7 @@ use super::decoder_source::DecoderSource;
 use super::weights::{f32_tensor, i32_tensor};
 use crate::kernels::cpu::vector::flex_f32;
 use super::prefix_cache::SavedKv;
-use super::{own_chunks, CausalLm, Chunk, LmSession};
+use super::{own_chunks, CausalLm, Chunk, LmSession, Next};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::gpu::paged_attention::{self, Paged};
 use crate::gpu::rope_cache::{self, Rope};
@@ -515,7 +515,7 @@ impl Weights {
     /// together, attention reads each chunk's own pages of `pool` (padded to the longest chunk,
     /// masked past each one's positions), and the new keys and values are written with one op
     /// per layer. The logits of each chunk's last token.
-    fn forward_pooled(&self, pool: &mut KvPool, chunks: &[(&Pages, &[u32], usize)]) -> ExResult<Vec<Vec<f32>>> {
+    fn forward_pooled(&self, pool: &mut KvPool, chunks: &[(&Pages, &[u32], usize)], greedy: &[bool]) -> ExResult<Vec<Next>> {
         let cfg = &self.cfg;
         let (h, dh, nh, nkv) = (cfg.embedding_length, cfg.head_dim(), cfg.head_count, cfg.head_count_kv);
         let (rep, dev) = (nh / nkv, &self.device);
@@ -642,10 +642,41 @@ impl Weights {
             Some(cap) => logits.div_scalar(cap).tanh().mul_scalar(cap),
             None => logits,
         };
-        let data = logits.try_into_data().map_err(|e| ExError::Execution(format!("{e:?}")))?;
-        let values = data.try_into_vec::<f32>().map_err(|e| ExError::Execution(format!("{e:?}")))?;
-        Ok(values.chunks_exact(cfg.vocab_size).map(<[f32]>::to_vec).collect())
+        read_rows(logits, greedy)
     }
+}
+
+/// Each row of `logits` as `forward_batch_next` answers it: the argmax of a greedy row, taken on
+/// the device so only the ids travel, the values of the others.
+fn read_rows(logits: Tensor<2>, greedy: &[bool]) -> ExResult<Vec<Next>> {
+    fn failed(e: impl std::fmt::Debug) -> ExError {
+        ExError::Execution(format!("reading the logits: {e:?}"))
+    }
+    let [rows, vocab] = logits.dims();
+    debug_assert_eq!(rows, greedy.len());
+    let kept: Vec<i32> = (0..rows as i32).filter(|&r| !greedy[r as usize]).collect();
+    // every row's argmax (one launch), read where a row is greedy
+    let tokens: Vec<i64> = match kept.len() < rows {
+        true => logits.clone().argmax(1).try_into_data().map_err(failed)?.iter::<i64>().collect(),
+        false => Vec::new(),
+    };
+    let values = match kept.len() {
+        0 => Vec::new(),
+        n if n == rows => logits.try_into_data().map_err(failed)?.try_into_vec::<f32>().map_err(failed)?,
+        _ => {
+            let device = logits.device();
+            logits.select(0, i32_tensor(kept, &device)).try_into_data().map_err(failed)?.try_into_vec::<f32>().map_err(failed)?
+        }
+    };
+    let mut values = values.chunks_exact(vocab.max(1));
+    Ok(greedy
+        .iter()
+        .enumerate()
+        .map(|(r, &g)| match g {
+            true => Next::Token(tokens[r] as u32),
+            false => Next::Logits(values.next().expect("values a kept row").to_vec()),
+        })
+        .collect())
 }
 
 impl CausalLm for BurnLlama {
@@ -708,9 +739,19 @@ impl CausalLm for BurnLlama {
     /// The chunks of this model's sessions run through the layers together, on either path; a
     /// chunk a session refuses is answered alone.
     fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
-        own_chunks(batch, |s: &BurnLlamaSession| Arc::ptr_eq(&s.w, &self.w), BurnLlamaSession::check, |mut ours| match &self.w.host {
-            Some(hw) => BurnLlamaSession::forward_host(&self.w, hw, ours),
-            None => BurnLlamaSession::forward_pooled(&mut ours),
+        let greedy = vec![false; batch.len()];
+        let logits = |r: ExResult<Next>| match r? {
+            Next::Logits(l) => Ok(l),
+            Next::Token(_) => unreachable!("no chunk asked for its token"),
+        };
+        self.forward_batch_next(batch, &greedy).into_iter().map(logits).collect()
+    }
+
+    /// The host path's logits are in host memory already, and are all returned.
+    fn forward_batch_next(&self, batch: &mut [Chunk], greedy: &[bool]) -> Vec<ExResult<Next>> {
+        own_chunks(batch, |s: &BurnLlamaSession| Arc::ptr_eq(&s.w, &self.w), BurnLlamaSession::check, |mut ours, index| match &self.w.host {
+            Some(hw) => BurnLlamaSession::forward_host(&self.w, hw, ours).into_iter().map(|r| r.map(Next::Logits)).collect(),
+            None => BurnLlamaSession::forward_pooled(&mut ours, &index.iter().map(|&i| greedy[i]).collect::<Vec<_>>()),
         })
     }
 }
@@ -815,7 +856,10 @@ impl LmSession for BurnLlamaSession {
         let w = Arc::clone(&self.w);
         match &w.host {
             Some(hw) => Self::forward_host(&w, hw, vec![(self, tokens, pos)]).remove(0),
-            None => Self::forward_pooled(&mut [(self, tokens, pos)]).remove(0),
+            None => match Self::forward_pooled(&mut [(self, tokens, pos)], &[false]).remove(0)? {
+                Next::Logits(logits) => Ok(logits),
+                Next::Token(_) => unreachable!("logits were asked for"),
+            },
         }
     }
 }
@@ -855,14 +899,14 @@ impl BurnLlamaSession {
     /// One step of the tensor path for sessions of one model that passed `check`, each with its
     /// chunk. A failed step fails them all and empties the pool, whose tensors it may have left
     /// half-written: the model's other sessions then find their slots gone (`check`).
-    fn forward_pooled(sessions: &mut [(&mut BurnLlamaSession, &[u32], usize)]) -> Vec<ExResult<Vec<f32>>> {
+    fn forward_pooled(sessions: &mut [(&mut BurnLlamaSession, &[u32], usize)], greedy: &[bool]) -> Vec<ExResult<Next>> {
         let Some(w) = sessions.first().map(|s| Arc::clone(&s.0.w)) else { return Vec::new() };
         let mut pool = w.pool.lock().unwrap_or_else(|e| e.into_inner());
         // pages inside the catch too: growing the pool allocates, and can fail part-way
         let step = catch(|| {
             pool.reserve(&mut sessions.iter_mut().map(|(s, t, p)| (&mut s.pages, *p + t.len())).collect::<Vec<_>>());
             let chunks: Vec<(&Pages, &[u32], usize)> = sessions.iter().map(|(s, t, p)| (&s.pages, *t, *p)).collect();
-            w.forward_pooled(&mut pool, &chunks)
+            w.forward_pooled(&mut pool, &chunks, greedy)
         });
         match step {
             Ok(logits) => sessions.iter_mut().zip(logits).map(|((s, t, _), l)| s.settle(t.len(), Ok(l))).collect(),

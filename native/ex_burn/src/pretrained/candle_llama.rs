@@ -131,7 +131,7 @@ impl CausalLm for CandleLlama {
     /// taking all their rows; a chunk a session refuses is answered alone. Candle's quantised
     /// CPU product still works row by row, so on the CPU this saves the per-call overheads only.
     fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
-        own_chunks(batch, |s: &CandleSession| Arc::ptr_eq(&s.w, &self.w), CandleSession::check, |mut ours| CandleSession::forward_many(&self.w, &mut ours))
+        own_chunks(batch, |s: &CandleSession| Arc::ptr_eq(&s.w, &self.w), CandleSession::check, |mut ours, _| CandleSession::forward_many(&self.w, &mut ours))
     }
 }
 

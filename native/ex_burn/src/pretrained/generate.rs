@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::errors::{self, kind};
 use super::tokenizer::LmTokenizer;
-use super::{CausalLm, Chunk, LmSession};
+use super::{CausalLm, Chunk, LmSession, Next};
 use crate::error::{Detail, ExError, ExResult};
 
 /// Crosses the NIF as `{role, content}`, two binaries.
@@ -247,8 +247,8 @@ pub struct Generation {
     stop_ids: Vec<u32>,
     generated: Vec<u32>,
     text: StreamText,
-    /// Logits of the last position, not yet sampled from.
-    logits: Option<Vec<f32>>,
+    /// Logits of the last position (or the greedy token they pick), not yet sampled from.
+    logits: Option<Next>,
     /// The last sampled token, not yet fed to the model.
     pending: Option<u32>,
     /// Tokens in the session's cache.
@@ -362,7 +362,7 @@ impl Generation {
                     return Err(ExError::Cancelled);
                 }
                 let logits = self.session.forward(&tokens, pos)?;
-                self.fed(tokens.len(), logits);
+                self.fed(tokens.len(), Next::Logits(logits));
             }
             self.emit(&mut ids)?;
         }
@@ -387,9 +387,15 @@ impl Generation {
         self.pending.map(|t| (vec![t], self.pos))
     }
 
+    /// Whether running `n` more tokens needs only the token greedy sampling picks from their
+    /// logits: a greedy generation, or a prompt chunk before the last, whose logits are dropped.
+    fn token_will_do(&self, n: usize) -> bool {
+        matches!(self.opts.sampling(), Sampling::ArgMax) || self.pos + n < self.prompt.len()
+    }
+
     /// Takes the model's logits for the `n` tokens `feed` gave. A prompt's logits are kept only
     /// for its last token, the one sampling starts from.
-    fn fed(&mut self, n: usize, logits: Vec<f32>) {
+    fn fed(&mut self, n: usize, logits: Next) {
         if self.pos >= self.prompt.len() {
             self.pending = None;
         }
@@ -402,8 +408,11 @@ impl Generation {
     /// Samples one token from waiting logits (none waiting, as mid-prompt: nothing to do),
     /// applying the stop rules and limits.
     fn emit(&mut self, ids: &mut Vec<u32>) -> ExResult<()> {
-        let Some(logits) = self.logits.take() else { return Ok(()) };
-        let token = self.sample(logits)?;
+        let token = match self.logits.take() {
+            None => return Ok(()),
+            Some(Next::Logits(logits)) => self.sample(logits)?,
+            Some(Next::Token(token)) => token,
+        };
         if self.stop_ids.contains(&token) {
             self.finish = Some(Finish::Stop);
             return Ok(());
@@ -453,13 +462,14 @@ pub fn step_batch(lm: &dyn CausalLm, gens: &mut [&mut Generation], chunks: &[usi
     assert_eq!(gens.len(), chunks.len(), "step_batch: one chunk size per generation");
     let feeds: Vec<Option<(Vec<u32>, usize)>> =
         gens.iter_mut().zip(chunks).map(|(g, &chunk)| if g.running() { g.feed(chunk) } else { None }).collect();
-    let mut chunks = Vec::new();
+    let (mut chunks, mut greedy) = (Vec::new(), Vec::new());
     for (g, feed) in gens.iter_mut().zip(&feeds) {
         if let Some((tokens, pos)) = feed {
+            greedy.push(g.token_will_do(tokens.len()));
             chunks.push(Chunk { session: &mut *g.session, tokens, pos: *pos });
         }
     }
-    let mut results = lm.forward_batch(&mut chunks).into_iter();
+    let mut results = lm.forward_batch_next(&mut chunks, &greedy).into_iter();
     drop(chunks);
     gens.iter_mut()
         .zip(feeds)

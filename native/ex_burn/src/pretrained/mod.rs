@@ -128,6 +128,13 @@ pub trait CausalLm: Send + Sync {
     fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
         one_by_one(batch)
     }
+    /// `forward_batch` for callers that sample chunk `i` greedily where `greedy[i]`: such a chunk
+    /// may be answered with a position of its logits' maximum instead of the logits, which an
+    /// engine whose logits lie on a GPU takes there, so only the ids are read back.
+    fn forward_batch_next(&self, batch: &mut [Chunk], greedy: &[bool]) -> Vec<ExResult<Next>> {
+        debug_assert_eq!(batch.len(), greedy.len());
+        self.forward_batch(batch).into_iter().map(|r| r.map(Next::Logits)).collect()
+    }
     /// A copy of the first `len` rows of `session`'s cache, to start other sessions from
     /// (`prefix_cache`); `None` where the engine keeps no such copy.
     fn save_prefix(&self, _session: &mut dyn LmSession, _len: usize) -> Option<SavedKv> {
@@ -139,6 +146,14 @@ pub trait CausalLm: Send + Sync {
     }
 }
 
+/// What `forward_batch_next` answers for a chunk: its last position's logits, or, for a greedy
+/// chunk, the token they pick.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Next {
+    Logits(Vec<f32>),
+    Token(u32),
+}
+
 /// Tokens for one session in a `forward_batch`, at positions `pos..pos + tokens.len()`.
 pub struct Chunk<'a> {
     pub session: &'a mut dyn LmSession,
@@ -147,15 +162,16 @@ pub struct Chunk<'a> {
 }
 
 /// `forward_batch` for an engine whose sessions are `S`: the chunks of this model's sessions
-/// (`mine`) that pass `check` go to `run` together, which answers each in order; a refused
-/// chunk gets its error, and a session of another model an error too.
-pub(crate) fn own_chunks<'a, S: LmSession>(
+/// (`mine`) that pass `check` go to `run` together, with their places in `batch`, and `run`
+/// answers each in order; a refused chunk gets its error, and a session of another model an
+/// error too.
+pub(crate) fn own_chunks<'a, S: LmSession, T>(
     batch: &'a mut [Chunk],
     mine: impl Fn(&S) -> bool,
     check: impl Fn(&S, &[u32], usize) -> ExResult<()>,
-    run: impl FnOnce(Vec<(&'a mut S, &'a [u32], usize)>) -> Vec<ExResult<Vec<f32>>>,
-) -> Vec<ExResult<Vec<f32>>> {
-    let mut out: Vec<Option<ExResult<Vec<f32>>>> = Vec::with_capacity(batch.len());
+    run: impl FnOnce(Vec<(&'a mut S, &'a [u32], usize)>, &[usize]) -> Vec<ExResult<T>>,
+) -> Vec<ExResult<T>> {
+    let mut out: Vec<Option<ExResult<T>>> = Vec::with_capacity(batch.len());
     let (mut index, mut ours) = (Vec::new(), Vec::new());
     for (i, c) in batch.iter_mut().enumerate() {
         let any: &mut dyn std::any::Any = &mut *c.session;
@@ -171,7 +187,8 @@ pub(crate) fn own_chunks<'a, S: LmSession>(
             _ => out.push(Some(Err(crate::error::ExError::invalid("forward_batch: a session of another model")))),
         }
     }
-    for (i, r) in index.into_iter().zip(run(ours)) {
+    let answers = run(ours, &index);
+    for (i, r) in index.into_iter().zip(answers) {
         out[i] = Some(r);
     }
     out.into_iter().map(|r| r.expect("every chunk answered")).collect()
