@@ -40,6 +40,17 @@ fn bad(i: usize, reason: &str) -> ExError {
 
 
 impl Program {
+    /// The device the program's values live on.
+    pub fn device(&self) -> &DeviceRef {
+        &self.device
+    }
+
+    /// Whether every run does the same work, whatever the inputs' values: no loop runs a
+    /// data-dependent number of times, no branch is chosen by them.
+    pub fn same_work_each_run(&self) -> bool {
+        !self.instrs.iter().any(|i| matches!(i.op, Op::While { .. } | Op::Cond { .. }))
+    }
+
     /// Validates the graph (operands refer backwards, inputs and outputs in range) so `run`
     /// never indexes out of bounds.
     pub fn new(mut instrs: Vec<Instr>, outputs: Vec<usize>, inputs: usize, device: DeviceRef) -> ExResult<Self> {

@@ -79,6 +79,8 @@ fn runs_a_dense_layer_with_relu_in_one_call() {
     assert_eq!(floats(&out[0]), vec![4.5, 4.5, 0.0, 0.0]);
     assert_eq!(out[1].shape, Vec::<usize>::new());
     assert_eq!(floats(&out[1]), vec![9.0]);
+    // what the NIF layer asks before running a program in place
+    assert!(prog.same_work_each_run());
 }
 
 #[test]
@@ -181,6 +183,7 @@ fn cond_runs_only_the_chosen_branch() {
     assert_eq!(ints(&prog.run(&[one]).unwrap()[0]), vec![5]);
     let neg = Handle::from_bytes((-4i32).to_ne_bytes().to_vec(), vec![], s32, device()).unwrap();
     assert!(prog.run(&[neg]).is_err());
+    assert!(!prog.same_work_each_run(), "a branch chosen by the input's value");
 }
 
 #[test]
@@ -212,6 +215,7 @@ fn while_repeats_its_body_until_the_predicate_fails() {
     let out = prog.run(&[f32s(&[1.0, -0.5], &[2])]).unwrap();
     assert_eq!(ints(&out[0]), vec![3]);
     assert_eq!(floats(&out[1]), vec![8.0, -4.0]);
+    assert!(!prog.same_work_each_run(), "a loop whose trips its values may decide");
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::panic::{RefUnwindSafe, UnwindSafe};
 use rustler::{Env, ResourceArc, Term};
 
 use super::resource::{arg_list, TensorOut};
-use super::{guard, term};
+use super::{guard, schedule, term};
 use crate::compiler::{Branch, Instr, Op, Program};
 use crate::dtype::NxType;
 use crate::error::{Detail, ExError, ExResult};
@@ -14,7 +14,10 @@ use crate::ops::linalg::DotSpec;
 use crate::ops::vocab::{ArgReduceOp, BinaryOp, IndexedOp, ReduceOp, UnaryOp, WindowOp};
 use crate::ops::window::WindowSpec;
 
-pub struct ProgramRes(pub Program);
+pub struct ProgramRes {
+    program: Program,
+    last: schedule::LastRun,
+}
 
 // The program is immutable once built; running it only reads it.
 impl UnwindSafe for ProgramRes {}
@@ -150,18 +153,29 @@ fn program_new<'a>(env: Env<'a>, instrs: Term<'a>, outputs: Term<'a>, inputs: Te
             term::usize_arg(inputs, "inputs")?,
             term::decode_device(device)?,
         )?;
-        Ok(ResourceArc::new(ProgramRes(program)))
+        Ok(ResourceArc::new(ProgramRes { program, last: schedule::LastRun::default() }))
     })
 }
 
-#[rustler::nif(schedule = "DirtyCpu")]
+// A CPU program that does the same work each run, and whose last run was short, runs in place
+// (nif::schedule); the others dirty.
+#[rustler::nif]
 fn program_run<'a>(env: Env<'a>, program: Term<'a>, inputs: Term<'a>) -> Term<'a> {
+    let inline = program.decode::<ResourceArc<ProgramRes>>().is_ok_and(|p| {
+        p.program.device().kind == crate::device::DeviceKind::Cpu && p.program.same_work_each_run() && p.last.short()
+    });
+    schedule::run(env, &[program, inputs], inline, program_run_body, c"program_run", program_run_dirty)
+}
+schedule::dirty_trampoline!(program_run_dirty, program_run_body);
+
+fn program_run_body<'a>(env: Env<'a>, args: &[Term<'a>]) -> Term<'a> {
+    let &[program, inputs] = args else { unreachable!("program_run/2") };
     guard(env, "program_run", || {
         let program: ResourceArc<ProgramRes> =
             program.decode().map_err(|_| ExError::Arg { name: "program", expected: "an ExBurn program reference" })?;
         // a dirty NIF keeps running after its caller is killed: stop the program then
         let alive = || unsafe { rustler::sys::enif_is_current_process_alive(env.as_c_arg()) != 0 };
-        let outs = program.0.run_while(&arg_list(inputs)?, &alive)?;
+        let outs = program.last.time(|| program.program.run_while(&arg_list(inputs)?, &alive))?;
         Ok(outs.into_iter().map(TensorOut).collect::<Vec<_>>())
     })
 }
