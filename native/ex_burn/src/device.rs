@@ -95,6 +95,8 @@ impl DeviceRef {
                 Err(ExError::Device(format!("there is one cpu device; {self} does not exist")))
             };
         }
+        #[cfg(feature = "cuda")]
+        crate::gpu::kernel_cache::configure();
         enumerate(self.kind)
             .into_iter()
             .nth(self.index)

@@ -1,12 +1,15 @@
 //! Glue between the cube GPU backends and the rest of the crate: when queued work reaches the
 //! device (`flush`, any cube backend), kernels of a decoding step (`rows`, `rope_cache`,
 //! `paged_attention`) and the quantised weights they read (`blocks`), and, on CUDA, vendor
-//! libraries on cubecl's tensors (`cuda`).
+//! libraries on cubecl's tensors (`cuda`), and where compiled kernels outlive the process
+//! (`kernel_cache`).
 
 pub mod blocks;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod flush;
+#[cfg(feature = "cuda")]
+pub mod kernel_cache;
 pub mod paged_attention;
 pub mod rope_cache;
 pub mod rows;

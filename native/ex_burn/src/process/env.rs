@@ -121,6 +121,12 @@ pub const TEST_DEVICE: Var = Var {
     reader: Reader::Tests,
     about: "the device the crate's tests (and burn_bench's device case) run on",
 };
+pub const KERNEL_CACHE: Var = Var {
+    name: "EXBURN_KERNEL_CACHE",
+    kind: Kind::Path { default: "~/.cache/ex_burn/kernels" },
+    reader: Reader::Library,
+    about: "where CUDA builds keep compiled kernels and autotune results between processes (gpu/kernel_cache.rs)",
+};
 
 pub const CPUID_MASK: Var = Var {
     name: "EXBURN_CPUID_MASK",
@@ -130,8 +136,8 @@ pub const CPUID_MASK: Var = Var {
 };
 
 /// Every variable the crate reads.
-pub const ALL: [&Var; 13] = [
-    &MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &ROWS_KERNEL, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE, &CPUID_MASK,
+pub const ALL: [&Var; 14] = [
+    &MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &ROWS_KERNEL, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE, &KERNEL_CACHE, &CPUID_MASK,
 ];
 
 /// `$e`, computed the first time this call site runs and remembered for the process.
@@ -190,6 +196,10 @@ pub fn models_dir() -> PathBuf {
 
 pub fn reference_dir() -> PathBuf {
     path(&REFERENCE_DIR)
+}
+
+pub fn kernel_cache() -> PathBuf {
+    path(&KERNEL_CACHE)
 }
 
 /// Whether scripts/without_avx512.sh hid AVX-512 from this process (the tests check it did).
