@@ -4,6 +4,9 @@ defmodule ExBurn.MathModeTest do
 
   alias ExBurn.Tensor
 
+  # the mode is the CPU kernels' (guides/configuration.md), whatever the default device is
+  @cpu {:cpu, 0}
+
   setup do
     previous = ExBurn.math()
     on_exit(fn -> ExBurn.Precision.set_math!(previous) end)
@@ -38,7 +41,7 @@ defmodule ExBurn.MathModeTest do
   defp inputs(op) do
     xs = for i <- 0..4095, do: :math.sin(i * 0.37) * 9.0
     xs = if op == :log, do: Enum.map(xs, &(abs(&1) + 1.0e-3)), else: xs
-    Tensor.tensor(xs, type: :f32)
+    Tensor.tensor(xs, type: :f32, device: @cpu)
   end
 
   defp run(op, x), do: apply(Tensor, op, [x])
@@ -47,7 +50,7 @@ defmodule ExBurn.MathModeTest do
     assert ExBurn.math() == :exact
 
     for {op, _ref, input, glibc} <- @cases do
-      assert [y] = floats(run(op, Tensor.tensor([f32(input)], type: :f32)))
+      assert [y] = floats(run(op, Tensor.tensor([f32(input)], type: :f32, device: @cpu)))
       assert bits(y) == glibc, "#{op}"
     end
   end
@@ -70,12 +73,12 @@ defmodule ExBurn.MathModeTest do
         assert ulps(y, want) <= 2, "#{op}(#{x}) = #{y}, correctly rounded #{want}"
       end
 
-      assert [y] = floats(run(op, Tensor.tensor([f32(input)], type: :f32)))
+      assert [y] = floats(run(op, Tensor.tensor([f32(input)], type: :f32, device: @cpu)))
       assert bits(y) != glibc and ulps(y, f32(glibc)) <= 2, "#{op}"
     end
 
     # f64 keeps the exact kernels
-    x64 = Tensor.tensor([1.5, 2.5], type: :f64)
+    x64 = Tensor.tensor([1.5, 2.5], type: :f64, device: @cpu)
     assert Tensor.to_flat_list(Tensor.exp(x64)) == [:math.exp(1.5), :math.exp(2.5)]
 
     assert ExBurn.configure!(math: :exact) == device
@@ -83,28 +86,28 @@ defmodule ExBurn.MathModeTest do
 
     for {op, _ref, input, glibc} <- @cases do
       assert Tensor.to_binary(run(op, inputs(op))) == exact[op], "#{op}"
-      assert [y] = floats(run(op, Tensor.tensor([f32(input)], type: :f32)))
+      assert [y] = floats(run(op, Tensor.tensor([f32(input)], type: :f32, device: @cpu)))
       assert bits(y) == glibc
     end
   end
 
   test "special values give the exact mode's bits in fast mode" do
-    specials = Tensor.tensor([0.0, -0.0, :infinity, :neg_infinity, :nan], type: :f32)
+    specials = Tensor.tensor([0.0, -0.0, :infinity, :neg_infinity, :nan], type: :f32, device: @cpu)
     exact = for {op, _, _, _} <- @cases, do: Tensor.to_binary(run(op, specials))
     ExBurn.configure!(math: :fast)
     assert for({op, _, _, _} <- @cases, do: Tensor.to_binary(run(op, specials))) == exact
     # exp overflows and underflows at the same inputs
-    assert Tensor.to_flat_list(Tensor.exp(Tensor.tensor([88.8, -104.0, 88.7], type: :f32))) |> Enum.take(2) ==
+    assert Tensor.to_flat_list(Tensor.exp(Tensor.tensor([88.8, -104.0, 88.7], type: :f32, device: @cpu))) |> Enum.take(2) ==
              [:infinity, 0.0]
 
-    assert Tensor.to_flat_list(Tensor.log(Tensor.tensor([-1.0], type: :f32))) == [:nan]
+    assert Tensor.to_flat_list(Tensor.log(Tensor.tensor([-1.0], type: :f32, device: @cpu))) == [:nan]
   end
 
   if Code.ensure_loaded?(Nx) do
     @tag :nx
     test "compiled softmax takes the fast exp in fast mode; compiled layer norm is the same in both" do
       x =
-        Nx.iota({64, 100}, type: :f32, backend: ExBurn.Backend)
+        Nx.iota({64, 100}, type: :f32, backend: {ExBurn.Backend, device: @cpu})
         |> Nx.multiply(0.37)
         |> Nx.sin()
         |> Nx.multiply(9)
