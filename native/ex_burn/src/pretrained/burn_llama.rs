@@ -852,14 +852,18 @@ impl LmSession for BurnLlamaSession {
     }
 
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>> {
+        match self.forward_next(tokens, pos, false)? {
+            Next::Logits(logits) => Ok(logits),
+            Next::Token(_) => unreachable!("logits were asked for"),
+        }
+    }
+
+    fn forward_next(&mut self, tokens: &[u32], pos: usize, greedy: bool) -> ExResult<Next> {
         self.check(tokens, pos)?;
         let w = Arc::clone(&self.w);
         match &w.host {
-            Some(hw) => Self::forward_host(&w, hw, vec![(self, tokens, pos)]).remove(0),
-            None => match Self::forward_pooled(&mut [(self, tokens, pos)], &[false]).remove(0)? {
-                Next::Logits(logits) => Ok(logits),
-                Next::Token(_) => unreachable!("logits were asked for"),
-            },
+            Some(hw) => Self::forward_host(&w, hw, vec![(self, tokens, pos)]).remove(0).map(Next::Logits),
+            None => Self::forward_pooled(&mut [(self, tokens, pos)], &[greedy]).remove(0),
         }
     }
 }

@@ -361,8 +361,9 @@ impl Generation {
                 if !alive() {
                     return Err(ExError::Cancelled);
                 }
-                let logits = self.session.forward(&tokens, pos)?;
-                self.fed(tokens.len(), Next::Logits(logits));
+                let greedy = self.token_will_do(tokens.len());
+                let next = self.session.forward_next(&tokens, pos, greedy)?;
+                self.fed(tokens.len(), next);
             }
             self.emit(&mut ids)?;
         }

@@ -205,6 +205,12 @@ pub trait LmSession: Send + std::any::Any {
     /// returns the logits (`vocab_size` values) of the last one. `pos` is the number of tokens
     /// already in the cache; a session is fed strictly in order.
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>>;
+    /// `forward` for a caller that samples greedily when `greedy`: it may be answered with the
+    /// token the logits pick instead (`CausalLm::forward_batch_next`).
+    fn forward_next(&mut self, tokens: &[u32], pos: usize, greedy: bool) -> ExResult<Next> {
+        let _ = greedy;
+        self.forward(tokens, pos).map(Next::Logits)
+    }
     /// Sets aside cache room for `tokens` tokens in all, so the cache never grows past what a
     /// memory budget reserved for it (a growing buffer would double): Burn's host buffers and
     /// its tensor path's pool pages. Candle, whose caches grow by concatenation, ignores it.
