@@ -339,7 +339,7 @@ fn main() {
             let ns = peer(op, size.parse().expect("size"), iters.parse().expect("iters"));
             println!("{ns}");
         }
-        ["device"] => device_bench(ex_burn::process::env::test_device()),
+        ["device"] => device_bench(ex_burn::process::env::test_device_spec().map_or(DeviceRef::CPU, |s| parse_device(&s))),
         ["device", spec] => device_bench(parse_device(spec)),
         ["kernels"] => kernels(),
         ["precision", dir] => precision_bench(dir, parse_device("cuda")),

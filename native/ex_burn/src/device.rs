@@ -180,6 +180,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn specs_parse() {
+        assert_eq!(DeviceRef::parse("cpu"), Ok(DeviceRef::CPU));
+        assert_eq!(DeviceRef::parse("vulkan:1"), Ok(DeviceRef { kind: DeviceKind::Vulkan, index: 1 }));
+        assert_eq!(DeviceRef::parse("cuda"), Ok(DeviceRef { kind: DeviceKind::Cuda, index: 0 }));
+        assert!(DeviceRef::parse("tpu").is_err());
+        assert!(DeviceRef::parse("cuda:x").is_err());
+    }
+
+    #[test]
     fn missing_devices_are_errors_not_panics() {
         let err = DeviceRef { kind: DeviceKind::Cpu, index: 3 }.burn().unwrap_err();
         assert!(err.to_string().contains("one cpu device"), "{err}");

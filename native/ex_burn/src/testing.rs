@@ -9,8 +9,13 @@ use crate::dtype::NxType;
 use crate::ops::elementwise::as_type;
 use crate::tensor::Handle;
 
+/// The device of `EXBURN_TEST_DEVICE`, the CPU when unset; a spec that names no device panics.
 pub fn device() -> DeviceRef {
-    crate::process::env::test_device()
+    static DEVICE: std::sync::OnceLock<DeviceRef> = std::sync::OnceLock::new();
+    *DEVICE.get_or_init(|| match crate::process::env::test_device_spec() {
+        None => DeviceRef::CPU,
+        Some(spec) => DeviceRef::parse(&spec).unwrap_or_else(|e| panic!("{}: {e}", crate::process::env::TEST_DEVICE.name)),
+    })
 }
 
 pub fn supports(ty: NxType) -> bool {

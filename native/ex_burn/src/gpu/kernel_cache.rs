@@ -9,8 +9,8 @@ use cubecl_runtime::config::cache::CacheConfig;
 use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig};
 
 /// Sets cubecl's configuration once, before any GPU device starts: what a `cubecl.toml` (or
-/// `CUBECL_*` variable) says, with compiled kernels cached in `EXBURN_KERNEL_CACHE`. Where the configuration
-/// was already read or set, it is left as it is.
+/// `CUBECL_*` variable) says, with compiled kernels cached in `EXBURN_KERNEL_CACHE`. Where the
+/// configuration was already read or set, it is left as it is.
 pub fn configure() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {

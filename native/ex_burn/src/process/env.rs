@@ -20,8 +20,6 @@ use std::fmt::Display;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::device::DeviceRef;
-
 /// How a variable's value is read, with its default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -207,12 +205,9 @@ pub fn avx512_hidden() -> bool {
     choice(&CPUID_MASK) == "avx512"
 }
 
-/// The device tests run on; panics on a spec that names no device kind.
-pub fn test_device() -> DeviceRef {
-    once!(DeviceRef, {
-        let raw = raw(&TEST_DEVICE);
-        parse_device(raw.as_deref()).unwrap_or_else(|e| panic!("{}: {e}", TEST_DEVICE.name)).unwrap_or(DeviceRef::CPU)
-    })
+/// The spec of the device tests run on (`testing::device` parses it); `None` is the CPU.
+pub fn test_device_spec() -> Option<String> {
+    device_spec(raw(&TEST_DEVICE).as_deref()).map(str::to_string)
 }
 
 /// A switch's value: `Ok(None)` when unset or empty, `Err` when it is not a switch value.
@@ -241,13 +236,9 @@ pub fn parse_choice(raw: Option<&str>, values: &[&'static str]) -> Result<Option
     }
 }
 
-/// A device spec `kind[:index]`: `Ok(None)` when unset or empty.
-pub fn parse_device(raw: Option<&str>) -> Result<Option<DeviceRef>, String> {
-    let spec = match raw.map(str::trim) {
-        None | Some("") => return Ok(None),
-        Some(spec) => spec,
-    };
-    DeviceRef::parse(spec).map(Some)
+/// A device spec `kind[:index]` as given, for `DeviceRef::parse`: `None` when unset or empty.
+pub fn device_spec(raw: Option<&str>) -> Option<&str> {
+    raw.map(str::trim).filter(|s| !s.is_empty())
 }
 
 /// The variable's value; unset and empty are the same (`FOO= cmd` is how a shell unsets it).
@@ -308,7 +299,6 @@ fn default_path(default: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::DeviceKind;
 
     #[test]
     fn switches_parse_by_one_rule() {
@@ -363,14 +353,10 @@ mod tests {
     };
 
     #[test]
-    fn devices_parse() {
-        assert_eq!(parse_device(None), Ok(None));
-        assert_eq!(parse_device(Some("")), Ok(None));
-        assert_eq!(parse_device(Some("cpu")), Ok(Some(DeviceRef::CPU)));
-        assert_eq!(parse_device(Some("vulkan:1")), Ok(Some(DeviceRef { kind: DeviceKind::Vulkan, index: 1 })));
-        assert_eq!(parse_device(Some("cuda")), Ok(Some(DeviceRef { kind: DeviceKind::Cuda, index: 0 })));
-        assert!(parse_device(Some("tpu")).is_err());
-        assert!(parse_device(Some("cuda:x")).is_err());
+    fn device_specs_are_trimmed_and_empty_is_unset() {
+        assert_eq!(device_spec(None), None);
+        assert_eq!(device_spec(Some(" ")), None);
+        assert_eq!(device_spec(Some(" vulkan:1 ")), Some("vulkan:1"));
     }
 
     #[test]
@@ -394,6 +380,6 @@ mod tests {
     fn each_accessor_reads_a_variable_of_its_kind() {
         // a mismatch panics (unreachable!) here rather than in a NIF
         let _ = (malloc_tune(), flush_elems(), cublas(), cublas_exclusive(), cublas_host_sync(), bf16_gemm(), bf16_amx(), math());
-        let _ = (models_dir(), reference_dir(), test_device());
+        let _ = (models_dir(), reference_dir(), test_device_spec(), kernel_cache());
     }
 }
