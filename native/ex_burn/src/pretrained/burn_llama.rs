@@ -740,11 +740,7 @@ impl CausalLm for BurnLlama {
     /// chunk a session refuses is answered alone.
     fn forward_batch(&self, batch: &mut [Chunk]) -> Vec<ExResult<Vec<f32>>> {
         let greedy = vec![false; batch.len()];
-        let logits = |r: ExResult<Next>| match r? {
-            Next::Logits(l) => Ok(l),
-            Next::Token(_) => unreachable!("no chunk asked for its token"),
-        };
-        self.forward_batch_next(batch, &greedy).into_iter().map(logits).collect()
+        self.forward_batch_next(batch, &greedy).into_iter().map(|r| r.map(Next::into_logits)).collect()
     }
 
     /// The host path's logits are in host memory already, and are all returned.
@@ -852,10 +848,7 @@ impl LmSession for BurnLlamaSession {
     }
 
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>> {
-        match self.forward_next(tokens, pos, false)? {
-            Next::Logits(logits) => Ok(logits),
-            Next::Token(_) => unreachable!("logits were asked for"),
-        }
+        self.forward_next(tokens, pos, false).map(Next::into_logits)
     }
 
     fn forward_next(&mut self, tokens: &[u32], pos: usize, greedy: bool) -> ExResult<Next> {

@@ -154,6 +154,16 @@ pub enum Next {
     Token(u32),
 }
 
+impl Next {
+    /// The logits of an answer to a chunk that did not ask for its token.
+    pub(crate) fn into_logits(self) -> Vec<f32> {
+        match self {
+            Next::Logits(logits) => logits,
+            Next::Token(_) => unreachable!("a token answered a chunk that asked for logits"),
+        }
+    }
+}
+
 /// Tokens for one session in a `forward_batch`, at positions `pos..pos + tokens.len()`.
 pub struct Chunk<'a> {
     pub session: &'a mut dyn LmSession,
@@ -207,8 +217,7 @@ pub trait LmSession: Send + std::any::Any {
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>>;
     /// `forward` for a caller that samples greedily when `greedy`: it may be answered with the
     /// token the logits pick instead (`CausalLm::forward_batch_next`).
-    fn forward_next(&mut self, tokens: &[u32], pos: usize, greedy: bool) -> ExResult<Next> {
-        let _ = greedy;
+    fn forward_next(&mut self, tokens: &[u32], pos: usize, _greedy: bool) -> ExResult<Next> {
         self.forward(tokens, pos).map(Next::Logits)
     }
     /// Sets aside cache room for `tokens` tokens in all, so the cache never grows past what a
