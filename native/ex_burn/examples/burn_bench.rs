@@ -339,7 +339,7 @@ fn main() {
             let ns = peer(op, size.parse().expect("size"), iters.parse().expect("iters"));
             println!("{ns}");
         }
-        ["device"] => device_bench(ex_burn::process::env::test_device_spec().map_or(DeviceRef::CPU, |s| parse_device(&s))),
+        ["device"] => device_bench(DeviceRef::parse_or_cpu(ex_burn::process::env::test_device_spec().as_deref()).unwrap_or_else(|e| panic!("{e}"))),
         ["device", spec] => device_bench(parse_device(spec)),
         ["kernels"] => kernels(),
         ["precision", dir] => precision_bench(dir, parse_device("cuda")),

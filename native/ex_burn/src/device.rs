@@ -75,6 +75,12 @@ impl DeviceRef {
         Ok(DeviceRef { kind, index })
     }
 
+    /// The device a variable of kind device names (`process::env::device_spec`): the CPU when
+    /// it names none.
+    pub fn parse_or_cpu(spec: Option<&str>) -> Result<DeviceRef, String> {
+        spec.map_or(Ok(DeviceRef::CPU), DeviceRef::parse)
+    }
+
     /// The Burn device, enumerated once per process and cached.
     pub fn burn(&self) -> ExResult<Device> {
         static CACHE: OnceLock<Mutex<HashMap<DeviceRef, Device>>> = OnceLock::new();
@@ -186,6 +192,8 @@ mod tests {
         assert_eq!(DeviceRef::parse("cuda"), Ok(DeviceRef { kind: DeviceKind::Cuda, index: 0 }));
         assert!(DeviceRef::parse("tpu").is_err());
         assert!(DeviceRef::parse("cuda:x").is_err());
+        assert_eq!(DeviceRef::parse_or_cpu(None), Ok(DeviceRef::CPU));
+        assert_eq!(DeviceRef::parse_or_cpu(Some("vulkan:1")), Ok(DeviceRef { kind: DeviceKind::Vulkan, index: 1 }));
     }
 
     #[test]

@@ -12,9 +12,9 @@ use crate::tensor::Handle;
 /// The device of `EXBURN_TEST_DEVICE`, the CPU when unset; a spec that names no device panics.
 pub fn device() -> DeviceRef {
     static DEVICE: std::sync::OnceLock<DeviceRef> = std::sync::OnceLock::new();
-    *DEVICE.get_or_init(|| match crate::process::env::test_device_spec() {
-        None => DeviceRef::CPU,
-        Some(spec) => DeviceRef::parse(&spec).unwrap_or_else(|e| panic!("{}: {e}", crate::process::env::TEST_DEVICE.name)),
+    *DEVICE.get_or_init(|| {
+        DeviceRef::parse_or_cpu(crate::process::env::test_device_spec().as_deref())
+            .unwrap_or_else(|e| panic!("{}: {e}", crate::process::env::TEST_DEVICE.name))
     })
 }
 
