@@ -83,6 +83,19 @@ mod cube {
     /// was picked by measuring several, guides/devices.md).
     const GROUP_ROWS: usize = 4;
 
+    /// Planes a product should keep in flight: about what a large GPU holds at once. Below it a
+    /// column's weight row is split between several planes of its workgroup, since one plane
+    /// walking a long row alone waits on one load after another.
+    const PLANES_IN_FLIGHT: usize = 8192;
+
+    /// Planes that share one column's row (a power of two, at most the workgroup's planes over
+    /// its row groups), for `n` columns, `groups` row groups and rows of `k` values.
+    pub(super) fn splits(n: usize, groups: usize, k: usize, plane: usize) -> usize {
+        let most = (PLANES / groups.min(PLANES)).min(k.div_ceil(plane)).max(1);
+        let want = (PLANES_IN_FLIGHT / (n * groups).max(1)).clamp(1, most);
+        1 << want.ilog2()
+    }
+
     #[backend_extension(Cube: cfg(cube), Fusion: cfg(cube))]
     pub trait RowsMatmul: Backend {
         /// `input(x) @ wᵀ (+ res)`, f32, `x` of at most `MAX_ROWS` rows. `g` is the norm's
@@ -177,11 +190,12 @@ mod cube {
         let client = x.client.clone();
         let out = crate::gpu::output(&x, [m, n]);
         let groups = m.div_ceil(GROUP_ROWS);
-        let (columns, rows) = (PLANES / groups.min(PLANES), m.div_ceil(groups));
+        let splits = splits(n, groups, k, plane as usize);
+        let (columns, rows) = (PLANES / (groups.min(PLANES) * splits), m.div_ceil(groups));
         rows_by_weight::launch(
             &client,
             CubeCount::Static(n.div_ceil(columns) as u32, 1, 1),
-            CubeDim::new_1d(plane * (columns * groups) as u32),
+            CubeDim::new_1d(plane * (columns * groups * splits) as u32),
             x.into_buffer_arg(),
             w.into_buffer_arg(),
             codes.into_buffer_arg(),
@@ -196,6 +210,7 @@ mod cube {
             m,
             groups,
             rows,
+            splits,
             norm,
             silu,
             residual,
@@ -260,14 +275,15 @@ mod cube {
         }
     }
 
-    /// One plane per output column `col` and group of `rows` rows of `x` (`groups` planes a
-    /// column, neighbours in the workgroup): lane `i` sums `x'[r, j] * w[col, j]` over
-    /// `j = i, i + PLANE_DIM, ...` for every row `r` of its group, where `x'` is `x`, (`norm`)
-    /// its RMSNorm with weight `g`, or (`silu`) `silu(gate) * up` of its halves; then the plane
-    /// adds its lanes, and (`residual`) `res` is added. `x` has `m` rows, `width` apart; a last
-    /// group that runs past them repeats the last row and writes nothing for it. The weights are
-    /// `w` itself (`bits` 0) or decoded from `codes` (`weight`). Buffers a flag leaves unused are
-    /// bound to any read-only operand.
+    /// `splits` planes per output column `col` and group of `rows` rows of `x` (the planes of a
+    /// column neighbours in the workgroup, its groups' planes next to one another): lane `i` of
+    /// split `s` sums `x'[r, j] * w[col, j]` over `j = s·PLANE_DIM + i`, stepping by
+    /// `splits·PLANE_DIM`, for every row `r` of its group, where `x'` is `x`, (`norm`) its RMSNorm
+    /// with weight `g`, or (`silu`) `silu(gate) * up` of its halves; then each plane adds its
+    /// lanes, the first split adds the others' sums through shared memory, and (`residual`)
+    /// `res` is added. `x` has `m` rows, `width` apart; a last group that runs past them repeats
+    /// the last row and writes nothing for it. The weights are `w` itself (`bits` 0) or decoded
+    /// from `codes` (`weight`). Buffers a flag leaves unused are bound to any read-only operand.
     #[cube(launch)]
     #[allow(clippy::too_many_arguments)]
     fn rows_by_weight(
@@ -285,6 +301,7 @@ mod cube {
         m: usize,
         #[comptime] groups: usize,
         #[comptime] rows: usize,
+        #[comptime] splits: usize,
         #[comptime] norm: bool,
         #[comptime] silu: bool,
         #[comptime] residual: bool,
@@ -294,18 +311,20 @@ mod cube {
         #[comptime] offset: bool,
     ) {
         let plane = PLANE_DIM as usize;
-        let slot = CUBE_POS_X as usize * (CUBE_DIM as usize / plane) + PLANE_POS as usize;
-        let (col, first) = (slot / groups, (slot % groups) * rows);
+        let per_col = comptime![groups * splits];
+        let slot = PLANE_POS as usize;
+        let col = CUBE_POS_X as usize * (CUBE_DIM as usize / plane / per_col) + slot / per_col;
+        let (first, split) = ((slot % per_col) / splits * rows, slot % splits);
+        let mut acc = Array::<f32>::new(rows);
+        let mut sq = Array::<f32>::new(rows);
+        #[unroll]
+        for r in 0..rows {
+            acc[r] = f32::new(0.0);
+            sq[r] = f32::new(0.0);
+        }
         // the same for every lane of a plane, so the plane sums below run in uniform control flow
         if col < n {
-            let mut acc = Array::<f32>::new(rows);
-            let mut sq = Array::<f32>::new(rows);
-            #[unroll]
-            for r in 0..rows {
-                acc[r] = f32::new(0.0);
-                sq[r] = f32::new(0.0);
-            }
-            let mut j = UNIT_POS_PLANE as usize;
+            let mut j = split * plane + UNIT_POS_PLANE as usize;
             while j < k {
                 let mut wv = weight(w, codes, offsets, col * k + j, bits, group, zero, offset);
                 if comptime![norm] {
@@ -323,23 +342,61 @@ mod cube {
                         sq[r] += xv * xv;
                     }
                 }
-                j += plane;
+                j += plane * splits;
             }
+        }
+        if comptime![splits == 1] {
+            if col < n {
+                #[unroll]
+                for r in 0..rows {
+                    let s = plane_sum(acc[r]);
+                    let q = if comptime![norm] { plane_sum(sq[r]) } else { f32::new(0.0) };
+                    finish(s, q, first + r, col, res, out, k, n, m, eps, norm, residual);
+                }
+            }
+        } else {
+            // every plane reaches the barrier, whether or not its column exists
+            let mut part = Shared::<[f32]>::new_slice(comptime![PLANES * GROUP_ROWS * 2]);
             #[unroll]
             for r in 0..rows {
-                let mut s = plane_sum(acc[r]);
-                if comptime![norm] {
-                    let ms = plane_sum(sq[r]) / f32::cast_from(k);
-                    s /= (ms + eps).sqrt();
-                }
-                let row = first + r;
-                if UNIT_POS_PLANE == 0 && row < m {
-                    if comptime![residual] {
-                        s += res[row * n + col];
-                    }
-                    out[row * n + col] = s;
+                let s = plane_sum(acc[r]);
+                let q = if comptime![norm] { plane_sum(sq[r]) } else { f32::new(0.0) };
+                if UNIT_POS_PLANE == 0 {
+                    part[(slot * rows + r) * 2] = s;
+                    part[(slot * rows + r) * 2 + 1] = q;
                 }
             }
+            sync_cube();
+            if split == 0 && col < n && UNIT_POS_PLANE == 0 {
+                #[unroll]
+                for r in 0..rows {
+                    let mut s = f32::new(0.0);
+                    let mut q = f32::new(0.0);
+                    #[unroll]
+                    for t in 0..splits {
+                        s += part[((slot + t) * rows + r) * 2];
+                        q += part[((slot + t) * rows + r) * 2 + 1];
+                    }
+                    finish(s, q, first + r, col, res, out, k, n, m, eps, norm, residual);
+                }
+            }
+        }
+    }
+
+    /// Writes output `(row, col)` from its sum `s` (and, for `norm`, the sum of squares `q` of
+    /// the row's `k` inputs), plus the residual; lane 0 of a plane only, and no row past `m`.
+    #[cube]
+    #[allow(clippy::too_many_arguments)]
+    fn finish(s: f32, q: f32, row: usize, col: usize, res: &[f32], out: &mut [f32], k: usize, n: usize, m: usize, eps: f32, #[comptime] norm: bool, #[comptime] residual: bool) {
+        let mut v = s;
+        if comptime![norm] {
+            v /= (q / f32::cast_from(k) + eps).sqrt();
+        }
+        if UNIT_POS_PLANE == 0 && row < m {
+            if comptime![residual] {
+                v += res[row * n + col];
+            }
+            out[row * n + col] = v;
         }
     }
 
