@@ -9,7 +9,8 @@
 //! lanes walk that weight row in coalesced steps, each lane keeps one partial sum per row of the
 //! group, and a plane sum finishes each. The planes of one column sit in one workgroup, so a
 //! weight value comes from memory once per product whatever the number of rows. Splitting the
-//! rows into groups gives a batch more planes in flight and each plane fewer loads in a row.
+//! rows into groups gives a batch more planes in flight and each plane fewer loads in a row;
+//! with few columns and rows, several planes share a column's row the same way.
 //!
 //! The weights are f32 values, or GGML blocks as codes with a scale (and offset) per group
 //! (`gpu::blocks`), which each lane decodes as it reads them: a decoding step reads a quarter to a
