@@ -58,6 +58,19 @@ pub(crate) fn contiguous(t: burn_cubecl::tensor::CubeTensor) -> burn_cubecl::ten
     }
 }
 
+/// `side` itself where the op holds its only reference and its rows are laid out one after
+/// another, else a contiguous copy: a pool side is written in place, never under another
+/// reader, and never through strides (CUDA pads the rows of uploaded tensors; a copy keeps them).
+#[cfg(cube)]
+pub(crate) fn writable(side: burn_cubecl::tensor::CubeTensor) -> burn_cubecl::tensor::CubeTensor {
+    let side = contiguous(side);
+    if side.can_mut() {
+        side
+    } else {
+        side.copy()
+    }
+}
+
 /// A new contiguous `[rows, cols]` tensor on `like`'s device, of its dtype, for a kernel to fill.
 #[cfg(cube)]
 pub(crate) fn output(like: &burn_cubecl::tensor::CubeTensor, [rows, cols]: [usize; 2]) -> burn_cubecl::tensor::CubeTensor {

@@ -99,18 +99,6 @@ mod cube {
         (TensorSpec::new(shape, qkv.dtype), k.clone(), v.clone())
     }
 
-    /// `side` itself where this op holds its only reference and its rows are laid out one after
-    /// another, else a contiguous copy: the pool is written in place, never under another reader,
-    /// and never through strides (CUDA pads the rows of uploaded tensors; a copy keeps them).
-    fn writable(side: CubeTensor) -> CubeTensor {
-        let side = crate::gpu::contiguous(side);
-        if side.can_mut() {
-            side
-        } else {
-            side.copy()
-        }
-    }
-
     impl RopeCache for CubeBackend {
         fn rope_cache_write(
             qkv: CubeTensor,
@@ -125,7 +113,7 @@ mod cube {
             halves: bool,
         ) -> (CubeTensor, CubeTensor, CubeTensor) {
             let [qkv, cos, sin, pos, at] = [qkv, cos, sin, pos, at].map(crate::gpu::contiguous);
-            let [k, v] = [k, v].map(writable);
+            let [k, v] = [k, v].map(crate::gpu::writable);
             let (rows, width, rope_dim) = (qkv.meta.shape()[0], qkv.meta.shape()[1], cos.meta.shape()[1]);
             let (qw, kw) = (heads * head_dim, k.meta.shape()[2]);
             let client = qkv.client.clone();

@@ -16,10 +16,14 @@
 //! (`gpu::blocks`), which each lane decodes as it reads them: a decoding step reads a quarter to a
 //! third of the bytes.
 //!
+//! `fused_rope` runs a layer's Q/K/V projection the same way with its RoPE and the KV pool's
+//! writes (`rope_cache`'s arithmetic) in the same kernel: each plane sums a value and its rotary
+//! partner, so the pair rotates in registers, and a decoding layer is five launches, not six.
+//!
 //! `fused` hands its operands back where it does not apply (more rows, other dtypes, devices
 //! without plane kernels, the CPU): the caller then runs the same arithmetic in Burn ops.
 
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Int, Tensor};
 
 pub use super::blocks::GpuBlocks;
 
@@ -63,6 +67,46 @@ pub fn fused(x: Tensor<2>, w: Weight, input: Input, residual: Option<Tensor<2>>)
     }
     let _ = (runs, w, input);
     Err((x, residual))
+}
+
+/// The rotary side of `fused_rope`: the model's tables and the step's positions and pool rows.
+pub struct RopeOut<'a> {
+    pub rope: &'a super::rope_cache::Rope<'a>,
+    pub pos: &'a Tensor<1, Int>,
+    pub at: &'a Tensor<1, Int>,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// The Q/K/V projection of a decoder layer with what follows it in one kernel: `norm(x) @ wᵀ`
+/// (RMSNorm with `g`, `eps`), RoPE of its queries and keys (`rope_cache::rope_write`'s
+/// arithmetic), the queries returned and the keys and values written to rows `at` of the pool's
+/// sides: `(q, sides)`. Each plane sums a pair of columns, a value and its rotary partner. Or
+/// the operands back where `fused` would not run, or the projection is not `(heads + 2 kv_heads)
+/// head_dim` wide.
+#[allow(clippy::result_large_err, clippy::type_complexity)]
+pub fn fused_rope(x: Tensor<2>, w: Weight, (g, eps): (&Tensor<1>, f64), out: &RopeOut, pool: [Tensor<3>; 2]) -> Result<(Tensor<2>, [Tensor<3>; 2]), (Tensor<2>, [Tensor<3>; 2])> {
+    let n = match w {
+        Weight::F32(w) => w.dims()[0],
+        Weight::Blocks(b) => b.rows,
+    };
+    let (dh, rd) = (out.head_dim, out.rope.cos.dims()[1]);
+    let kw = out.kv_heads * dh;
+    let shaped = n == out.heads * dh + 2 * kw && dh % 2 == 0 && rd % 2 == 0 && rd <= dh && pool.iter().all(|p| p.dims()[2] == kw && p.dims()[0] * p.dims()[1] > 0);
+    let runs = shaped
+        && (1..=MAX_ROWS).contains(&x.dims()[0])
+        && x.dtype() == DType::F32
+        && match w {
+            Weight::F32(w) => w.dtype() == DType::F32,
+            Weight::Blocks(_) => true,
+        };
+    #[cfg(cube)]
+    if runs {
+        return Ok(cube::fused_rope(x, w, (g, eps), out, pool));
+    }
+    let _ = (runs, w, g, eps);
+    Err((x, pool))
 }
 
 #[cfg(cube)]
@@ -137,6 +181,60 @@ mod cube {
             zero: u32,
             offset: bool,
         ) -> FloatTensor<Self>;
+
+        /// `fused_rope`: the weights as `rows_fused_blocks` takes them (`bits` 0: f32 values in
+        /// `scales`), the rotary tables, positions and pool rows, and the pool's sides; returns
+        /// the queries and the sides.
+        #[allow(clippy::too_many_arguments)]
+        #[fusion(meta = rope_meta)]
+        fn rows_rope(
+            x: FloatTensor<Self>,
+            scales: FloatTensor<Self>,
+            codes: IntTensor<Self>,
+            offsets: FloatTensor<Self>,
+            g: FloatTensor<Self>,
+            cos: FloatTensor<Self>,
+            sin: FloatTensor<Self>,
+            pos: IntTensor<Self>,
+            at: IntTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            eps: u32,
+            bits: u32,
+            group: usize,
+            zero: u32,
+            offset: bool,
+            heads: usize,
+            head_dim: usize,
+            halves: bool,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rope_meta(
+        x: &TensorSpec,
+        _scales: &TensorSpec,
+        _codes: &TensorSpec,
+        _offsets: &TensorSpec,
+        _g: &TensorSpec,
+        _cos: &TensorSpec,
+        _sin: &TensorSpec,
+        _pos: &TensorSpec,
+        _at: &TensorSpec,
+        k: &TensorSpec,
+        v: &TensorSpec,
+        _eps: &u32,
+        _bits: &u32,
+        _group: &usize,
+        _zero: &u32,
+        _offset: &bool,
+        heads: &usize,
+        head_dim: &usize,
+        _halves: &bool,
+    ) -> (TensorSpec, TensorSpec, TensorSpec) {
+        let mut shape = x.shape.clone();
+        shape[1] = heads * head_dim;
+        (TensorSpec::new(shape, x.dtype), k.clone(), v.clone())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -171,8 +269,23 @@ mod cube {
         offset: bool,
     }
 
+    /// The rotary part of a launch (`fused_rope`): tables, positions, pool rows, the pool's
+    /// sides to write, and the projection's heads.
+    struct RopeArgs {
+        cos: CubeTensor,
+        sin: CubeTensor,
+        pos: CubeTensor,
+        at: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        heads: usize,
+        head_dim: usize,
+        halves: bool,
+    }
+
     /// Launches `rows_by_weight` for `x` and weights `w` (f32 values, or the scales of `codes`)
-    /// with `n` output columns; operands a flag leaves unused are bound to any buffer.
+    /// with `n` output columns; operands a flag leaves unused are bound to any buffer. With
+    /// `rope`, the output is the queries and the pool's sides come back written.
     #[allow(clippy::too_many_arguments)]
     fn launch(
         x: CubeTensor,
@@ -183,19 +296,35 @@ mod cube {
         [norm, silu, residual]: [bool; 3],
         eps: u32,
         c: Codes,
-    ) -> CubeTensor {
+        rope: Option<RopeArgs>,
+    ) -> (CubeTensor, Option<(CubeTensor, CubeTensor)>) {
         let plane = x.client.properties().hardware.plane_size_max;
         let [x, w, codes, offsets, g, res] = [x, w, codes, offsets, g, res].map(crate::gpu::contiguous);
         let [m, width] = [x.meta.shape()[0], x.meta.shape()[1]];
         let k = if silu { width / 2 } else { width };
         let client = x.client.clone();
-        let out = crate::gpu::output(&x, [m, n]);
+        // with RoPE a plane sums a column and its partner, and the output is the queries
+        let (units, out_cols) = match &rope {
+            Some(r) => (n / 2, r.heads * r.head_dim),
+            None => (n, n),
+        };
+        let out = crate::gpu::output(&x, [m, out_cols]);
         let groups = m.div_ceil(GROUP_ROWS);
-        let splits = splits(n, groups, k, plane as usize);
+        let splits = splits(units, groups, k, plane as usize);
         let (columns, rows) = (PLANES / (groups.min(PLANES) * splits), m.div_ceil(groups));
+        let (rd, halves, kw) = rope.as_ref().map_or((0, false, 0), |r| (r.cos.meta.shape()[1], r.halves, r.k.meta.shape()[2]));
+        let (qw, head_dim) = rope.as_ref().map_or((n, 1), |r| (r.heads * r.head_dim, r.head_dim));
+        let (cos, sin, pos, at, kside, vside) = match rope {
+            Some(r) => {
+                let [cos, sin, pos, at] = [r.cos, r.sin, r.pos, r.at].map(crate::gpu::contiguous);
+                let [k, v] = [r.k, r.v].map(crate::gpu::writable);
+                (cos, sin, pos, at, k, v)
+            }
+            None => (w.clone(), w.clone(), codes.clone(), codes.clone(), out.clone(), out.clone()),
+        };
         rows_by_weight::launch(
             &client,
-            CubeCount::Static(n.div_ceil(columns) as u32, 1, 1),
+            CubeCount::Static(units.div_ceil(columns) as u32, 1, 1),
             CubeDim::new_1d(plane * (columns * groups * splits) as u32),
             x.into_buffer_arg(),
             w.into_buffer_arg(),
@@ -203,12 +332,22 @@ mod cube {
             offsets.into_buffer_arg(),
             g.into_buffer_arg(),
             res.into_buffer_arg(),
+            cos.into_buffer_arg(),
+            sin.into_buffer_arg(),
+            pos.into_buffer_arg(),
+            at.into_buffer_arg(),
             out.clone().into_buffer_arg(),
+            kside.clone().into_buffer_arg(),
+            vside.clone().into_buffer_arg(),
             k,
             n,
             width,
             f32::from_bits(eps),
             m,
+            qw,
+            kw,
+            head_dim,
+            rd,
             groups,
             rows,
             splits,
@@ -219,8 +358,11 @@ mod cube {
             c.group,
             c.zero as usize,
             c.offset,
+            units != n,
+            halves,
         );
-        out
+        let sides = (units != n).then_some((kside, vside));
+        (out, sides)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -252,7 +394,7 @@ mod cube {
         ) -> CubeTensor {
             let n = w.meta.shape()[0];
             let none = Codes { bits: 0, group: 1, zero: 0, offset: false };
-            launch(x, [w.clone(), w.clone(), w], g, res, n, [norm, silu, residual], eps, none)
+            launch(x, [w.clone(), w.clone(), w], g, res, n, [norm, silu, residual], eps, none, None).0
         }
 
         fn rows_fused_blocks(
@@ -272,19 +414,51 @@ mod cube {
             zero: u32,
             offset: bool,
         ) -> CubeTensor {
-            launch(x, [scales, codes, offsets], g, res, n, [norm, silu, residual], eps, Codes { bits, group, zero, offset })
+            launch(x, [scales, codes, offsets], g, res, n, [norm, silu, residual], eps, Codes { bits, group, zero, offset }, None).0
+        }
+
+        fn rows_rope(
+            x: CubeTensor,
+            scales: CubeTensor,
+            codes: CubeTensor,
+            offsets: CubeTensor,
+            g: CubeTensor,
+            cos: CubeTensor,
+            sin: CubeTensor,
+            pos: CubeTensor,
+            at: CubeTensor,
+            k: CubeTensor,
+            v: CubeTensor,
+            eps: u32,
+            bits: u32,
+            group: usize,
+            zero: u32,
+            offset: bool,
+            heads: usize,
+            head_dim: usize,
+            halves: bool,
+        ) -> (CubeTensor, CubeTensor, CubeTensor) {
+            let kw = k.meta.shape()[2];
+            let n = heads * head_dim + 2 * kw;
+            let rope = RopeArgs { cos, sin, pos, at, k, v, heads, head_dim, halves };
+            let res = g.clone();
+            let (q, sides) = launch(x, [scales, codes, offsets], g, res, n, [true, false, false], eps, Codes { bits, group, zero, offset }, Some(rope));
+            let (k, v) = sides.expect("the sides of a rotary launch");
+            (q, k, v)
         }
     }
 
-    /// `splits` planes per output column `col` and group of `rows` rows of `x` (the planes of a
-    /// column neighbours in the workgroup, its groups' planes next to one another): lane `i` of
+    /// `splits` planes per output unit and group of `rows` rows of `x` (the planes of a unit
+    /// neighbours in the workgroup, its groups' planes next to one another). A unit is an output
+    /// column `col`, or (`rope`) a pair of columns of the Q/K/V projection (`pair`). Lane `i` of
     /// split `s` sums `x'[r, j] * w[col, j]` over `j = s·PLANE_DIM + i`, stepping by
     /// `splits·PLANE_DIM`, for every row `r` of its group, where `x'` is `x`, (`norm`) its RMSNorm
     /// with weight `g`, or (`silu`) `silu(gate) * up` of its halves; then each plane adds its
     /// lanes, the first split adds the others' sums through shared memory, and (`residual`)
-    /// `res` is added. `x` has `m` rows, `width` apart; a last group that runs past them repeats
-    /// the last row and writes nothing for it. The weights are `w` itself (`bits` 0) or decoded
-    /// from `codes` (`weight`). Buffers a flag leaves unused are bound to any read-only operand.
+    /// `res` is added (`finish`), or the pair is rotated and written (`finish_pair`). `x` has `m`
+    /// rows, `width` apart; a last group that runs past them repeats the last row and writes
+    /// nothing for it. The weights are `w` itself (`bits` 0) or decoded from `codes` (`weight`).
+    /// Buffers a flag leaves unused are bound to any operand of their kind.
     #[cube(launch)]
     #[allow(clippy::too_many_arguments)]
     fn rows_by_weight(
@@ -294,12 +468,22 @@ mod cube {
         offsets: &[f32],
         g: &[f32],
         res: &[f32],
+        cos: &[f32],
+        sin: &[f32],
+        pos: &[i32],
+        at: &[i32],
         out: &mut [f32],
+        kside: &mut [f32],
+        vside: &mut [f32],
         k: usize,
         n: usize,
         width: usize,
         eps: f32,
         m: usize,
+        qw: usize,
+        kw: usize,
+        head_dim: usize,
+        rope_dim: usize,
         #[comptime] groups: usize,
         #[comptime] rows: usize,
         #[comptime] splits: usize,
@@ -310,35 +494,68 @@ mod cube {
         #[comptime] group: usize,
         #[comptime] zero: usize,
         #[comptime] offset: bool,
+        #[comptime] rope: bool,
+        #[comptime] halves: bool,
     ) {
         let plane = PLANE_DIM as usize;
-        let per_col = comptime![groups * splits];
+        let per_unit = comptime![groups * splits];
+        let cols = comptime![if rope { 2 } else { 1 }];
         let slot = PLANE_POS as usize;
-        let col = CUBE_POS_X as usize * (CUBE_DIM as usize / plane / per_col) + slot / per_col;
-        let (first, split) = ((slot % per_col) / splits * rows, slot % splits);
-        let mut acc = Array::<f32>::new(rows);
+        let unit = CUBE_POS_X as usize * (CUBE_DIM as usize / plane / per_unit) + slot / per_unit;
+        let (first, split) = ((slot % per_unit) / splits * rows, slot % splits);
+        let units = if comptime![rope] { n / 2 } else { n };
+        // the unit's columns: itself, or a value and its rotary partner
+        let mut col = unit;
+        let mut partner = unit;
+        let mut rotates = false;
+        if comptime![rope] {
+            let pairs = head_dim / 2;
+            let (head, j) = (unit / pairs, unit % pairs);
+            rotates = head * head_dim < qw + kw && j < rope_dim / 2;
+            let mut da = 2 * j;
+            if rotates && comptime![halves] {
+                da = j;
+            }
+            col = head * head_dim + da;
+            partner = col + 1;
+            if rotates && comptime![halves] {
+                partner = col + rope_dim / 2;
+            }
+        }
+        let mut acc = Array::<f32>::new(comptime![rows * cols]);
         let mut sq = Array::<f32>::new(rows);
         #[unroll]
         for r in 0..rows {
-            acc[r] = f32::new(0.0);
             sq[r] = f32::new(0.0);
+            #[unroll]
+            for c in 0..cols {
+                acc[r * cols + c] = f32::new(0.0);
+            }
         }
         // the same for every lane of a plane, so the plane sums below run in uniform control flow
-        if col < n {
+        if unit < units {
             let mut j = split * plane + UNIT_POS_PLANE as usize;
             while j < k {
                 let mut wv = weight(w, codes, offsets, col * k + j, bits, group, zero, offset);
+                let mut wp = f32::new(0.0);
+                if comptime![rope] {
+                    wp = weight(w, codes, offsets, partner * k + j, bits, group, zero, offset);
+                }
                 if comptime![norm] {
                     wv *= g[j];
+                    wp *= g[j];
                 }
                 #[unroll]
                 for r in 0..rows {
-                    let at = (first + r).min(m - 1) * width + j;
-                    let mut xv = x[at];
+                    let xi = (first + r).min(m - 1) * width + j;
+                    let mut xv = x[xi];
                     if comptime![silu] {
-                        xv = xv / (f32::new(1.0) + (-xv).exp()) * x[at + k];
+                        xv = xv / (f32::new(1.0) + (-xv).exp()) * x[xi + k];
                     }
-                    acc[r] += xv * wv;
+                    acc[r * cols] += xv * wv;
+                    if comptime![rope] {
+                        acc[r * cols + 1] += xv * wp;
+                    }
                     if comptime![norm] {
                         sq[r] += xv * xv;
                     }
@@ -347,38 +564,59 @@ mod cube {
             }
         }
         if comptime![splits == 1] {
-            if col < n {
+            if unit < units {
                 #[unroll]
                 for r in 0..rows {
-                    let s = plane_sum(acc[r]);
+                    let s = plane_sum(acc[r * cols]);
                     let q = if comptime![norm] { plane_sum(sq[r]) } else { f32::new(0.0) };
-                    finish(s, q, first + r, col, res, out, k, n, m, eps, norm, residual);
+                    if comptime![rope] {
+                        let t = plane_sum(acc[r * cols + 1]);
+                        finish_pair(s, t, q, first + r, col, partner, rotates, cos, sin, pos, at, out, kside, vside, k, m, eps, qw, kw, head_dim, rope_dim);
+                    } else {
+                        finish(s, q, first + r, col, res, out, k, n, m, eps, norm, residual);
+                    }
                 }
             }
         } else {
-            // every plane reaches the barrier, whether or not its column exists
-            let mut part = Shared::<[f32]>::new_slice(comptime![PLANES * GROUP_ROWS * 2]);
+            // every plane reaches the barrier, whether or not its unit exists
+            let stride = comptime![cols + 1];
+            let mut part = Shared::<[f32]>::new_slice(comptime![PLANES * GROUP_ROWS * 3]);
             #[unroll]
             for r in 0..rows {
-                let s = plane_sum(acc[r]);
                 let q = if comptime![norm] { plane_sum(sq[r]) } else { f32::new(0.0) };
+                let base = (slot * rows + r) * stride;
                 if UNIT_POS_PLANE == 0 {
-                    part[(slot * rows + r) * 2] = s;
-                    part[(slot * rows + r) * 2 + 1] = q;
+                    part[base + cols] = q;
+                }
+                #[unroll]
+                for c in 0..cols {
+                    let s = plane_sum(acc[r * cols + c]);
+                    if UNIT_POS_PLANE == 0 {
+                        part[base + c] = s;
+                    }
                 }
             }
             sync_cube();
-            if split == 0 && col < n && UNIT_POS_PLANE == 0 {
+            if split == 0 && unit < units && UNIT_POS_PLANE == 0 {
                 #[unroll]
                 for r in 0..rows {
                     let mut s = f32::new(0.0);
+                    let mut t = f32::new(0.0);
                     let mut q = f32::new(0.0);
                     #[unroll]
-                    for t in 0..splits {
-                        s += part[((slot + t) * rows + r) * 2];
-                        q += part[((slot + t) * rows + r) * 2 + 1];
+                    for o in 0..splits {
+                        let base = ((slot + o) * rows + r) * stride;
+                        s += part[base];
+                        q += part[base + cols];
+                        if comptime![rope] {
+                            t += part[base + 1];
+                        }
                     }
-                    finish(s, q, first + r, col, res, out, k, n, m, eps, norm, residual);
+                    if comptime![rope] {
+                        finish_pair(s, t, q, first + r, col, partner, rotates, cos, sin, pos, at, out, kside, vside, k, m, eps, qw, kw, head_dim, rope_dim);
+                    } else {
+                        finish(s, q, first + r, col, res, out, k, n, m, eps, norm, residual);
+                    }
                 }
             }
         }
@@ -398,6 +636,60 @@ mod cube {
                 v += res[row * n + col];
             }
             out[row * n + col] = v;
+        }
+    }
+
+    /// Columns `col` and `partner` of a row of the (RMS-normalised) Q/K/V projection from their
+    /// sums `s` and `t`: rotated together where they are a rotary pair of a query or key head
+    /// (`rope_cache`'s arithmetic, position `pos[row]`), then a query goes to `out`, a key or
+    /// value to row `at[row]` of its side. Lane 0 of a plane only, and no row past `m`.
+    #[cube]
+    #[allow(clippy::too_many_arguments)]
+    fn finish_pair(
+        s: f32,
+        t: f32,
+        q: f32,
+        row: usize,
+        col: usize,
+        partner: usize,
+        rotates: bool,
+        cos: &[f32],
+        sin: &[f32],
+        pos: &[i32],
+        at: &[i32],
+        out: &mut [f32],
+        kside: &mut [f32],
+        vside: &mut [f32],
+        k: usize,
+        m: usize,
+        eps: f32,
+        qw: usize,
+        kw: usize,
+        head_dim: usize,
+        rope_dim: usize,
+    ) {
+        if UNIT_POS_PLANE == 0 && row < m {
+            let scale = f32::new(1.0) / (q / f32::cast_from(k) + eps).sqrt();
+            let (a, b) = (s * scale, t * scale);
+            let mut ya = a;
+            let mut yb = b;
+            if rotates {
+                let base = pos[row] as usize * rope_dim;
+                let (da, db) = (col % head_dim, partner % head_dim);
+                ya = a * cos[base + da] + b * sin[base + da];
+                yb = b * cos[base + db] + a * sin[base + db];
+            }
+            let kv_row = at[row] as usize * kw;
+            if col < qw {
+                out[row * qw + col] = ya;
+                out[row * qw + partner] = yb;
+            } else if col < qw + kw {
+                kside[kv_row + col - qw] = ya;
+                kside[kv_row + partner - qw] = yb;
+            } else {
+                vside[kv_row + col - qw - kw] = ya;
+                vside[kv_row + partner - qw - kw] = yb;
+            }
         }
     }
 
@@ -456,6 +748,38 @@ mod cube {
             }
         })
     }
+
+    pub fn fused_rope(x: Tensor<2>, w: Weight, (g, eps): (&Tensor<1>, f64), out: &super::RopeOut, pool: [Tensor<3>; 2]) -> (Tensor<2>, [Tensor<3>; 2]) {
+        let ((scales, codes, offsets), l) = match w {
+            // no codes to decode: any int tensor takes their place
+            Weight::F32(w) => ((w.clone().into_dispatch(), out.pos.clone().into_dispatch(), w.clone().into_dispatch()), None),
+            Weight::Blocks(b) => ((b.scales.clone().into_dispatch(), b.codes.clone().into_dispatch(), b.offsets.as_ref().unwrap_or(&b.scales).clone().into_dispatch()), Some(b.layout)),
+        };
+        let (bits, group, zero, offset) = l.map_or((0, 1, 0, false), |l| (l.bits, l.group, l.zero, l.offset));
+        let [k, v] = pool;
+        let (q, k, v) = Dispatch::rows_rope(
+            x.into_dispatch(),
+            scales,
+            codes,
+            offsets,
+            g.clone().unsqueeze::<2>().into_dispatch(),
+            out.rope.cos.clone().into_dispatch(),
+            out.rope.sin.clone().into_dispatch(),
+            out.pos.clone().into_dispatch(),
+            out.at.clone().into_dispatch(),
+            k.into_dispatch(),
+            v.into_dispatch(),
+            (eps as f32).to_bits(),
+            bits,
+            group,
+            zero,
+            offset,
+            out.heads,
+            out.head_dim,
+            out.rope.halves,
+        );
+        (Tensor::from_dispatch(q), [Tensor::from_dispatch(k), Tensor::from_dispatch(v)])
+    }
 }
 
 #[cfg(test)]
@@ -504,6 +828,56 @@ mod tests {
                     let got = got.into_data().try_into_vec::<f32>().unwrap();
                     let tag = format!("m {m} form {form} residual {with_residual}");
                     assert_rows_match(&got, &x, &w, with_residual.then_some(&res[..]), &g, (m, n, k, eps), form, &tag);
+                }
+            }
+        }
+    }
+
+    /// The projection with RoPE and the pool's writes in one kernel (`fused_rope`) against the
+    /// same steps in two (`fused` with the norm, then `rope_cache::rope_write`, which its own test
+    /// holds to f64 rotation): both pair layouts, a rotary part narrower than the head, f32
+    /// weights and every quantised format as GPU blocks, 1, 5 and `MAX_ROWS` rows. The queries
+    /// and every row of both pool sides must agree.
+    #[test]
+    fn rows_rope_equals_the_product_then_rope() {
+        use super::super::rope_cache::{rope_write, Rope};
+        use crate::kernels::cpu::quant::tests::{random_blocks, QUANTISED};
+        use crate::pretrained::weights::i32_tensor;
+        let device = crate::testing::device();
+        let dev = device.burn().unwrap();
+        let (heads, kv_heads, dh, rd, page, pages, ctx, k, eps) = (4, 2, 12, 8, 4, 9, 40, 256, 1e-5);
+        let (n, kw) = ((heads + 2 * kv_heads) * dh, kv_heads * dh);
+        if !kernels_run(&f32_tensor(vec![0.0], [1], &dev), &device) {
+            return;
+        }
+        let f32s = |n: usize, salt: usize| -> Vec<f32> { (0..n).map(|i| value(i, salt) as f32).collect() };
+        let w = f32_tensor(f32s(n * k, 1), [n, k], &dev);
+        let g = f32_tensor((0..k).map(|i| 0.5 + value(i, 2) as f32).collect(), [k], &dev);
+        let blocks: Vec<GpuBlocks> = QUANTISED.iter().map(|&f| GpuBlocks::stack(&[(f, n, random_blocks(f, n, k, 3))], k, &dev).unwrap()).collect();
+        let weights: Vec<Weight> = std::iter::once(Weight::F32(&w)).chain(blocks.iter().map(Weight::Blocks)).collect();
+        let read = |t: Tensor<3>| t.reshape([pages * page * kw]).into_data().try_into_vec::<f32>().unwrap();
+        for halves in [false, true] {
+            let (cos, sin) = (f32_tensor(f32s(ctx * rd, 4), [ctx, rd], &dev), f32_tensor(f32s(ctx * rd, 5), [ctx, rd], &dev));
+            let rope = Rope { cos: &cos, sin: &sin, halves };
+            for (wi, &weight) in weights.iter().enumerate() {
+                for m in [1, 5, MAX_ROWS] {
+                    let x = f32_tensor(f32s(m * k, 6 + m), [m, k], &dev);
+                    let pos = i32_tensor((0..m).map(|r| (r * 7 % ctx) as i32).collect(), &dev);
+                    let at = i32_tensor((0..m).map(|r| ((r * 5 + 1) % (pages * page)) as i32).collect(), &dev);
+                    let sides = || [8, 9].map(|salt| f32_tensor(f32s(pages * page * kw, salt), [pages, page, kw], &dev));
+                    let qkv = fused(x.clone(), weight, Input::Norm(&g, eps), None).unwrap_or_else(|_| panic!("the product of {m} rows"));
+                    let (want_q, [want_k, want_v]) = rope_write(qkv, &rope, &pos, &at, sides(), heads, dh);
+                    let out = RopeOut { rope: &rope, pos: &pos, at: &at, heads, kv_heads, head_dim: dh };
+                    let (q, [k_side, v_side]) = fused_rope(x, weight, (&g, eps), &out, sides()).unwrap_or_else(|_| panic!("fused_rope refused {m} rows"));
+                    assert_eq!(q.dims(), [m, heads * dh]);
+                    let tag = format!("weights {wi}, halves {halves}, {m} rows");
+                    let pairs = [(q.reshape([m * heads * dh]).into_data().try_into_vec::<f32>().unwrap(), want_q.reshape([m * heads * dh]).into_data().try_into_vec::<f32>().unwrap(), "q"), (read(k_side), read(want_k), "k"), (read(v_side), read(want_v), "v")];
+                    for (got, want, what) in pairs {
+                        assert_eq!(got.len(), want.len());
+                        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{tag}: {what}[{i}] {a} vs {b}");
+                        }
+                    }
                 }
             }
         }

@@ -31,7 +31,7 @@ use crate::device::{DeviceKind, DeviceRef};
 use crate::gpu::paged_attention::{self, Paged};
 use crate::gpu::rope_cache::{self, Rope};
 use crate::gpu::blocks::GpuBlocks;
-use crate::gpu::rows::{self, Input, Weight};
+use crate::gpu::rows::{self, Input, RopeOut, Weight};
 use crate::kernels::cpu::quant::groups::Layout;
 use crate::error::{catch, ExError, ExResult};
 
@@ -573,15 +573,36 @@ impl Weights {
         };
         let mask = lens.is_none().then(|| mask_for(None));
         let mask_swa = lens.is_none().then(|| cfg.window.map(|w| mask_for(Some(w)))).flatten();
+        let rope_out = RopeOut { rope: &rope, pos: &pos, at: &at, heads: nh, kv_heads: nkv, head_dim: dh };
         for (l, block) in self.blocks.iter().enumerate() {
-            let qkv = self.project(&block.qkv, x.clone(), Input::Norm(&block.attn_norm, cfg.rms_eps), None);
-            let qkv = match &block.qkv_bias {
-                Some(bias) => qkv + bias.clone().unsqueeze::<2>(),
-                None => qkv,
+            let plain_rope = self.gpu_kernels && rd > 0 && block.q_norm.is_none() && block.k_norm.is_none();
+            // the projection, its RoPE and the pool's writes in one kernel where they can be
+            let qkv_weight = match &block.qkv {
+                Linear::Dense(w) => Some(Weight::F32(w)),
+                Linear::Blocks(runs) if runs.len() == 1 => Some(Weight::Blocks(&runs[0])),
+                _ => None,
             };
-            let q = if self.gpu_kernels && rd > 0 && block.q_norm.is_none() && block.k_norm.is_none() && rope_cache::applies(&qkv) {
+            let fused = match qkv_weight {
+                Some(w) if plain_rope && block.qkv_bias.is_none() => pool.update(l, |sides| match rows::fused_rope(x.clone(), w, (&block.attn_norm, cfg.rms_eps), &rope_out, sides) {
+                    Ok((q, sides)) => (Some(q), sides),
+                    Err((_, sides)) => (None, sides),
+                }),
+                _ => None,
+            };
+            let qkv = || {
+                let qkv = self.project(&block.qkv, x.clone(), Input::Norm(&block.attn_norm, cfg.rms_eps), None);
+                match &block.qkv_bias {
+                    Some(bias) => qkv + bias.clone().unsqueeze::<2>(),
+                    None => qkv,
+                }
+            };
+            let q = if let Some(q) = fused {
+                q
+            } else if plain_rope && rope_cache::applies(&x) {
+                let qkv = qkv();
                 pool.update(l, |sides| rope_cache::rope_write(qkv, &rope, &pos, &at, sides, nh, dh))
             } else {
+                let qkv = qkv();
                 let swa = cfg.swa_rope(l);
                 let tables = if swa { self.pair_tables_swa.as_ref().expect("tables for the sliding layers") } else { &self.pair_tables };
                 let (c, sn) = pair_rows[swa as usize].get_or_insert_with(|| (rows(&tables.0), rows(&tables.1)));
