@@ -48,7 +48,7 @@ pub fn rope_write(qkv: Tensor<2>, rope: &Rope, pos: &Tensor<1, Int>, at: &Tensor
 }
 
 #[cfg(cube)]
-mod cube {
+pub(crate) mod cube {
     use burn::backend::fusion::custom::TensorSpec;
     use burn::backend::tensor::{FloatTensor, IntTensor};
     use burn::backend::{backend_extension, Backend, Dispatch};
@@ -184,17 +184,32 @@ mod cube {
                     } else if d % 2 == 1 {
                         partner = c - 1;
                     }
-                    let t = pos[row] as usize * rope_dim + d;
-                    y = x * cos[t] + qkv[row * width + partner] * sin[t];
+                    y = rotate(x, qkv[row * width + partner], cos, sin, pos[row] as usize * rope_dim + d);
                 }
-                if c < qw {
-                    q[row * qw + c] = y;
-                } else {
-                    k[at[row] as usize * kw + c - qw] = y;
-                }
+                store(y, row, c, at, q, k, v, qw, kw);
             } else {
-                v[at[row] as usize * kw + c - qw - kw] = x;
+                store(x, row, c, at, q, k, v, qw, kw);
             }
+        }
+    }
+
+    /// Value `x` with its pair partner `y` rotated by table entry `t`: `x · cos[t] + y · sin[t]`.
+    #[cube]
+    pub(crate) fn rotate(x: f32, y: f32, cos: &[f32], sin: &[f32], t: usize) -> f32 {
+        x * cos[t] + y * sin[t]
+    }
+
+    /// Column `c` of a Q/K/V projection row `row` where it goes: a query to `q` (`qw` wide), a
+    /// key or value to row `at[row]` of its pool side (`kw` wide).
+    #[cube]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn store(y: f32, row: usize, c: usize, at: &[i32], q: &mut [f32], k: &mut [f32], v: &mut [f32], qw: usize, kw: usize) {
+        if c < qw {
+            q[row * qw + c] = y;
+        } else if c < qw + kw {
+            k[at[row] as usize * kw + c - qw] = y;
+        } else {
+            v[at[row] as usize * kw + c - qw - kw] = y;
         }
     }
 

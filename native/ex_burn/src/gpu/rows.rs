@@ -119,6 +119,7 @@ mod cube {
     use burn_cubecl::CubeBackend;
     use cubecl::prelude::*;
 
+    use super::super::rope_cache::cube::{rotate, store};
     use super::{Input, Weight};
 
     /// Planes per workgroup.
@@ -641,8 +642,8 @@ mod cube {
 
     /// Columns `col` and `partner` of a row of the (RMS-normalised) Q/K/V projection from their
     /// sums `s` and `t`: rotated together where they are a rotary pair of a query or key head
-    /// (`rope_cache`'s arithmetic, position `pos[row]`), then a query goes to `out`, a key or
-    /// value to row `at[row]` of its side. Lane 0 of a plane only, and no row past `m`.
+    /// (`rope_cache`'s `rotate`, position `pos[row]`), then stored as `rope_cache` stores them
+    /// (queries to `out`). Lane 0 of a plane only, and no row past `m`.
     #[cube]
     #[allow(clippy::too_many_arguments)]
     fn finish_pair(
@@ -675,21 +676,11 @@ mod cube {
             let mut yb = b;
             if rotates {
                 let base = pos[row] as usize * rope_dim;
-                let (da, db) = (col % head_dim, partner % head_dim);
-                ya = a * cos[base + da] + b * sin[base + da];
-                yb = b * cos[base + db] + a * sin[base + db];
+                ya = rotate(a, b, cos, sin, base + col % head_dim);
+                yb = rotate(b, a, cos, sin, base + partner % head_dim);
             }
-            let kv_row = at[row] as usize * kw;
-            if col < qw {
-                out[row * qw + col] = ya;
-                out[row * qw + partner] = yb;
-            } else if col < qw + kw {
-                kside[kv_row + col - qw] = ya;
-                kside[kv_row + partner - qw] = yb;
-            } else {
-                vside[kv_row + col - qw - kw] = ya;
-                vside[kv_row + partner - qw - kw] = yb;
-            }
+            store(ya, row, col, at, out, kside, vside, qw, kw);
+            store(yb, row, partner, at, out, kside, vside, qw, kw);
         }
     }
 
