@@ -451,7 +451,7 @@ mod cube {
 
     /// `splits` planes per output unit and group of `rows` rows of `x` (the planes of a unit
     /// neighbours in the workgroup, its groups' planes next to one another). A unit is an output
-    /// column `col`, or (`rope`) a pair of columns of the Q/K/V projection (`pair`). Lane `i` of
+    /// column `col`, or (`rope`) a Q/K/V column and its rotary partner `partner`. Lane `i` of
     /// split `s` sums `x'[r, j] * w[col, j]` over `j = s·PLANE_DIM + i`, stepping by
     /// `splits·PLANE_DIM`, for every row `r` of its group, where `x'` is `x`, (`norm`) its RMSNorm
     /// with weight `g`, or (`silu`) `silu(gate) * up` of its halves; then each plane adds its
