@@ -55,18 +55,23 @@ pub enum Weight<'a> {
 /// `gpu::kernels_run`, which the caller asks once for its device.
 #[allow(clippy::result_large_err)]
 pub fn fused(x: Tensor<2>, w: Weight, input: Input, residual: Option<Tensor<2>>) -> Result<Tensor<2>, (Tensor<2>, Option<Tensor<2>>)> {
-    let runs = (1..=MAX_ROWS).contains(&x.dims()[0])
-        && x.dtype() == DType::F32
-        && match w {
-            Weight::F32(w) => w.dtype() == DType::F32,
-            Weight::Blocks(_) => true,
-        };
+    let runs = takes(&x, w);
     #[cfg(cube)]
     if runs {
         return Ok(cube::fused(x, w, input, residual));
     }
     let _ = (runs, w, input);
     Err((x, residual))
+}
+
+/// Whether the kernel takes `x` and `w`: 1 to `MAX_ROWS` rows of f32, f32 values or GGML blocks.
+fn takes(x: &Tensor<2>, w: Weight) -> bool {
+    (1..=MAX_ROWS).contains(&x.dims()[0])
+        && x.dtype() == DType::F32
+        && match w {
+            Weight::F32(w) => w.dtype() == DType::F32,
+            Weight::Blocks(_) => true,
+        }
 }
 
 /// The rotary side of `fused_rope`: the model's tables and the step's positions and pool rows.
@@ -94,13 +99,7 @@ pub fn fused_rope(x: Tensor<2>, w: Weight, (g, eps): (&Tensor<1>, f64), out: &Ro
     let (dh, rd) = (out.head_dim, out.rope.cos.dims()[1]);
     let kw = out.kv_heads * dh;
     let shaped = n == out.heads * dh + 2 * kw && dh % 2 == 0 && rd % 2 == 0 && rd <= dh && pool.iter().all(|p| p.dims()[2] == kw && p.dims()[0] * p.dims()[1] > 0);
-    let runs = shaped
-        && (1..=MAX_ROWS).contains(&x.dims()[0])
-        && x.dtype() == DType::F32
-        && match w {
-            Weight::F32(w) => w.dtype() == DType::F32,
-            Weight::Blocks(_) => true,
-        };
+    let runs = shaped && takes(&x, w);
     #[cfg(cube)]
     if runs {
         return Ok(cube::fused_rope(x, w, (g, eps), out, pool));
