@@ -81,6 +81,7 @@ defmodule ExBurn.Native do
     reranker_load: 2,
     reranker_info: 1,
     reranker_score: 4,
+    candle_kinds: 0,
     llm_load: 2,
     llm_info: 1,
     llm_tokenize: 3,

@@ -8,14 +8,18 @@ defmodule ExBurn.Pretrained do
     * `:burn` - Burn on the chosen device (any device ExBurn runs on). On the CPU, Q4_0, Q4_1
       and Q8_0 GGUF weights stay quantised (decoded inside the matrix products, activations in
       f32); other types, and all weights on other devices, are dequantised to f32.
-    * `:candle` - Candle on the CPU (its only device here: without `:device` it takes the CPU
-      whatever the default device is; another device is an error). GGUF weights stay quantised.
-    * `:auto` (the default) - Burn on the chosen device, then Candle.
+    * `:candle` - Candle on the CPU, or on a CUDA GPU where the native library was built with
+      the `candle-cuda` feature (`candle_kinds/0` says which; guides/devices.md). Without
+      `:device` it takes the default device when Candle runs on its kind, else the CPU; another
+      device is an error. GGUF weights stay quantised.
+    * `:auto` (the default) - Burn on the chosen device, then Candle on that device where Candle
+      runs on it, then Candle on the CPU.
       When Burn cannot load the model, or a call on it fails for a reason that is not the
       caller's input, the model switches to Candle for that call and the ones after it. Every
       switch logs a warning, emits the telemetry event `[:ex_burn, :pretrained, :fallback]`
       (measurements `%{count: 1}`, metadata `%{model: name, op: op, from: :burn, to: :candle,
-      reason: message}`) and bumps `fallback_count/0`: never silently.
+      reason: message}`, `from: :candle` where Candle on a GPU gives way to Candle on the CPU)
+      and bumps `fallback_count/0`: never silently.
   """
 
   require Logger
@@ -55,6 +59,10 @@ defmodule ExBurn.Pretrained do
     :bad_tokenizer
   ]
 
+  @doc "The device kinds the Candle engine runs on in this native library (`:cpu` always)."
+  @spec candle_kinds() :: [atom]
+  def candle_kinds, do: ExBurn.Error.unwrap!(ExBurn.Native.candle_kinds())
+
   @doc "How many times an `:auto` model has fallen back from Burn to Candle in this VM."
   @spec fallback_count() :: non_neg_integer
   def fallback_count, do: :counters.get(counter(), 1)
@@ -81,8 +89,8 @@ defmodule ExBurn.Pretrained do
           else
             record_fallback(name, op, reason)
 
-            with {:ok, ref} <- wrap(load_nif.(path, candle_cpu())),
-                 do: {:ok, Map.merge(model, %{ref: ref, engine: :candle, device: {:cpu, 0}})}
+            with {:ok, ref, device} <- load_candle(name, path, device, load_nif),
+                 do: {:ok, Map.merge(model, %{ref: ref, engine: :candle, device: device})}
           end
 
         {_, error} ->
@@ -103,7 +111,32 @@ defmodule ExBurn.Pretrained do
   defp burn_or(:auto), do: :burn
   defp burn_or(engine), do: engine
 
-  defp candle_cpu, do: %{engine: :candle, device: {:cpu, 0}}
+  # Candle on `device` where it runs there, else (or when that load fails for a reason other
+  # than the files) on the CPU: the chain's last links.
+  defp load_candle(name, path, device, load_nif) do
+    case candle_device(device) do
+      {:cpu, 0} = cpu ->
+        with {:ok, ref} <- wrap(load_nif.(path, %{engine: :candle, device: cpu})), do: {:ok, ref, cpu}
+
+      gpu ->
+        case load_nif.(path, %{engine: :candle, device: gpu}) do
+          {:ok, ref} ->
+            {:ok, ref, gpu}
+
+          {:error, {op, reason, details} = err} ->
+            if no_fallback?(details) do
+              wrap({:error, err})
+            else
+              record_fallback(name, op, reason, gpu)
+              load_candle(name, path, {:cpu, 0}, load_nif)
+            end
+        end
+    end
+  end
+
+  defp candle_device({kind, _} = device) do
+    if kind in candle_kinds(), do: device, else: {:cpu, 0}
+  end
 
   @doc false
   # Runs `fun.(ref)` (a NIF answer) on the model's engine. An `:auto` model on Burn whose call
@@ -112,7 +145,7 @@ defmodule ExBurn.Pretrained do
   def call(%{auto: true, engine: :burn} = model, op, load_nif, fun) do
     case :persistent_term.get(candle_key(model), nil) do
       nil -> call_on(model, op, load_nif, fun)
-      candle -> call_on(%{model | ref: candle, engine: :candle, device: {:cpu, 0}}, op, load_nif, fun)
+      {candle, device} -> call_on(%{model | ref: candle, engine: :candle, device: device}, op, load_nif, fun)
     end
   end
 
@@ -127,8 +160,8 @@ defmodule ExBurn.Pretrained do
         if model.auto and model.engine == :burn and not no_fallback?(details) do
           record_fallback(model.name, op, reason)
 
-          with {:ok, candle} <- candle_ref(model, load_nif),
-               model = %{model | ref: candle, engine: :candle, device: {:cpu, 0}},
+          with {:ok, {candle, device}} <- candle_ref(model, load_nif),
+               model = %{model | ref: candle, engine: :candle, device: device},
                {:ok, value} <- wrap(fun.(candle)) do
             {:ok, value, model}
           end
@@ -186,27 +219,36 @@ defmodule ExBurn.Pretrained do
 
     case :persistent_term.get(key, nil) do
       nil ->
-        with {:ok, ref} <- wrap(load_nif.(model.path, candle_cpu())) do
-          :persistent_term.put(key, ref)
-          {:ok, ref}
+        with {:ok, ref, device} <- load_candle(model.name, model.path, model.device, load_nif) do
+          :persistent_term.put(key, {ref, device})
+          {:ok, {ref, device}}
         end
 
-      ref ->
-        {:ok, ref}
+      twin ->
+        {:ok, twin}
     end
   end
 
   defp candle_key(model), do: {__MODULE__, :candle, model.path}
 
-  defp record_fallback(name, op, reason) do
-    Logger.warning("ExBurn: #{name}: #{op} failed on Burn (#{reason}); falling back to Candle")
+  defp record_fallback(name, op, reason, candle_on \\ nil) do
+    Logger.warning(
+      case candle_on do
+        nil ->
+          "ExBurn: #{name}: #{op} failed on Burn (#{reason}); falling back to Candle"
+
+        device ->
+          "ExBurn: #{name}: #{op} failed on Candle on #{inspect(device)} (#{reason}); falling back to Candle on the CPU"
+      end
+    )
+
     :counters.add(counter(), 1, 1)
 
     if Code.ensure_loaded?(:telemetry) do
       apply(:telemetry, :execute, [
         [:ex_burn, :pretrained, :fallback],
         %{count: 1},
-        %{model: name, op: op, from: :burn, to: :candle, reason: reason}
+        %{model: name, op: op, from: if(candle_on, do: :candle, else: :burn), to: :candle, reason: reason}
       ])
     end
   end
@@ -232,9 +274,13 @@ defmodule ExBurn.Pretrained do
     end
   end
 
-  # Candle is built for the CPU only: without an explicit :device it takes the CPU rather than the
-  # default device (which may be a GPU); an explicit other device is still an error.
-  defp device(opts, :candle), do: device(Keyword.put_new(opts, :device, {:cpu, 0}), :burn)
+  # Without an explicit :device Candle takes the default device where it runs on its kind, else
+  # the CPU; an explicit device it does not run on is the load's error.
+  defp device(opts, :candle) do
+    if Keyword.has_key?(opts, :device),
+      do: device(opts, :burn),
+      else: {:ok, candle_device(ExBurn.Device.resolve(ExBurn.Device.default()))}
+  end
 
   defp device(opts, _engine) do
     {:ok, ExBurn.Device.resolve(Keyword.get(opts, :device, ExBurn.Device.default()))}

@@ -4,6 +4,11 @@
 //! `cargo test` exercises directly, plus the NIF layer (`nif`, feature `nif`, on by default) that
 //! only decodes terms, calls the core and encodes results.
 
+// cubecl-cuda needs cudarc's run-time loading and candle-core asks it to link at build time;
+// cudarc takes one mode per build (guides/devices.md).
+#[cfg(all(feature = "cuda", feature = "candle-cuda"))]
+compile_error!("the `cuda` and `candle-cuda` features cannot be built together: Burn's CUDA runtime loads CUDA's libraries at run time and Candle links them at build time, and cudarc takes one mode per build; build one library for each");
+
 pub mod compiler;
 pub mod device;
 pub mod dispatch;

@@ -48,6 +48,69 @@ defmodule ExBurn.Pretrained.EnginePolicyTest do
     assert_received {:loaded, :candle, {:cpu, 0}}
   end
 
+  test "from a GPU, Candle takes that GPU where it runs there, else the CPU", %{tmp_dir: dir} do
+    gpu = {:cuda, 0}
+    on_gpu = :cuda in Pretrained.candle_kinds()
+
+    capture_log(fn ->
+      assert {:ok, %{engine: :candle, device: device}} =
+               Pretrained.load(:llm, dir, [device: gpu], fake_load(lacks_feature()))
+
+      assert device == if(on_gpu, do: gpu, else: {:cpu, 0})
+    end)
+
+    assert_received {:loaded, :burn, ^gpu}
+    assert_received {:loaded, :candle, first}
+    assert first == if(on_gpu, do: gpu, else: {:cpu, 0})
+    refute_received {:loaded, :candle, _}
+  end
+
+  test "Candle failing on a GPU gives way to Candle on the CPU", %{tmp_dir: dir} do
+    parent = self()
+
+    load = fn path, %{engine: engine, device: device} ->
+      send(parent, {:loaded, engine, device})
+
+      case {engine, device} do
+        {:candle, {:cpu, 0}} -> {:ok, {:candle_ref, path}}
+        _ -> {:error, {:llm_load, "#{engine}: out of memory", %{kind: :engine_error}}}
+      end
+    end
+
+    before = Pretrained.fallback_count()
+
+    log =
+      capture_log(fn ->
+        assert {:ok, %{engine: :candle, device: {:cpu, 0}}} =
+                 Pretrained.load(:llm, dir, [device: {:cuda, 0}], load)
+      end)
+
+    assert_received {:loaded, :burn, {:cuda, 0}}
+
+    if :cuda in Pretrained.candle_kinds() do
+      assert_received {:loaded, :candle, {:cuda, 0}}
+
+      assert log =~
+               "failed on Candle on {:cuda, 0} (candle: out of memory); falling back to Candle on the CPU"
+
+      assert Pretrained.fallback_count() == before + 2
+    else
+      assert Pretrained.fallback_count() == before + 1
+    end
+
+    assert_received {:loaded, :candle, {:cpu, 0}}
+  end
+
+  test "Candle without a device takes the CPU unless it runs on the default device's kind", %{tmp_dir: dir} do
+    {kind, _} = default = ExBurn.Device.resolve(ExBurn.Device.default())
+    expected = if kind in Pretrained.candle_kinds(), do: default, else: {:cpu, 0}
+
+    assert {:ok, %{engine: :candle, device: ^expected}} =
+             Pretrained.load(:llm, dir, [engine: :candle], fake_load(nil))
+
+    assert_received {:loaded, :candle, ^expected}
+  end
+
   test "broken files and bad input never fall back", %{tmp_dir: dir} do
     before = Pretrained.fallback_count()
 

@@ -245,6 +245,15 @@ fn reranker_score<'a>(env: Env<'a>, m: Term<'a>, query: Term<'a>, documents: Ter
     })
 }
 
+/// The device kinds the Candle engine runs on in this library (`:cpu` always).
+#[rustler::nif]
+fn candle_kinds(env: Env) -> Term {
+    guard(env, "candle_kinds", || {
+        let kinds: Vec<Term> = crate::pretrained::candle_device::kinds().into_iter().map(|k| atom(env, k.name())).collect();
+        Ok(kinds)
+    })
+}
+
 #[rustler::nif(schedule = "DirtyCpu")]
 fn llm_load<'a>(env: Env<'a>, path: Term<'a>, opts: Term<'a>) -> Term<'a> {
     guard(env, "llm_load", || {

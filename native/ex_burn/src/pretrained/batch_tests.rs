@@ -91,7 +91,7 @@ fn pretrained_batched_steps_equal_alone() {
     let Some(path) = smollm_path() else { return };
     let requests = requests();
     for engine in [Engine::Burn, Engine::Candle] {
-        let model = TextModel::load(&path, engine, if engine == Engine::Burn { crate::testing::device() } else { crate::device::DeviceRef::CPU }).unwrap();
+        let model = TextModel::load(&path, engine, if engine == Engine::Burn { crate::testing::device() } else { super::candle_device::test_device() }).unwrap();
         let want = alone(&model, &requests);
         // Both engines run the batch in one pass, each row's quantised products summed as alone.
         // Burn's host attention also sums each row alike, so even chunked prompts give the same
@@ -208,7 +208,7 @@ fn pretrained_greedy_chunks_get_the_logits_maximum() {
 fn pretrained_batched_decode_timing() {
     let Some(path) = smollm_path() else { return };
     let (engine, device) = match std::env::var("BATCH_ENGINE").as_deref() {
-        Ok("candle") => (Engine::Candle, crate::device::DeviceRef::CPU),
+        Ok("candle") => (Engine::Candle, super::candle_device::test_device()),
         _ => (Engine::Burn, crate::testing::device()),
     };
     let mut model = TextModel::load(&path, engine, device.clone()).unwrap();

@@ -1,4 +1,4 @@
-//! BERT-family encoder on the Candle engine (CPU): `candle_transformers`' `BertModel` and
+//! BERT-family encoder on the Candle engine (CPU or CUDA): `candle_transformers`' `BertModel` and
 //! `XLMRobertaModel`, MPNet from `candle_mpnet` and NomicBERT from `candle_nomic`, over the
 //! `model.safetensors` read tensor by tensor.
 
@@ -10,6 +10,7 @@ use candle_transformers::models::bert::{BertModel, Config};
 use candle_transformers::models::xlm_roberta::{Config as XlmRobertaConfig, XLMRobertaModel};
 
 use super::burn_bert::BertConfig;
+use super::candle_device;
 use super::candle_mpnet::MpNet;
 use super::candle_nomic::NomicBert;
 use super::encoder_family::Family;
@@ -27,6 +28,7 @@ enum Model {
 
 struct CandleBert {
     model: Model,
+    dev: Device,
     hidden: usize,
     /// The fewest outputs a dense layer has (`min(hidden, intermediate)`).
     narrowest: usize,
@@ -59,9 +61,9 @@ impl Encoder for CandleBert {
             return Ok(out);
         }
         let shape = (batch.batch, batch.seq);
-        let ids = Tensor::from_slice(&batch.ids, shape, &Device::Cpu).map_err(engine_err)?;
-        let types = Tensor::from_slice(&batch.type_ids, shape, &Device::Cpu).map_err(engine_err)?;
-        let mask = Tensor::from_slice(&batch.mask, shape, &Device::Cpu).map_err(engine_err)?;
+        let ids = Tensor::from_slice(&batch.ids, shape, &self.dev).map_err(engine_err)?;
+        let types = Tensor::from_slice(&batch.type_ids, shape, &self.dev).map_err(engine_err)?;
+        let mask = Tensor::from_slice(&batch.mask, shape, &self.dev).map_err(engine_err)?;
         let out = match &self.model {
             Model::Bert(m) => m.forward(&ids, &types, Some(&mask)),
             Model::XlmRoberta(m) => m.forward(&ids, &mask, &types, None, None, None),
@@ -71,18 +73,6 @@ impl Encoder for CandleBert {
         .map_err(engine_err)?;
         out.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(engine_err)
     }
-}
-
-/// Candle is built for the CPU only here.
-pub fn check_cpu(device: &DeviceRef) -> ExResult<()> {
-    if device.kind == crate::device::DeviceKind::Cpu && device.index == 0 {
-        return Ok(());
-    }
-    Err(errors::err(
-        kind::UNSUPPORTED_DEVICE,
-        format!("the candle engine runs on the CPU only; {device} was asked for"),
-        vec![("device", Detail::Text(device.to_string())), ("engine", Detail::Atom("candle"))],
-    ))
 }
 
 /// config.json with the keys candle's configs require but Hugging Face may leave out (they
@@ -118,7 +108,7 @@ fn config<T: for<'de> serde::Deserialize<'de>>(dir: &Path, raw: serde_json::Valu
 
 /// Loads `config.json` and `model.safetensors` from the model directory `dir`.
 pub fn load(dir: &Path, device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
-    check_cpu(device)?;
+    let dev = candle_device::device(device)?;
     let (family, raw) = read_config(dir)?;
     let weights = dir.join("model.safetensors");
     super::files::check_safetensors(&weights)?;
@@ -130,11 +120,11 @@ pub fn load(dir: &Path, device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
     for name in st.names().into_iter().filter(|n| st.is_float(n)) {
         let shape = st.shape(&name).unwrap_or_default();
         let values = st.values(&name, &shape)?;
-        tensors.insert(name, candle_core::Tensor::from_vec(values, shape, &Device::Cpu).map_err(engine_err)?);
+        tensors.insert(name, candle_core::Tensor::from_vec(values, shape, &dev).map_err(engine_err)?);
     }
     // Sequence-classification checkpoints prefix the encoder's tensors (`roberta.`, `bert.`).
     let prefixed = tensors.contains_key(&format!("{}embeddings.word_embeddings.weight", family.head_prefix()));
-    let vb = VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu);
+    let vb = VarBuilder::from_tensors(tensors, DType::F32, &dev);
     let vb = if prefixed { vb.pp(family.head_prefix().trim_end_matches('.')) } else { vb };
     let mismatch = |e: candle_core::Error| {
         errors::err(
@@ -163,5 +153,5 @@ pub fn load(dir: &Path, device: &DeviceRef) -> ExResult<Box<dyn Encoder>> {
             (Model::Bert(BertModel::load(vb, &cfg).map_err(mismatch)?), cfg.hidden_size, cfg.intermediate_size)
         }
     };
-    Ok(Box::new(CandleBert { model, hidden, narrowest: hidden.min(intermediate) }))
+    Ok(Box::new(CandleBert { model, dev, hidden, narrowest: hidden.min(intermediate) }))
 }

@@ -1,4 +1,4 @@
-//! Llama-family decoder (Llama, Qwen2, Qwen3, Phi-3, Gemma 2 and 3: `decoder_family::Family`) on the Candle engine (CPU),
+//! Llama-family decoder (Llama, Qwen2, Qwen3, Phi-3, Gemma 2 and 3: `decoder_family::Family`) on the Candle engine (CPU or CUDA),
 //! written here on `candle-core` and
 //! `candle-nn` ops: every projection a `QMatMul` over the GGUF's own quantised blocks, and the
 //! token embedding kept quantised too (rows dequantised on lookup by `qmatmul::dequantise_row`;
@@ -17,7 +17,7 @@ use candle_core::{DType, Device, Module, Tensor};
 
 use super::llama_config::LlamaConfig;
 use super::decoder_family::{HeadExtras, RopeStyle};
-use super::candle_bert::check_cpu;
+use super::candle_device;
 use super::errors;
 use super::gguf::{self, Header};
 use super::qmatmul::{dequantise_row, QFormat};
@@ -38,7 +38,8 @@ fn engine_err(e: candle_core::Error) -> ExError {
     errors::engine("candle", e)
 }
 
-/// The token embedding: quantised rows where `qmatmul` decodes the format, else f32.
+/// The token embedding: quantised rows where `qmatmul` decodes the format (in host memory on
+/// every device: a step's rows are decoded there and copied over), else f32 on the device.
 enum Embedding {
     Quant { blocks: Arc<QTensor>, format: QFormat, row_bytes: usize },
     Dense(Tensor),
@@ -87,6 +88,7 @@ impl Stacked {
 
 struct Weights {
     cfg: LlamaConfig,
+    dev: Device,
     embed: Embedding,
     blocks: Vec<Block>,
     out_norm: Tensor,
@@ -147,9 +149,9 @@ impl Weights {
                     let at = t as usize * row_bytes;
                     dequantise_row(*format, &data[at..at + row_bytes], row);
                 }
-                Tensor::from_vec(rows, (1, tokens.len(), h), &Device::Cpu)
+                Tensor::from_vec(rows, (1, tokens.len(), h), &self.dev)
             }
-            Embedding::Dense(e) => e.index_select(&Tensor::new(tokens, &Device::Cpu)?, 0)?.unsqueeze(0),
+            Embedding::Dense(e) => e.index_select(&Tensor::new(tokens, &self.dev)?, 0)?.unsqueeze(0),
         }
     }
 
@@ -175,7 +177,7 @@ impl Weights {
                     return Ok(None);
                 }
                 let m: Vec<f32> = (0..s).flat_map(|i| (0..total).map(move |j| if hidden(i, j) { f32::NEG_INFINITY } else { 0.0 })).collect();
-                Tensor::from_vec(m, (1, 1, s, total), &Device::Cpu).map(Some)
+                Tensor::from_vec(m, (1, 1, s, total), &self.dev).map(Some)
             };
             let tables = |(cos, sin): (&Tensor, &Tensor)| -> candle_core::Result<(Tensor, Tensor)> { Ok((cos.narrow(0, pos, s)?, sin.narrow(0, pos, s)?)) };
             let swa = self.swa.as_ref().map(|(c, sn)| tables((c, sn))).transpose()?;
@@ -351,7 +353,7 @@ pub fn declared_context(h: &Header) -> Option<usize> {
 /// tokenizer's vocabulary and merges among it) is parsed by two readers in turn, the first
 /// dropped before the second, so a load's peak is the weights plus one parse.
 pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
-    check_cpu(device)?;
+    let dev = candle_device::device(device)?;
     if !is_hf_dir(path) {
         check_header(&gguf::read_header(path)?, ARCHITECTURES, TENSOR_TYPES)?;
     }
@@ -364,11 +366,11 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
         ));
     }
     let (h, ctx, half) = (cfg.embedding_length, cfg.context_length.max(1), cfg.rope_dim / 2);
-    let table = |v: Vec<f32>| Tensor::from_vec(v, (ctx, half), &Device::Cpu).map_err(engine_err);
+    let table = |v: Vec<f32>| Tensor::from_vec(v, (ctx, half), &dev).map_err(engine_err);
     let (cos, sin) = cfg.rope_tables(&g.rope_factors(&cfg)?);
     let (cos, sin) = (table(cos)?, table(sin)?);
     let swa = cfg.swa_rope_tables().map(|(c, s)| Ok::<_, ExError>((table(c)?, table(s)?))).transpose()?;
-    let mut norm = |name: &str| -> ExResult<Tensor> { Tensor::from_vec(g.values(name, &[h])?, h, &Device::Cpu).map_err(engine_err) };
+    let mut norm = |name: &str| -> ExResult<Tensor> { Tensor::from_vec(g.values(name, &[h])?, h, &dev).map_err(engine_err) };
     let norms = (0..cfg.block_count)
         .map(|l| Ok((norm(&format!("blk.{l}.attn_norm.weight"))?, norm(&format!("blk.{l}.ffn_norm.weight"))?)))
         .collect::<ExResult<Vec<_>>>()?;
@@ -376,6 +378,7 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     let extras = (0..cfg.block_count).map(|l| HeadExtras::read(&mut g, &cfg, l)).collect::<ExResult<Vec<_>>>()?;
     let tied = !g.contains("output.weight");
     let mut qtensor = |name: &str| -> ExResult<QTensor> { g.qtensor(name) };
+    let on_device = |q: QTensor| candle_device::qtensor_on(q, &dev).map_err(engine_err);
     let qmat = |t: QTensor| -> ExResult<QMatMul> { QMatMul::from_qtensor(t).map_err(engine_err) };
     // the largest tensor first, while little else is resident: candle's reader holds a tensor
     // twice on the way in (its raw bytes, then the blocks), and that peak would otherwise come on
@@ -387,12 +390,12 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     crate::process::alloc::trim();
     let mut blocks = Vec::with_capacity(cfg.block_count);
     let (dh, q_rows, kv_rows) = (cfg.head_dim(), cfg.head_count * cfg.head_dim(), cfg.head_count_kv * cfg.head_dim());
-    let host = |v: &[f32], shape: &[usize]| Tensor::from_slice(v, shape, &Device::Cpu).map_err(engine_err);
+    let host = |v: &[f32], shape: &[usize]| Tensor::from_slice(v, shape, &dev).map_err(engine_err);
     for (l, ((attn_norm, ffn_norm), x)) in norms.into_iter().zip(extras).enumerate() {
         let n = |name: &str| format!("blk.{l}.{name}.weight");
         let [qkv_parts, gate_up_parts] = cfg.family.projections(l, q_rows, kv_rows, cfg.feed_forward_length);
         let mut stacked = |parts: Vec<(String, usize)>, widths: Vec<usize>| -> ExResult<Stacked> {
-            Ok(Stacked { mats: parts.iter().map(|(name, _)| qmat(qtensor(name)?)).collect::<ExResult<_>>()?, widths })
+            Ok(Stacked { mats: parts.iter().map(|(name, _)| qmat(on_device(qtensor(name)?)?)).collect::<ExResult<_>>()?, widths })
         };
         let qkv = stacked(qkv_parts, vec![q_rows, kv_rows, kv_rows])?;
         let gate_up = stacked(gate_up_parts, vec![cfg.feed_forward_length; 2])?;
@@ -413,21 +416,26 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
             q_norm,
             k_norm,
             qkv,
-            out: qmat(qtensor(&n("attn_output"))?)?,
+            out: qmat(on_device(qtensor(&n("attn_output"))?)?)?,
             ffn_norm,
             gate_up,
-            down: qmat(qtensor(&n("ffn_down"))?)?,
+            down: qmat(on_device(qtensor(&n("ffn_down"))?)?)?,
             post_norms,
         });
         // candle's reader copies each tensor once on the way in: hand the freed copies back
         // per block rather than letting them pile up in the heap
         crate::process::alloc::trim();
     }
-    // tied: the output projection multiplies the embedding's own blocks
-    let output = if tied { QMatMul::from_arc(Arc::clone(&token_embd)).map_err(engine_err)? } else { qmat(qtensor("output.weight")?)? };
+    // tied: the output projection multiplies the embedding's own blocks (on the CPU the same
+    // memory; on a GPU a copy, the lookup's rows staying in host memory)
+    let output = match tied {
+        true if dev.is_cpu() => QMatMul::from_arc(Arc::clone(&token_embd)).map_err(engine_err)?,
+        true => qmat(candle_device::qtensor_copy(&token_embd, &dev).map_err(engine_err)?)?,
+        false => qmat(on_device(qtensor("output.weight")?)?)?,
+    };
     let embed = match QFormat::from_ggml(token_embd.dtype()).filter(|f| h % f.block_values() == 0) {
         Some(format) => Embedding::Quant { row_bytes: h / format.block_values() * format.block_bytes(), format, blocks: token_embd },
-        None => Embedding::Dense(token_embd.dequantize(&Device::Cpu).map_err(engine_err)?),
+        None => Embedding::Dense(token_embd.dequantize(&dev).map_err(engine_err)?),
     };
-    Ok(Box::new(CandleLlama { w: Arc::new(Weights { cfg, embed, blocks, out_norm, output, cos, sin, swa }) }))
+    Ok(Box::new(CandleLlama { w: Arc::new(Weights { cfg, dev, embed, blocks, out_norm, output, cos, sin, swa }) }))
 }

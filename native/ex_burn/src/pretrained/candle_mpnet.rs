@@ -3,7 +3,7 @@
 //! (positions from padding index 1, the relative position bias of every layer's attention) comes
 //! from `encoder_family`, which the Burn engine follows too.
 
-use candle_core::{Module, Result, Tensor, D};
+use candle_core::{Device, Module, Result, Tensor, D};
 use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, Linear, VarBuilder};
 
 use super::burn_bert::BertConfig;
@@ -30,6 +30,7 @@ pub struct MpNet {
     heads: usize,
     hidden: usize,
     pad: u32,
+    dev: Device,
 }
 
 impl MpNet {
@@ -64,6 +65,7 @@ impl MpNet {
             heads: cfg.num_attention_heads,
             hidden: h,
             pad: cfg.pad(),
+            dev: vb.device().clone(),
         })
     }
 
@@ -71,7 +73,7 @@ impl MpNet {
     /// (`mask` 0 at padding), row-major.
     pub fn forward(&self, ids: &[u32], mask: &[u32], (b, s): (usize, usize)) -> Result<Tensor> {
         let (nh, dh) = (self.heads, self.hidden / self.heads);
-        let dev = &candle_core::Device::Cpu;
+        let dev = &self.dev;
         let positions = Tensor::from_vec(Family::MpNet.position_ids(ids, s, self.pad), (b, s), dev)?;
         let ids = Tensor::from_slice(ids, (b, s), dev)?;
         let mut x = self.emb_norm.forward(&(self.word.forward(&ids)? + self.position.forward(&positions)?)?)?;

@@ -56,7 +56,7 @@ impl NomicBert {
             .collect::<Result<Vec<_>>>()?;
         let dh = h / cfg.num_attention_heads;
         let (cos, sin) = rope_tables(cfg.max_position_embeddings, dh, cfg.rope_theta());
-        let dev = &candle_core::Device::Cpu;
+        let dev = vb.device();
         Ok(NomicBert {
             word: embedding(cfg.vocab_size, h, emb.pp("word_embeddings"))?,
             token_type: embedding(cfg.type_vocab_size, h, emb.pp("token_type_embeddings"))?,
@@ -73,7 +73,7 @@ impl NomicBert {
     /// type ids (`mask` 0 at padding), row-major.
     pub fn forward(&self, ids: &Tensor, types: &Tensor, mask: &[u32], (b, s): (usize, usize)) -> Result<Tensor> {
         let (nh, dh) = (self.heads, self.hidden / self.heads);
-        let dev = &candle_core::Device::Cpu;
+        let dev = ids.device();
         let mut x = self.emb_norm.forward(&(self.word.forward(ids)? + self.token_type.forward(types)?)?)?;
         let bias = Tensor::from_vec(padding_bias(mask), (b, 1, 1, s), dev)?;
         let (cos, sin) = (self.cos.narrow(0, 0, s)?, self.sin.narrow(0, 0, s)?);

@@ -15,7 +15,7 @@ use serde_json::Value as Json;
 use super::burn_llama::BurnLlama;
 use super::greedy_check::{self, engines, first_step_fraction, ids};
 use super::{Engine, TextModel};
-use crate::device::{DeviceKind, DeviceRef};
+use crate::device::DeviceKind;
 
 fn dir() -> PathBuf {
     crate::process::env::reference_dir().parent().expect("reference dir has a parent").join("llm/gemma")
@@ -103,7 +103,7 @@ fn gemma_generates_as_transformers_on_both_engines() {
 fn gemma_hf_tokenizer_matches_transformers() {
     let r = reference();
     for arch in ["gemma2", "gemma3", "gemma"] {
-        let model = TextModel::load(&dir().join(r[arch]["dir"].as_str().unwrap()), Engine::Candle, DeviceRef::CPU).unwrap();
+        let model = TextModel::load(&dir().join(r[arch]["dir"].as_str().unwrap()), Engine::Candle, super::candle_device::test_device()).unwrap();
         assert_eq!((model.arch.as_str(), model.bos_token_id), (arch, Some(1)));
         for c in r[arch]["tokenize"].as_array().unwrap() {
             assert_eq!(model.tokenizer.encode(c["text"].as_str().unwrap(), false).unwrap(), ids(&c["ids"]), "{arch}: {:?}", c["text"]);

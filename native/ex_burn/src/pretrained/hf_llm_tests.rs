@@ -90,7 +90,7 @@ fn hf_dirs_generate_as_transformers_on_both_engines() {
 fn hf_dirs_tokenize_and_template_as_transformers() {
     let (qwen, hf) = (json(&llm_dir().join("reference.json")), json(&llm_dir().join("hf/reference.json")));
     for arch in ["qwen2", "qwen3"] {
-        let model = TextModel::load(&dir(&format!("tiny-{arch}")), Engine::Candle, DeviceRef::CPU).unwrap();
+        let model = TextModel::load(&dir(&format!("tiny-{arch}")), Engine::Candle, super::candle_device::test_device()).unwrap();
         let r = &qwen[arch];
         assert_eq!((model.arch.as_str(), model.bos_token_id), (arch, None));
         assert!(model.eos_token_ids.contains(&(r["eos_token_id"].as_u64().unwrap() as u32)), "{arch}: {:?}", model.eos_token_ids);
@@ -105,7 +105,7 @@ fn hf_dirs_tokenize_and_template_as_transformers() {
     // SentencePiece with byte fallback, a BOS the tokenizer's post-processor adds, no template
     let spm = json(&llm_dir().join("reference_spm.json"));
     for name in ["tiny-llama-spm", "tiny-phi3"] {
-        let model = TextModel::load(&dir(name), Engine::Candle, DeviceRef::CPU).unwrap();
+        let model = TextModel::load(&dir(name), Engine::Candle, super::candle_device::test_device()).unwrap();
         let tok = &model.tokenizer;
         assert_eq!((tok.bos, tok.eos, tok.add_bos, tok.add_eos), (Some(1), Some(2), true, false), "{name}");
         assert_eq!(model.chat_template, None);
@@ -222,7 +222,7 @@ fn hf_smollm2_dir_matches_transformers() {
     }
     let r = super::weights::test_support::reference("smollm2_reference.json");
     for engine in [Engine::Burn, Engine::Candle] {
-        let device = if engine == Engine::Burn { crate::testing::device() } else { DeviceRef::CPU };
+        let device = if engine == Engine::Burn { crate::testing::device() } else { super::candle_device::test_device() };
         let model = TextModel::load(&dir, engine, device).unwrap();
         assert_eq!((model.arch.as_str(), model.vocab_size(), model.context_length()), ("llama", 49152, 8192));
         assert_eq!((model.tokenizer.bos, model.tokenizer.eos, model.tokenizer.add_bos), (Some(1), Some(2), false));

@@ -161,7 +161,7 @@ fn qwen_gguf_tokenizer_and_chat_template_match_transformers() {
             assert_eq!(tok.encode(text, true).unwrap(), ids(&c["ids"]), "{arch}: no BOS for {text:?}");
             assert_eq!(tok.decode(&ids(&c["ids"])).unwrap(), text);
         }
-        let model = TextModel::load(&path, Engine::Candle, DeviceRef::CPU).unwrap();
+        let model = TextModel::load(&path, Engine::Candle, super::candle_device::test_device()).unwrap();
         assert_eq!(model.arch, arch);
         assert_eq!(model.bos_token_id, None);
         assert!(model.eos_token_ids.contains(&(r[arch]["eos_token_id"].as_u64().unwrap() as u32)));

@@ -137,7 +137,7 @@ fn embedding_model_errors_are_distinct() {
     assert_eq!(kind_err(EmbeddingModel::load(&dir, Engine::Candle, cpu)), kind::BAD_TOKENIZER);
 
     let dir = bert_dir("bert-device");
-    let gpu = DeviceRef { kind: DeviceKind::Cuda, index: 0 };
+    let gpu = DeviceRef { kind: DeviceKind::Vulkan, index: 0 };
     assert_eq!(kind_err(EmbeddingModel::load(&dir, Engine::Candle, gpu)), kind::UNSUPPORTED_DEVICE);
 }
 

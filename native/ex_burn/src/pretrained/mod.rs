@@ -10,6 +10,7 @@
 pub mod burn_bert;
 pub mod burn_llama;
 pub mod candle_bert;
+pub mod candle_device;
 pub mod candle_mpnet;
 pub mod candle_nomic;
 pub mod candle_llama;

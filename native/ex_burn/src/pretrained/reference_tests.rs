@@ -27,7 +27,7 @@ fn cosine(a: &[f32], b: &[f64]) -> f64 {
 fn minilm_candle_matches_sentence_transformers() {
     let Some(dir) = minilm_dir() else { return };
     let r = reference("minilm_reference.json");
-    let model = EmbeddingModel::load(&dir, Engine::Candle, DeviceRef::CPU).unwrap();
+    let model = EmbeddingModel::load(&dir, Engine::Candle, super::candle_device::test_device()).unwrap();
     assert_eq!(model.dim(), r["dim"].as_u64().unwrap() as usize);
     assert_eq!(model.max_seq_len, r["max_seq_length"].as_u64().unwrap() as usize);
     assert!(model.normalize);
@@ -101,7 +101,7 @@ fn smollm_chat_template_renders_reference_prompts() {
 fn smollm_candle_greedy_generation_matches_transformers() {
     let Some(path) = smollm_path() else { return };
     let r = reference("smollm2_reference.json");
-    let model = TextModel::load(&path, Engine::Candle, DeviceRef::CPU).unwrap();
+    let model = TextModel::load(&path, Engine::Candle, super::candle_device::test_device()).unwrap();
     assert_eq!(model.arch, "llama");
     assert_eq!(model.vocab_size(), 49152);
     assert_eq!(model.context_length(), 8192); // as declared: the rotary tables are built for it
@@ -163,7 +163,7 @@ fn smollm_candle_greedy_generation_matches_transformers() {
 fn smollm_candle_sessions_are_independent_and_first_logits_match() {
     let Some(path) = smollm_path() else { return };
     let r = reference("smollm2_reference.json");
-    let model = TextModel::load(&path, Engine::Candle, DeviceRef::CPU).unwrap();
+    let model = TextModel::load(&path, Engine::Candle, super::candle_device::test_device()).unwrap();
     let gens = r["generate"].as_array().unwrap();
     let (p0, p1) = (ids(&gens[0]["prompt_ids"]), ids(&gens[1]["prompt_ids"]));
     let mut a = model.lm.session().unwrap();
@@ -190,7 +190,7 @@ fn smollm_candle_sessions_are_independent_and_first_logits_match() {
 #[test]
 fn smollm_text_model_errors() {
     let Some(path) = smollm_path() else { return };
-    let model = TextModel::load(&path, Engine::Candle, DeviceRef::CPU).unwrap();
+    let model = TextModel::load(&path, Engine::Candle, super::candle_device::test_device()).unwrap();
     let e = model.start(&Prompt::Text(String::new()), GenOptions::greedy(256)).err().unwrap();
     assert_eq!(errors::kind_of(&e), Some(kind::EMPTY_PROMPT));
     // A stop string spanning tokens, streamed one token at a time: text up to it, never past.

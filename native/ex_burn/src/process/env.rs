@@ -119,6 +119,12 @@ pub const TEST_DEVICE: Var = Var {
     reader: Reader::Tests,
     about: "the device the crate's tests (and burn_bench's device case) run on",
 };
+pub const TEST_CANDLE_DEVICE: Var = Var {
+    name: "EXBURN_TEST_CANDLE_DEVICE",
+    kind: Kind::Device,
+    reader: Reader::Tests,
+    about: "the device the crate's Candle tests run on, where Candle runs on its kind (a `candle-cuda` build: `cuda`)",
+};
 pub const KERNEL_CACHE: Var = Var {
     name: "EXBURN_KERNEL_CACHE",
     kind: Kind::Path { default: "~/.cache/ex_burn/kernels" },
@@ -134,8 +140,8 @@ pub const CPUID_MASK: Var = Var {
 };
 
 /// Every variable the crate reads.
-pub const ALL: [&Var; 14] = [
-    &MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &ROWS_KERNEL, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE, &KERNEL_CACHE, &CPUID_MASK,
+pub const ALL: [&Var; 15] = [
+    &MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &ROWS_KERNEL, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE, &TEST_CANDLE_DEVICE, &KERNEL_CACHE, &CPUID_MASK,
 ];
 
 /// `$e`, computed the first time this call site runs and remembered for the process.
@@ -208,6 +214,10 @@ pub fn avx512_hidden() -> bool {
 /// The spec of the device tests run on (`testing::device` parses it); `None` is the CPU.
 pub fn test_device_spec() -> Option<String> {
     device_spec(raw(&TEST_DEVICE).as_deref()).map(str::to_string)
+}
+
+pub fn test_candle_device_spec() -> Option<String> {
+    device_spec(raw(&TEST_CANDLE_DEVICE).as_deref()).map(str::to_string)
 }
 
 /// A switch's value: `Ok(None)` when unset or empty, `Err` when it is not a switch value.

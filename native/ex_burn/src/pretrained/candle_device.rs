@@ -1,0 +1,96 @@
+//! The device a Candle model runs on: the CPU, or a CUDA GPU where the library was built with
+//! the `candle-cuda` feature (scripts/cuda-toolkit.sh, guides/devices.md).
+
+use candle_core::quantized::{ggml_file, QTensor};
+use candle_core::Device;
+
+use super::errors::{self, kind};
+use crate::device::{DeviceKind, DeviceRef};
+use crate::error::{Detail, ExError, ExResult};
+
+/// The device kinds the Candle engine runs on in this library.
+pub fn kinds() -> Vec<DeviceKind> {
+    let mut kinds = vec![DeviceKind::Cpu];
+    if cfg!(feature = "candle-cuda") {
+        kinds.push(DeviceKind::Cuda);
+    }
+    kinds
+}
+
+/// Candle's device for `device`, or an unsupported-device error naming what this build runs.
+pub fn device(device: &DeviceRef) -> ExResult<Device> {
+    match device.kind {
+        DeviceKind::Cpu if device.index == 0 => Ok(Device::Cpu),
+        #[cfg(feature = "candle-cuda")]
+        DeviceKind::Cuda => Device::new_cuda(device.index)
+            .map_err(|e| unsupported(device, format!("the candle engine could not open {device}: {e}"))),
+        _ => {
+            let runs = if kinds().contains(&DeviceKind::Cuda) { "the CPU and CUDA devices" } else { "the CPU only (this library was built without `candle-cuda`)" };
+            Err(unsupported(device, format!("the candle engine runs on {runs}; {device} was asked for")))
+        }
+    }
+}
+
+fn unsupported(device: &DeviceRef, reason: String) -> ExError {
+    errors::err(kind::UNSUPPORTED_DEVICE, reason, vec![("device", Detail::Text(device.to_string())), ("engine", Detail::Atom("candle"))])
+}
+
+/// `q` (read into host memory) on `dev`, its blocks unchanged.
+pub fn qtensor_on(q: QTensor, dev: &Device) -> candle_core::Result<QTensor> {
+    if dev.is_cpu() {
+        return Ok(q);
+    }
+    qtensor_copy(&q, dev)
+}
+
+/// A copy of `q`'s blocks on `dev`.
+pub fn qtensor_copy(q: &QTensor, dev: &Device) -> candle_core::Result<QTensor> {
+    ggml_file::qtensor_from_ggml(q.dtype(), &q.data()?, q.shape().dims().to_vec(), dev)
+}
+
+/// The device the Candle tests run on: `EXBURN_TEST_CANDLE_DEVICE` (the CPU when unset), apart
+/// from the Burn tests' `EXBURN_TEST_DEVICE`: a library holds one CUDA engine (`lib.rs`).
+#[cfg(test)]
+pub fn test_device() -> DeviceRef {
+    static DEVICE: std::sync::OnceLock<DeviceRef> = std::sync::OnceLock::new();
+    *DEVICE.get_or_init(|| {
+        DeviceRef::parse_or_cpu(crate::process::env::test_candle_device_spec().as_deref())
+            .unwrap_or_else(|e| panic!("{}: {e}", crate::process::env::TEST_CANDLE_DEVICE.name))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candle_devices_are_the_cpu_and_cuda_where_built() {
+        assert_eq!(kinds()[0], DeviceKind::Cpu);
+        assert_eq!(kinds().contains(&DeviceKind::Cuda), cfg!(feature = "candle-cuda"));
+        assert!(device(&DeviceRef::CPU).unwrap().is_cpu());
+        for kind in [DeviceKind::Vulkan, DeviceKind::Metal, DeviceKind::Rocm] {
+            let e = device(&DeviceRef { kind, index: 0 }).unwrap_err();
+            assert_eq!(errors::kind_of(&e), Some(kind::UNSUPPORTED_DEVICE), "{e}");
+        }
+        let cpu1 = device(&DeviceRef { kind: DeviceKind::Cpu, index: 1 }).unwrap_err();
+        assert_eq!(errors::kind_of(&cpu1), Some(kind::UNSUPPORTED_DEVICE));
+        if !cfg!(feature = "candle-cuda") {
+            let e = device(&DeviceRef { kind: DeviceKind::Cuda, index: 0 }).unwrap_err();
+            assert!(e.to_string().contains("built without `candle-cuda`"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_copied_qtensor_keeps_its_blocks() {
+        let dev = device(&test_device()).unwrap();
+        let values: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) / 7.0).collect();
+        let t = candle_core::Tensor::from_vec(values, (2, 32), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&t, candle_core::quantized::GgmlDType::Q4_1).unwrap();
+        let bytes = q.data().unwrap().to_vec();
+        let on = qtensor_copy(&q, &dev).unwrap();
+        assert_eq!((on.dtype(), on.shape().dims()), (q.dtype(), q.shape().dims()));
+        assert_eq!(on.data().unwrap().to_vec(), bytes);
+        let back = on.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(back, q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap());
+    }
+}
