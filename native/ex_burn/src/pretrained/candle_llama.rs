@@ -378,12 +378,13 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     let extras = (0..cfg.block_count).map(|l| HeadExtras::read(&mut g, &cfg, l)).collect::<ExResult<Vec<_>>>()?;
     let tied = !g.contains("output.weight");
     let mut qtensor = |name: &str| -> ExResult<QTensor> { g.qtensor(name) };
-    let on_device = |q: QTensor| candle_device::qtensor_on(q, &dev).map_err(engine_err);
     let qmat = |t: QTensor| -> ExResult<QMatMul> { QMatMul::from_qtensor(t).map_err(engine_err) };
     // the largest tensor first, while little else is resident: candle's reader holds a tensor
     // twice on the way in (its raw bytes, then the blocks), and that peak would otherwise come on
     // top of every layer already loaded
     let token_embd = Arc::new(qtensor("token_embd.weight")?);
+    // a projection's matrix: the file's blocks, on the model's device
+    let mut projection = |name: &str| -> ExResult<QMatMul> { qmat(candle_device::qtensor_on(qtensor(name)?, &dev).map_err(engine_err)?) };
     if token_embd.shape().dims() != [cfg.vocab_size, h] {
         return Err(ExError::invalid(format!("token_embd.weight in {} is {:?}, not [{}, {h}]", path.display(), token_embd.shape().dims(), cfg.vocab_size)));
     }
@@ -395,7 +396,7 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
         let n = |name: &str| format!("blk.{l}.{name}.weight");
         let [qkv_parts, gate_up_parts] = cfg.family.projections(l, q_rows, kv_rows, cfg.feed_forward_length);
         let mut stacked = |parts: Vec<(String, usize)>, widths: Vec<usize>| -> ExResult<Stacked> {
-            Ok(Stacked { mats: parts.iter().map(|(name, _)| qmat(on_device(qtensor(name)?)?)).collect::<ExResult<_>>()?, widths })
+            Ok(Stacked { mats: parts.iter().map(|(name, _)| projection(name)).collect::<ExResult<_>>()?, widths })
         };
         let qkv = stacked(qkv_parts, vec![q_rows, kv_rows, kv_rows])?;
         let gate_up = stacked(gate_up_parts, vec![cfg.feed_forward_length; 2])?;
@@ -416,10 +417,10 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
             q_norm,
             k_norm,
             qkv,
-            out: qmat(on_device(qtensor(&n("attn_output"))?)?)?,
+            out: projection(&n("attn_output"))?,
             ffn_norm,
             gate_up,
-            down: qmat(on_device(qtensor(&n("ffn_down"))?)?)?,
+            down: projection(&n("ffn_down"))?,
             post_norms,
         });
         // candle's reader copies each tensor once on the way in: hand the freed copies back
@@ -431,7 +432,7 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     let output = match tied {
         true if dev.is_cpu() => QMatMul::from_arc(Arc::clone(&token_embd)).map_err(engine_err)?,
         true => qmat(candle_device::qtensor_copy(&token_embd, &dev).map_err(engine_err)?)?,
-        false => qmat(on_device(qtensor("output.weight")?)?)?,
+        false => projection("output.weight")?,
     };
     let embed = match QFormat::from_ggml(token_embd.dtype()).filter(|f| h % f.block_values() == 0) {
         Some(format) => Embedding::Quant { row_bytes: h / format.block_values() * format.block_bytes(), format, blocks: token_embd },
