@@ -36,16 +36,8 @@ defmodule ExBurn.Model.Store do
       weights
     ]
 
-    tmp = Path.join(Path.dirname(path), ".#{Path.basename(path)}.#{System.unique_integer([:positive])}.tmp")
-
-    with :ok <- File.write(tmp, data),
-         :ok <- File.rename(tmp, path) do
-      :ok
-    else
-      {:error, reason} ->
-        File.rm(tmp)
-        fail!(:save, "cannot write the model file", %{path: path, cause: reason})
-    end
+    with {:error, reason} <- ExBurn.AtomicFile.write(path, data),
+         do: fail!(:save, "cannot write the model file", %{path: path, cause: reason})
   end
 
   def save!(other, _path), do: fail!(:save, "expected an ExBurn.Model", %{got: other})

@@ -99,8 +99,7 @@ defmodule Mix.Tasks.ExBurn.Bench do
   end
 
   defp write_atomically(path, data) do
-    tmp = path <> ".tmp#{System.unique_integer([:positive])}"
-    File.write!(tmp, data)
-    File.rename!(tmp, path)
+    with {:error, reason} <- ExBurn.AtomicFile.write(path, data),
+         do: Mix.raise("cannot write #{path}: #{:file.format_error(reason)}")
   end
 end
