@@ -13,6 +13,11 @@ build = if ExBurn.Device.compiled_kinds() == [:cpu], do: :gpu_build, else: :cpu_
 # compiles a few hundred of them: minutes where the CPU takes under a second (guides/devices.md).
 # Tests keep ExUnit's 60 s limit on the CPU and get 10 minutes on a GPU.
 timeout = if elem(ExBurn.default_device(), 0) == :cpu, do: 60_000, else: 600_000
+# A test's engine does not hang on a timing: `:auto` keeps Burn first unless a test turns the
+# measured choice on (ExBurn.Pretrained.EngineChoiceTest, PretrainedCase.assert_auto_measures/2).
+if System.get_env("EXBURN_ENGINE_CHOICE") in [nil, ""],
+  do: System.put_env("EXBURN_ENGINE_CHOICE", "burn_first")
+
 ExUnit.start(exclude: [build | exclude], timeout: timeout)
 
 defmodule ExBurn.TestHelpers do

@@ -10,6 +10,8 @@ defmodule ExBurn.Env do
   | the default device | `EXBURN_DEVICE` | `:device` | `:auto` | `ExBurn.configure!/1` |
   | the models directory | `EXBURN_MODELS_DIR` | `:models_dir` | `"~/models"` | `:dir` / `:models_dir` options |
   | the server's bearer token | `EXBURN_API_TOKEN` | `:api_token` | `nil` (no authentication) | `ExBurn.Server`'s `:token` |
+  | how `:auto` orders the engines | `EXBURN_ENGINE_CHOICE` | `:engine_choice` | `:measure` | |
+  | where `:auto` keeps its measured choices | `EXBURN_ENGINE_CACHE` | `:engine_cache` | `"~/.cache/ex_burn/engines"` | |
 
   The environment beats application config because it is set per run, on the command line or by
   a deployment, while config is compiled into the release. A variable that is unset or empty
@@ -21,10 +23,12 @@ defmodule ExBurn.Env do
   @settings %{
     device: {"EXBURN_DEVICE", :auto},
     models_dir: {"EXBURN_MODELS_DIR", "~/models"},
-    api_token: {"EXBURN_API_TOKEN", nil}
+    api_token: {"EXBURN_API_TOKEN", nil},
+    engine_choice: {"EXBURN_ENGINE_CHOICE", :measure},
+    engine_cache: {"EXBURN_ENGINE_CACHE", "~/.cache/ex_burn/engines"}
   }
 
-  @type setting :: :device | :models_dir | :api_token
+  @type setting :: :device | :models_dir | :api_token | :engine_choice | :engine_cache
 
   @doc "Every setting with its variable and default, as `%{setting => {variable, default}}`."
   def settings, do: @settings

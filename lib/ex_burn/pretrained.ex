@@ -13,7 +13,15 @@ defmodule ExBurn.Pretrained do
       `:device` it takes the default device when Candle runs on its kind, else the CPU; another
       device is an error. GGUF weights stay quantised.
     * `:auto` (the default) - Burn on the chosen device, then Candle on that device where Candle
-      runs on it, then Candle on the CPU.
+      runs on it, then Candle on the CPU. Where both engines run on the device, the first load of
+      a model file there measures them on a short workload of the model's kind (an LLM: a
+      40-token prompt and 16 greedy tokens; an embedder: eight sentences; a reranker: a query and
+      four documents), one engine loaded at a time, and starts on Candle only when it took under
+      90% of Burn's time. The choice is logged (info, with both times), emitted as the telemetry
+      event `[:ex_burn, :pretrained, :engine_choice]` and kept in `EXBURN_ENGINE_CACHE`
+      (default `~/.cache/ex_burn/engines`, one JSON file per model file, device and library
+      version), so later loads read it. `EXBURN_ENGINE_CHOICE=burn_first` (or `config :ex_burn,
+      engine_choice: :burn_first`) keeps Burn first without measuring.
       When Burn cannot load the model, or a call on it fails for a reason that is not the
       caller's input, the model switches to Candle for that call and the ones after it. Every
       switch logs a warning, emits the telemetry event `[:ex_burn, :pretrained, :fallback]`
@@ -25,6 +33,7 @@ defmodule ExBurn.Pretrained do
   require Logger
 
   alias ExBurn.Error
+  alias ExBurn.Pretrained.EngineChoice
 
   @engines [:auto, :burn, :candle]
   @load_options [:engine, :device, :dir]
@@ -71,7 +80,7 @@ defmodule ExBurn.Pretrained do
   # Loads `name_or_path` (of `kind`, :embedding, :llm or :reranker) with `load_nif`, a NIF taking the path
   # and `%{engine: :burn | :candle, device: device}`; returns a map with the resource and what
   # the struct records about the engine.
-  def load(kind, name_or_path, opts, load_nif) do
+  def load(kind, name_or_path, opts, load_nif, measure \\ nil) do
     with :ok <- keyword(opts),
          :ok <- known_options(:load, opts, @load_options),
          {:ok, engine} <- engine(opts),
@@ -79,23 +88,134 @@ defmodule ExBurn.Pretrained do
          {:ok, path, name} <- resolve(kind, name_or_path, opts) do
       model = %{path: path, name: name, device: device, auto: engine == :auto}
 
-      case {engine, load_nif.(path, %{engine: burn_or(engine), device: device})} do
-        {_, {:ok, ref}} ->
-          {:ok, Map.merge(model, %{ref: ref, engine: burn_or(engine)})}
+      if engine == :auto,
+        do: load_auto(model, load_nif, measure || EngineChoice.measure(kind)),
+        else: load_on(model, engine, device, load_nif)
+    end
+  end
 
-        {:auto, {:error, {op, reason, details} = err}} ->
-          if no_fallback?(details) do
-            wrap({:error, err})
-          else
-            record_fallback(name, op, reason)
+  defp load_on(model, engine, device, load_nif) do
+    with {:ok, ref} <- wrap(load_nif.(model.path, %{engine: engine, device: device})),
+         do: {:ok, Map.merge(model, %{ref: ref, engine: engine, device: device})}
+  end
 
-            with {:ok, ref, device} <- load_candle(name, path, device, load_nif),
-                 do: {:ok, Map.merge(model, %{ref: ref, engine: :candle, device: device})}
-          end
-
-        {_, error} ->
-          wrap(error)
+  # Where Candle runs on the model's device and the engines are measured (`EngineChoice`), the
+  # stored verdict picks the first engine, or both are measured now; elsewhere Burn comes first.
+  defp load_auto(model, load_nif, measure) do
+    with {:ok, choice} <- EngineChoice.setting() do
+      case choice == :measure and candle_device(model.device) == model.device and EngineChoice.stored(model) do
+        {:ok, %{engine: :candle}} -> candle_first(model, load_nif)
+        :none -> measured(model, load_nif, measure)
+        _burn_or_not_measured -> burn_first(model, load_nif)
       end
+    end
+  end
+
+  # The chain: Burn on the device, then Candle on it where it runs there, then Candle on the CPU.
+  defp burn_first(model, load_nif),
+    do: after_burn(model, load_nif.(model.path, %{engine: :burn, device: model.device}), load_nif)
+
+  defp after_burn(model, burn, load_nif) do
+    case burn do
+      {:ok, ref} ->
+        {:ok, Map.merge(model, %{ref: ref, engine: :burn})}
+
+      {:error, {op, reason, details} = err} ->
+        if no_fallback?(details) do
+          wrap({:error, err})
+        else
+          record_fallback(model.name, op, reason)
+
+          with {:ok, ref, device} <- load_candle(model.name, model.path, model.device, load_nif),
+               do: {:ok, Map.merge(model, %{ref: ref, engine: :candle, device: device})}
+        end
+    end
+  end
+
+  # A verdict for Candle: Candle on the device, and the usual chain if it no longer loads.
+  defp candle_first(model, load_nif) do
+    case load_nif.(model.path, %{engine: :candle, device: model.device}) do
+      {:ok, ref} ->
+        {:ok, Map.merge(model, %{ref: ref, engine: :candle})}
+
+      {:error, {_op, _reason, details} = err} ->
+        if no_fallback?(details), do: wrap({:error, err}), else: burn_first(model, load_nif)
+    end
+  end
+
+  # Both engines timed on the kind's workload, one loaded at a time: Candle in a process of its
+  # own (its model is freed when that process ends), then Burn, kept unless Candle wins.
+  defp measured(model, load_nif, measure) do
+    candle =
+      Task.async(fn ->
+        with {:ok, ref} <- load_nif.(model.path, %{engine: :candle, device: model.device}), do: measure.(ref)
+      end)
+      |> Task.await(:infinity)
+
+    case {candle, load_nif.(model.path, %{engine: :burn, device: model.device})} do
+      {{:ok, candle_ms}, {:ok, ref}} ->
+        case measure.(ref) do
+          {:ok, burn_ms} ->
+            choose(model, EngineChoice.pick(burn_ms, candle_ms), ref, load_nif)
+
+          {:error, {_, reason, _}} ->
+            choose(
+              model,
+              %{
+                engine: :candle,
+                burn_ms: nil,
+                candle_ms: candle_ms,
+                why: "Burn failed the workload: #{reason}"
+              },
+              ref,
+              load_nif
+            )
+        end
+
+      {{:error, {_, reason, _}}, {:ok, ref}} ->
+        choose(
+          model,
+          %{engine: :burn, burn_ms: nil, candle_ms: nil, why: "Candle could not run it: #{reason}"},
+          ref,
+          load_nif
+        )
+
+      {_, burn_failed} ->
+        after_burn(model, burn_failed, load_nif)
+    end
+  end
+
+  defp choose(model, verdict, burn_ref, load_nif) do
+    stored = EngineChoice.store(model, verdict) == :ok
+    report_choice(model, verdict, stored)
+
+    if verdict.engine == :burn do
+      {:ok, Map.merge(model, %{ref: burn_ref, engine: :burn})}
+    else
+      # Burn's model is garbage from here: collected before Candle's loads, not beside it
+      :erlang.garbage_collect()
+      candle_first(model, load_nif)
+    end
+  end
+
+  defp report_choice(model, verdict, stored) do
+    ms = fn
+      nil -> "-"
+      t -> "#{Float.round(t / 1, 1)} ms"
+    end
+
+    Logger.info(
+      "ExBurn: #{model.name} on #{inspect(model.device)} starts on #{verdict.engine |> Atom.to_string() |> String.capitalize()}: " <>
+        "#{verdict.why} (the workload took #{ms.(verdict.burn_ms)} on Burn, #{ms.(verdict.candle_ms)} on Candle)" <>
+        if(stored, do: "; later loads reuse this choice", else: "; the choice could not be stored")
+    )
+
+    if Code.ensure_loaded?(:telemetry) do
+      apply(:telemetry, :execute, [
+        [:ex_burn, :pretrained, :engine_choice],
+        %{burn_ms: verdict.burn_ms, candle_ms: verdict.candle_ms},
+        %{model: model.name, device: model.device, engine: verdict.engine, why: verdict.why, stored: stored}
+      ])
     end
   end
 
@@ -107,9 +227,6 @@ defmodule ExBurn.Pretrained do
          {:ok, info} <- wrap(info_nif.(m.ref)),
          do: {:ok, struct(module, Map.merge(info, m))}
   end
-
-  defp burn_or(:auto), do: :burn
-  defp burn_or(engine), do: engine
 
   # Candle on `device` where it runs there, else (or when that load fails for a reason other
   # than the files) on the CPU: the chain's last links.

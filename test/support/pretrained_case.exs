@@ -55,4 +55,34 @@ defmodule ExBurn.PretrainedCase do
     File.cp_r!(path, dest)
     dest
   end
+
+  @doc """
+  Loads a model twice with `load` (a function of no arguments, loading with `:auto`) while `:auto`
+  measures the engines, its choices kept in `dir`: the first load must measure both engines on
+  the real workload and log both times, the second reuse that choice without measuring. Returns
+  the engine chosen.
+  """
+  def assert_auto_measures(dir, load) do
+    saved = for var <- ~w(EXBURN_ENGINE_CHOICE EXBURN_ENGINE_CACHE), do: {var, System.get_env(var)}
+    System.put_env("EXBURN_ENGINE_CHOICE", "measure")
+    System.put_env("EXBURN_ENGINE_CACHE", dir)
+
+    try do
+      {first, log} = ExUnit.CaptureLog.with_log(load)
+      assert {:ok, %{engine: engine}} = first
+
+      assert log =~
+               ~r/starts on (Burn|Candle): .* \(the workload took \d+\.\d ms on Burn, \d+\.\d ms on Candle\); later loads reuse this choice/
+
+      assert log =~ "starts on #{engine |> Atom.to_string() |> String.capitalize()}"
+      assert [_] = File.ls!(dir)
+
+      {second, log} = ExUnit.CaptureLog.with_log(load)
+      assert {:ok, %{engine: ^engine}} = second
+      refute log =~ "starts on"
+      engine
+    after
+      for {var, value} <- saved, do: if(value, do: System.put_env(var, value), else: System.delete_env(var))
+    end
+  end
 end

@@ -200,6 +200,11 @@ defmodule ExBurn.Pretrained.EmbeddingTest do
     assert m.engine == :burn and m.auto == true
   end
 
+  @tag :tmp_dir
+  test ":auto measures both engines on the CPU at the first load and keeps the choice", %{tmp_dir: tmp} do
+    assert_auto_measures(tmp, fn -> Embedding.load(@model, device: {:cpu, 0}) end)
+  end
+
   describe "broken model files are ExBurn.Errors on every engine, never a fallback" do
     @describetag :tmp_dir
 

@@ -200,6 +200,11 @@ defmodule ExBurn.Pretrained.LLMTest do
     end
   end
 
+  @tag :tmp_dir
+  test ":auto measures both engines on the CPU at the first load and keeps the choice", %{tmp_dir: tmp} do
+    assert_auto_measures(tmp, fn -> LLM.load(@model, device: {:cpu, 0}) end)
+  end
+
   defp assert_all_engines(path, kinds) do
     for engine <- [:burn, :candle, :auto] do
       assert {:error, %ExBurn.Error{details: %{kind: kind}} = e} = LLM.load(path, engine: engine)
