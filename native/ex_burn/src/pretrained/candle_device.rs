@@ -93,4 +93,43 @@ mod tests {
         let back = on.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
         assert_eq!(back, q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap());
     }
+
+    /// Candle quantises a product's activations to Q8_1 blocks of 32 on every device, so each
+    /// output may move from the f32 product of the dequantised weights by half a step of each
+    /// block's scale (`amax / 127`) times the block's weights, plus f32 rounding.
+    #[test]
+    fn a_quantised_product_on_the_device_stays_within_the_activations_quantisation() {
+        use candle_core::quantized::{GgmlDType, QMatMul};
+        use candle_core::{Module, Tensor};
+        let dev = device(&test_device()).unwrap();
+        let n = 96;
+        for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1, GgmlDType::Q8_0] {
+            for k in [576, 1536] {
+                let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.2).collect();
+                let q = QTensor::quantize(&Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap(), dtype).unwrap();
+                let wd = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+                let on = QMatMul::from_qtensor(qtensor_copy(&q, &dev).unwrap()).unwrap();
+                for m in [1, 3, 8, 9, 40] {
+                    let x: Vec<f32> = (0..m * k).map(|i| ((i as f32) * 0.37).sin() * (1.0 + (i % 5) as f32)).collect();
+                    let xt = Tensor::from_vec(x.clone(), (m, k), &dev).unwrap();
+                    let got = on.forward(&xt).unwrap().to_vec2::<f32>().unwrap();
+                    for r in 0..m {
+                        let xr = &x[r * k..(r + 1) * k];
+                        for j in 0..n {
+                            let (mut exact, mut bound) = (0f64, 0f64);
+                            for (b, xs) in xr.chunks(32).enumerate() {
+                                let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+                                let ws = &wd[j][b * 32..b * 32 + xs.len()];
+                                exact += xs.iter().zip(ws).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>();
+                                let wabs = ws.iter().map(|c| c.abs() as f64).sum::<f64>();
+                                bound += amax / 254.0 * wabs + 1e-5 * amax * wabs;
+                            }
+                            let diff = (got[r][j] as f64 - exact).abs();
+                            assert!(diff <= bound, "{dtype:?} k {k}, {m} rows: row {r} column {j} is {} where the product is {exact} (bound {bound})", got[r][j]);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
