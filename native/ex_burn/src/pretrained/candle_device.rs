@@ -1,7 +1,9 @@
 //! The device a Candle model runs on: the CPU, or a CUDA GPU where the library was built with
 //! the `candle-cuda` feature (scripts/cuda-toolkit.sh, guides/devices.md).
 
-use candle_core::quantized::{ggml_file, QTensor};
+use std::borrow::Cow;
+
+use candle_core::quantized::{QStorage, QTensor};
 use candle_core::Device;
 
 use super::errors::{self, kind};
@@ -43,10 +45,25 @@ pub fn qtensor_on(q: QTensor, dev: &Device) -> candle_core::Result<QTensor> {
     qtensor_copy(&q, dev)
 }
 
-/// A copy of `q`'s blocks on `dev`.
+/// A copy of `q`'s blocks on `dev`; on a GPU, followed by a row padding's worth of zero blocks.
+/// Candle's CUDA matrix kernel (`mul_mat_q*`, more than 8 activation rows) reads each weight row
+/// in groups of blocks that run past the row's end: for the last row, into padding that Candle
+/// allocates uninitialised, where a NaN bit pattern times the activations' zero padding turns
+/// that output NaN. llama.cpp zeroes the same padding for the same reason.
 pub fn qtensor_copy(q: &QTensor, dev: &Device) -> candle_core::Result<QTensor> {
-    ggml_file::qtensor_from_ggml(q.dtype(), &q.data()?, q.shape().dims().to_vec(), dev)
+    let mut data = q.data()?.into_owned();
+    if !dev.is_cpu() {
+        let dtype = q.dtype();
+        data.resize(data.len() + ROW_PADDING / dtype.block_size() * dtype.type_size(), 0);
+    }
+    // borrowed: Candle views the bytes as blocks without owning them
+    QTensor::new(QStorage::from_data(Cow::Borrowed(&data), dev, q.dtype())?, q.shape().clone())
 }
+
+#[cfg(feature = "candle-cuda")]
+const ROW_PADDING: usize = candle_core::quantized::cuda::MATRIX_ROW_PADDING;
+#[cfg(not(feature = "candle-cuda"))]
+const ROW_PADDING: usize = 0;
 
 /// The device the Candle tests run on: `EXBURN_TEST_CANDLE_DEVICE` (the CPU when unset), apart
 /// from the Burn tests' `EXBURN_TEST_DEVICE`: a library holds one CUDA engine (`lib.rs`).
@@ -89,7 +106,10 @@ mod tests {
         let bytes = q.data().unwrap().to_vec();
         let on = qtensor_copy(&q, &dev).unwrap();
         assert_eq!((on.dtype(), on.shape().dims()), (q.dtype(), q.shape().dims()));
-        assert_eq!(on.data().unwrap().to_vec(), bytes);
+        let copied = on.data().unwrap().to_vec();
+        assert_eq!(copied[..bytes.len()], bytes[..]);
+        assert!(copied[bytes.len()..].iter().all(|&b| b == 0), "the padding after the blocks is zeros");
+        assert_eq!(copied.len() > bytes.len(), !dev.is_cpu());
         let back = on.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
         assert_eq!(back, q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap());
     }
