@@ -99,17 +99,21 @@ defmodule ExBurn.Pretrained do
          do: {:ok, Map.merge(model, %{ref: ref, engine: engine, device: device})}
   end
 
-  # Where Candle runs on the model's device and the engines are measured (`EngineChoice`), the
-  # stored verdict picks the first engine, or both are measured now; elsewhere Burn comes first.
+  # Where both engines run on the model's device and are measured (`EngineChoice`), the stored
+  # verdict picks the first engine, or both are measured now; elsewhere Burn comes first.
   defp load_auto(model, load_nif, measure) do
     with {:ok, choice} <- EngineChoice.setting() do
-      case choice == :measure and candle_device(model.device) == model.device and EngineChoice.stored(model) do
+      case choice == :measure and both_run?(model.device) and EngineChoice.stored(model) do
         {:ok, %{engine: :candle}} -> candle_first(model, load_nif)
         :none -> measured(model, load_nif, measure)
         _burn_or_not_measured -> burn_first(model, load_nif)
       end
     end
   end
+
+  # Both engines are built for the device's kind (a library holds one CUDA engine, guides/devices.md).
+  defp both_run?({kind, _} = device),
+    do: candle_device(device) == device and kind in ExBurn.Device.compiled_kinds()
 
   # The chain: Burn on the device, then Candle on it where it runs there, then Candle on the CPU.
   defp burn_first(model, load_nif),
