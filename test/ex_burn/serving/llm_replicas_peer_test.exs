@@ -14,20 +14,19 @@ defmodule ExBurn.LLM.ReplicasPeerTest.Distribution do
     end
   end
 
+  # In an OS process of its own: this runs while ExUnit compiles the test files in parallel, and
+  # starting and stopping distribution in this VM then renames the pids the compiler's servers
+  # hand out ("no connection to ex_burn_replicas_probe_...").
   defp probe do
-    case System.cmd(epmd(), ["-daemon"], stderr_to_stdout: true) do
-      {_, 0} ->
-        case Node.start(:"ex_burn_replicas_probe_#{System.unique_integer([:positive])}@127.0.0.1", :longnames) do
-          {:ok, _} ->
-            Node.stop()
-            nil
+    erl = System.find_executable("erl")
 
-          {:error, reason} ->
-            "distribution could not start: #{inspect(reason)}"
-        end
-
-      {out, status} ->
-        "epmd -daemon failed (exit #{status}): #{String.trim(out)}"
+    with {_, 0} <- System.cmd(epmd(), ["-daemon"], stderr_to_stdout: true),
+         true <- erl != nil || {"erl was not found", 1},
+         name = "ex_burn_replicas_probe_#{System.unique_integer([:positive])}@127.0.0.1",
+         {_, 0} <- System.cmd(erl, ["-name", name, "-noshell", "-eval", "halt(0)."], stderr_to_stdout: true) do
+      nil
+    else
+      {out, status} -> "distribution could not start (exit #{status}): #{String.trim(out)}"
     end
   end
 
