@@ -191,7 +191,7 @@ defmodule ExBurn.Pretrained do
 
   defp choose(model, verdict, burn_ref, load_nif) do
     stored = EngineChoice.store(model, verdict) == :ok
-    report_choice(model, verdict, stored)
+    EngineChoice.report(model, verdict, stored)
 
     if verdict.engine == :burn do
       {:ok, Map.merge(model, %{ref: burn_ref, engine: :burn})}
@@ -199,27 +199,6 @@ defmodule ExBurn.Pretrained do
       # Burn's model is garbage from here: collected before Candle's loads, not beside it
       :erlang.garbage_collect()
       candle_first(model, load_nif)
-    end
-  end
-
-  defp report_choice(model, verdict, stored) do
-    ms = fn
-      nil -> "-"
-      t -> "#{Float.round(t / 1, 1)} ms"
-    end
-
-    Logger.info(
-      "ExBurn: #{model.name} on #{inspect(model.device)} starts on #{verdict.engine |> Atom.to_string() |> String.capitalize()}: " <>
-        "#{verdict.why} (the workload took #{ms.(verdict.burn_ms)} on Burn, #{ms.(verdict.candle_ms)} on Candle)" <>
-        if(stored, do: "; later loads reuse this choice", else: "; the choice could not be stored")
-    )
-
-    if Code.ensure_loaded?(:telemetry) do
-      apply(:telemetry, :execute, [
-        [:ex_burn, :pretrained, :engine_choice],
-        %{burn_ms: verdict.burn_ms, candle_ms: verdict.candle_ms},
-        %{model: model.name, device: model.device, engine: verdict.engine, why: verdict.why, stored: stored}
-      ])
     end
   end
 

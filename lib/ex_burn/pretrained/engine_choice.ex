@@ -5,6 +5,8 @@ defmodule ExBurn.Pretrained.EngineChoice do
   # on a device measures; the verdict is kept on disk (a small JSON file per model file, device and
   # library version), so later loads read it instead of loading both engines again.
 
+  require Logger
+
   alias ExBurn.{Env, Error, JSON}
 
   @choices %{"measure" => :measure, "burn_first" => :burn_first}
@@ -76,6 +78,29 @@ defmodule ExBurn.Pretrained.EngineChoice do
     if candle_ms < burn_ms * @margin,
       do: %{engine: :candle, burn_ms: burn_ms, candle_ms: candle_ms, why: "Candle measured faster"},
       else: %{engine: :burn, burn_ms: burn_ms, candle_ms: candle_ms, why: "Burn measured faster or level"}
+  end
+
+  @doc false
+  # Logs the choice for `model` with both times and emits it as telemetry.
+  def report(model, verdict, stored) do
+    ms = fn
+      nil -> "-"
+      t -> "#{Float.round(t / 1, 1)} ms"
+    end
+
+    Logger.info(
+      "ExBurn: #{model.name} on #{inspect(model.device)} starts on #{verdict.engine |> Atom.to_string() |> String.capitalize()}: " <>
+        "#{verdict.why} (the workload took #{ms.(verdict.burn_ms)} on Burn, #{ms.(verdict.candle_ms)} on Candle)" <>
+        if(stored, do: "; later loads reuse this choice", else: "; the choice could not be stored")
+    )
+
+    if Code.ensure_loaded?(:telemetry) do
+      apply(:telemetry, :execute, [
+        [:ex_burn, :pretrained, :engine_choice],
+        %{burn_ms: verdict.burn_ms, candle_ms: verdict.candle_ms},
+        %{model: model.name, device: model.device, engine: verdict.engine, why: verdict.why, stored: stored}
+      ])
+    end
   end
 
   @doc false
