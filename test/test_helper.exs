@@ -24,6 +24,23 @@ defmodule ExBurn.TestHelpers do
   @moduledoc false
   import ExUnit.Assertions
   alias ExBurn.Tensor
+  @compile {:no_warn_undefined, :telemetry}
+
+  @doc """
+  Runs `fun` with a handler of the telemetry `event` attached that sends the test process
+  `{ref, event, measurements, metadata}`; the handler is detached afterwards, whatever happens.
+  """
+  def with_telemetry(event, ref, fun) do
+    parent = self()
+    id = "exburn-test-#{inspect(ref)}"
+    :telemetry.attach(id, event, fn e, m, meta, _ -> send(parent, {ref, e, m, meta}) end, nil)
+
+    try do
+      fun.()
+    after
+      :telemetry.detach(id)
+    end
+  end
 
   def t(data, type), do: Tensor.tensor(data, type: type)
 

@@ -63,9 +63,7 @@ defmodule ExBurn.PretrainedCase do
   the engine chosen.
   """
   def assert_auto_measures(dir, load) do
-    saved = for var <- ~w(EXBURN_ENGINE_CHOICE EXBURN_ENGINE_CACHE), do: {var, System.get_env(var)}
-    System.put_env("EXBURN_ENGINE_CHOICE", "measure")
-    System.put_env("EXBURN_ENGINE_CACHE", dir)
+    restore = measure_engines(dir)
 
     try do
       {first, log} = ExUnit.CaptureLog.with_log(load)
@@ -82,6 +80,20 @@ defmodule ExBurn.PretrainedCase do
       refute log =~ "starts on"
       engine
     after
+      restore.()
+    end
+  end
+
+  @doc """
+  Turns `:auto`'s measured engine choice on (the suite runs with `burn_first`), its choices kept
+  in `dir`; returns the function that puts both variables back.
+  """
+  def measure_engines(dir) do
+    saved = for var <- ~w(EXBURN_ENGINE_CHOICE EXBURN_ENGINE_CACHE), do: {var, System.get_env(var)}
+    System.put_env("EXBURN_ENGINE_CHOICE", "measure")
+    System.put_env("EXBURN_ENGINE_CACHE", dir)
+
+    fn ->
       for {var, value} <- saved, do: if(value, do: System.put_env(var, value), else: System.delete_env(var))
     end
   end

@@ -5,20 +5,12 @@ defmodule ExBurn.Pretrained.EngineChoiceTest do
   import ExUnit.CaptureLog
 
   alias ExBurn.Pretrained
-  @compile {:no_warn_undefined, :telemetry}
 
   @moduletag :tmp_dir
   @cpu {:cpu, 0}
 
   setup %{tmp_dir: dir} do
-    saved = for var <- ~w(EXBURN_ENGINE_CHOICE EXBURN_ENGINE_CACHE), do: {var, System.get_env(var)}
-    System.put_env("EXBURN_ENGINE_CHOICE", "measure")
-    System.put_env("EXBURN_ENGINE_CACHE", Path.join(dir, "cache"))
-
-    on_exit(fn ->
-      for {var, value} <- saved, do: if(value, do: System.put_env(var, value), else: System.delete_env(var))
-    end)
-
+    on_exit(ExBurn.PretrainedCase.measure_engines(Path.join(dir, "cache")))
     model = Path.join(dir, "model.gguf")
     File.write!(model, "weights")
     %{model: model, cache: Path.join(dir, "cache")}
@@ -167,18 +159,10 @@ defmodule ExBurn.Pretrained.EngineChoiceTest do
   @tag :telemetry
   test "the choice emits [:ex_burn, :pretrained, :engine_choice]", %{model: model} do
     ref = make_ref()
-    parent = self()
-    id = "engine-choice-#{inspect(ref)}"
 
-    :telemetry.attach(
-      id,
-      [:ex_burn, :pretrained, :engine_choice],
-      fn event, m, meta, _ -> send(parent, {ref, event, m, meta}) end,
-      nil
-    )
-
-    capture_log(fn -> load(model, fake_load(), timings(50.0, 10.0)) end)
-    :telemetry.detach(id)
+    ExBurn.TestHelpers.with_telemetry([:ex_burn, :pretrained, :engine_choice], ref, fn ->
+      capture_log(fn -> load(model, fake_load(), timings(50.0, 10.0)) end)
+    end)
 
     assert_received {^ref, [:ex_burn, :pretrained, :engine_choice], %{burn_ms: 50.0, candle_ms: 10.0},
                      %{model: "model", device: @cpu, engine: :candle, stored: true}}

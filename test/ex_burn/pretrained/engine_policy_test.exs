@@ -5,7 +5,6 @@ defmodule ExBurn.Pretrained.EnginePolicyTest do
   import ExUnit.CaptureLog
 
   alias ExBurn.Pretrained
-  @compile {:no_warn_undefined, :telemetry}
 
   @moduletag :tmp_dir
 
@@ -182,21 +181,12 @@ defmodule ExBurn.Pretrained.EnginePolicyTest do
   @tag :telemetry
   test "a fallback emits [:ex_burn, :pretrained, :fallback]", %{tmp_dir: dir} do
     ref = make_ref()
-    parent = self()
-    id = "fallback-#{inspect(ref)}"
 
-    :telemetry.attach(
-      id,
-      [:ex_burn, :pretrained, :fallback],
-      fn event, measurements, metadata, _ -> send(parent, {ref, event, measurements, metadata}) end,
-      nil
-    )
-
-    capture_log(fn -> Pretrained.load(:llm, dir, [], fake_load(lacks_feature())) end)
+    ExBurn.TestHelpers.with_telemetry([:ex_burn, :pretrained, :fallback], ref, fn ->
+      capture_log(fn -> Pretrained.load(:llm, dir, [], fake_load(lacks_feature())) end)
+    end)
 
     assert_received {^ref, [:ex_burn, :pretrained, :fallback], %{count: 1},
                      %{op: :llm_load, from: :burn, to: :candle, model: _, reason: "burn: unsupported" <> _}}
-
-    :telemetry.detach(id)
   end
 end
