@@ -2,8 +2,9 @@
 //! the `candle-cuda` feature (scripts/cuda-toolkit.sh, guides/devices.md).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
-use candle_core::quantized::{QStorage, QTensor};
+use candle_core::quantized::{QMatMul, QStorage, QTensor};
 use candle_core::Device;
 
 use super::errors::{self, kind};
@@ -24,8 +25,13 @@ pub fn device(device: &DeviceRef) -> ExResult<Device> {
     match device.kind {
         DeviceKind::Cpu if device.index == 0 => Ok(Device::Cpu),
         #[cfg(feature = "candle-cuda")]
-        DeviceKind::Cuda => Device::new_cuda(device.index)
-            .map_err(|e| unsupported(device, format!("the candle engine could not open {device}: {e}"))),
+        DeviceKind::Cuda => {
+            // f32 activations in quantised products: Candle's Q8_1 kernels round each row's
+            // activations, so a last-bit difference in attention (cuBLAS picks its algorithm by
+            // row count) flips roundings and a request's tokens would depend on its batch
+            candle_core::quantized::cuda::set_force_dmmv(true);
+            Device::new_cuda(device.index).map_err(|e| unsupported(device, format!("the candle engine could not open {device}: {e}")))
+        }
         _ => {
             let runs = if kinds().contains(&DeviceKind::Cuda) { "the CPU and CUDA devices" } else { "the CPU only (this library was built without `candle-cuda`)" };
             Err(unsupported(device, format!("the candle engine runs on {runs}; {device} was asked for")))
@@ -37,19 +43,27 @@ fn unsupported(device: &DeviceRef, reason: String) -> ExError {
     errors::err(kind::UNSUPPORTED_DEVICE, reason, vec![("device", Detail::Text(device.to_string())), ("engine", Detail::Atom("candle"))])
 }
 
-/// `q` (read into host memory) on `dev`, its blocks unchanged.
-pub fn qtensor_on(q: QTensor, dev: &Device) -> candle_core::Result<QTensor> {
+/// A product with `q`'s matrix (read into host memory) on `dev`. On the CPU its blocks, shared.
+/// On a GPU a copy of them, which Candle multiplies with f32 activations (`device`): its vector
+/// kernel reads a row in groups of 64 columns, past the end of the activations where a row is
+/// not a multiple of that, so such a matrix is dequantised instead.
+pub fn quantised_matmul(q: Arc<QTensor>, dev: &Device) -> candle_core::Result<QMatMul> {
     if dev.is_cpu() {
-        return Ok(q);
+        return QMatMul::from_arc(q);
     }
-    qtensor_copy(&q, dev)
+    let cols = q.shape().dims().last().copied().unwrap_or(0);
+    if q.dtype().block_size() > 1 && cols % VECTOR_KERNEL_COLUMNS != 0 {
+        return Ok(QMatMul::Tensor(q.dequantize(dev)?));
+    }
+    QMatMul::from_qtensor(qtensor_copy(&q, dev)?)
 }
 
+const VECTOR_KERNEL_COLUMNS: usize = 64;
+
 /// A copy of `q`'s blocks on `dev`; on a GPU, followed by a row padding's worth of zero blocks.
-/// Candle's CUDA matrix kernel (`mul_mat_q*`, more than 8 activation rows) reads each weight row
-/// in groups of blocks that run past the row's end: for the last row, into padding that Candle
-/// allocates uninitialised, where a NaN bit pattern times the activations' zero padding turns
-/// that output NaN. llama.cpp zeroes the same padding for the same reason.
+/// Candle's CUDA kernels read weight rows in groups of blocks that may run past a row's end: for
+/// the last row, into padding that Candle allocates uninitialised, where a NaN bit pattern times
+/// the activations' zero padding would turn that output NaN. llama.cpp zeroes the same padding.
 pub fn qtensor_copy(q: &QTensor, dev: &Device) -> candle_core::Result<QTensor> {
     let mut data = q.data()?.into_owned();
     if !dev.is_cpu() {
@@ -114,42 +128,74 @@ mod tests {
         assert_eq!(back, q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap());
     }
 
-    /// Candle quantises a product's activations to Q8_1 blocks of 32 on every device, so each
-    /// output may move from the f32 product of the dequantised weights by half a step of each
-    /// block's scale (`amax / 127`) times the block's weights, plus f32 rounding.
-    #[test]
-    fn a_quantised_product_on_the_device_stays_within_the_activations_quantisation() {
-        use candle_core::quantized::{GgmlDType, QMatMul};
+    /// A quantised product against the f64 product of the dequantised weights. On the CPU Candle
+    /// quantises the activations to Q8_1 blocks of 32, so an output may move by half a step of
+    /// each block's scale (`amax / 127`) times the block's weights; on a GPU they stay f32
+    /// (`device`), within f32 summation's `k · ε` of the absolute products. A row's outputs are
+    /// the same among others as alone. `rows` are activation row counts: one row and several
+    /// run different kernels on a GPU.
+    fn assert_product_within_bound(q: &QTensor, dev: &Device, rows: &[usize], activation: impl Fn(usize) -> f32, label: &str) {
         use candle_core::{Module, Tensor};
+        let (n, k) = q.shape().dims2().unwrap();
+        let wd = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+        let on = quantised_matmul(Arc::new(qtensor_copy(q, &Device::Cpu).unwrap()), dev).unwrap();
+        let summation = k as f64 * f32::EPSILON as f64;
+        // every output of a small matrix; of a large one a spread of them and the last
+        let checked: Vec<usize> = (0..n).step_by((n / 256).max(1)).chain([n - 1]).collect();
+        for &m in rows {
+            let x: Vec<f32> = (0..m * k).map(&activation).collect();
+            let got = on.forward(&Tensor::from_vec(x.clone(), (1, m, k), dev).unwrap()).unwrap();
+            assert_eq!(got.dims(), [1, m, n]);
+            let got = got.squeeze(0).unwrap().to_vec2::<f32>().unwrap();
+            for r in 0..m {
+                let xr = &x[r * k..(r + 1) * k];
+                let alone = on.forward(&Tensor::from_slice(xr, (1, 1, k), dev).unwrap()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                for &j in &checked {
+                    let (mut exact, mut bound, mut scale) = (0f64, 0f64, 0f64);
+                    for (b, xs) in xr.chunks(32).enumerate() {
+                        let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+                        let ws = &wd[j][b * 32..b * 32 + xs.len()];
+                        exact += xs.iter().zip(ws).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>();
+                        scale += xs.iter().zip(ws).map(|(&a, &c)| (a as f64 * c as f64).abs()).sum::<f64>();
+                        bound += amax / 254.0 * ws.iter().map(|c| c.abs() as f64).sum::<f64>();
+                    }
+                    let bound = if dev.is_cpu() { bound * (1.0 + summation) } else { 0.0 } + summation * scale;
+                    let diff = (got[r][j] as f64 - exact).abs();
+                    assert!(diff <= bound, "{label}, {m} rows: row {r} column {j} is {} where the product is {exact} (bound {bound})", got[r][j]);
+                    let apart = (got[r][j] as f64 - alone[j] as f64).abs();
+                    assert!(apart <= 2.0 * summation * scale, "{label}, {m} rows: row {r} column {j} is {} among them and {} alone", got[r][j], alone[j]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_quantised_product_on_the_device_stays_within_its_rounding() {
+        use candle_core::quantized::GgmlDType;
         let dev = device(&test_device()).unwrap();
         let n = 96;
         for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1, GgmlDType::Q8_0] {
-            for k in [576, 1536] {
+            // 544: rows that end half-way through the vector kernel's 64 columns
+            for k in [544, 576, 1536] {
                 let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.2).collect();
-                let q = QTensor::quantize(&Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap(), dtype).unwrap();
-                let wd = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
-                let on = QMatMul::from_qtensor(qtensor_copy(&q, &dev).unwrap()).unwrap();
-                for m in [1, 3, 8, 9, 40] {
-                    let x: Vec<f32> = (0..m * k).map(|i| ((i as f32) * 0.37).sin() * (1.0 + (i % 5) as f32)).collect();
-                    let xt = Tensor::from_vec(x.clone(), (m, k), &dev).unwrap();
-                    let got = on.forward(&xt).unwrap().to_vec2::<f32>().unwrap();
-                    for r in 0..m {
-                        let xr = &x[r * k..(r + 1) * k];
-                        for j in 0..n {
-                            let (mut exact, mut bound) = (0f64, 0f64);
-                            for (b, xs) in xr.chunks(32).enumerate() {
-                                let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
-                                let ws = &wd[j][b * 32..b * 32 + xs.len()];
-                                exact += xs.iter().zip(ws).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>();
-                                let wabs = ws.iter().map(|c| c.abs() as f64).sum::<f64>();
-                                bound += amax / 254.0 * wabs + 1e-5 * amax * wabs;
-                            }
-                            let diff = (got[r][j] as f64 - exact).abs();
-                            assert!(diff <= bound, "{dtype:?} k {k}, {m} rows: row {r} column {j} is {} where the product is {exact} (bound {bound})", got[r][j]);
-                        }
-                    }
-                }
+                let q = QTensor::quantize(&candle_core::Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap(), dtype).unwrap();
+                let x = |i: usize| ((i as f32) * 0.37).sin() * (1.0 + (i % 5) as f32);
+                assert_product_within_bound(&q, &dev, &[1, 2, 3, 8, 9, 40, 70], x, &format!("{dtype:?} k {k}"));
             }
+        }
+    }
+
+    /// The same for a real model's matrices (every shape SmolLM2's layers and its tied
+    /// output use), with activations that carry a few large channels as a transformer's do.
+    #[test]
+    fn a_model_s_quantised_products_on_the_device_stay_within_their_rounding() {
+        let Some(path) = crate::pretrained::weights::test_support::smollm_path() else { return };
+        let mut source = crate::pretrained::decoder_source::DecoderSource::open(&path).unwrap();
+        let dev = device(&test_device()).unwrap();
+        let x = |i: usize| 0.4 + ((i as f32) * 0.37).sin() * if i % 97 == 5 { 60.0 } else { 1.0 + (i % 5) as f32 };
+        for name in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"].map(|t| format!("blk.0.{t}.weight")).into_iter().chain(["token_embd.weight".to_string()]) {
+            let q = source.qtensor(&name).unwrap();
+            assert_product_within_bound(&q, &dev, &[1, 2, 5, 8, 9, 17, 40, 70], x, &format!("{name} ({:?})", q.dtype()));
         }
     }
 }

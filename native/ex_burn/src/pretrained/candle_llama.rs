@@ -378,13 +378,12 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     let extras = (0..cfg.block_count).map(|l| HeadExtras::read(&mut g, &cfg, l)).collect::<ExResult<Vec<_>>>()?;
     let tied = !g.contains("output.weight");
     let mut qtensor = |name: &str| -> ExResult<QTensor> { g.qtensor(name) };
-    let qmat = |t: QTensor| -> ExResult<QMatMul> { QMatMul::from_qtensor(t).map_err(engine_err) };
     // the largest tensor first, while little else is resident: candle's reader holds a tensor
     // twice on the way in (its raw bytes, then the blocks), and that peak would otherwise come on
     // top of every layer already loaded
     let token_embd = Arc::new(qtensor("token_embd.weight")?);
     // a projection's matrix: the file's blocks, on the model's device
-    let mut projection = |name: &str| -> ExResult<QMatMul> { qmat(candle_device::qtensor_on(qtensor(name)?, &dev).map_err(engine_err)?) };
+    let mut projection = |name: &str| -> ExResult<QMatMul> { candle_device::quantised_matmul(Arc::new(qtensor(name)?), &dev).map_err(engine_err) };
     if token_embd.shape().dims() != [cfg.vocab_size, h] {
         return Err(ExError::invalid(format!("token_embd.weight in {} is {:?}, not [{}, {h}]", path.display(), token_embd.shape().dims(), cfg.vocab_size)));
     }
@@ -430,8 +429,7 @@ pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
     // tied: the output projection multiplies the embedding's own blocks (on the CPU the same
     // memory; on a GPU a copy, the lookup's rows staying in host memory)
     let output = match tied {
-        true if dev.is_cpu() => QMatMul::from_arc(Arc::clone(&token_embd)).map_err(engine_err)?,
-        true => qmat(candle_device::qtensor_copy(&token_embd, &dev).map_err(engine_err)?)?,
+        true => candle_device::quantised_matmul(Arc::clone(&token_embd), &dev).map_err(engine_err)?,
         false => projection("output.weight")?,
     };
     let embed = match QFormat::from_ggml(token_embd.dtype()).filter(|f| h % f.block_values() == 0) {
