@@ -48,6 +48,7 @@ defmodule ExBurn.Pretrained.EncodersTest do
   test "an unsupported model_type is a typed error before the weights are read" do
     dir = Path.join(System.tmp_dir!(), "exburn_unknown_#{System.unique_integer([:positive])}")
     File.mkdir_p!(dir)
+    on_exit(fn -> File.rm_rf!(dir) end)
     src = Path.join(@data, "tiny-mpnet-mean")
 
     File.write!(

@@ -200,7 +200,7 @@ fn nomic_hub_config(config: &serde_json::Value) -> serde_json::Value {
 }
 
 /// A copy of the tiny NomicBERT directory with `config` as its config.json.
-fn nomic_with_config(tag: &str, config: &serde_json::Value) -> PathBuf {
+fn nomic_with_config(tag: &str, config: &serde_json::Value) -> super::weights::test_support::TempDir {
     let dir = super::gguf::tests::temp_dir(tag);
     for e in std::fs::read_dir(data_dir().join("tiny-nomic-bert-mean")).unwrap() {
         let p = e.unwrap().path();

@@ -443,11 +443,9 @@ pub(crate) mod tests {
         std::fs::write(path, out).unwrap();
     }
 
-    pub fn temp_dir(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("exburn-{tag}-{}-{:?}", std::process::id(), std::thread::current().id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A directory of its own under the system's temporary directory, removed when dropped.
+    pub fn temp_dir(tag: &str) -> crate::pretrained::weights::test_support::TempDir {
+        crate::pretrained::weights::test_support::TempDir::new(tag)
     }
 
     #[test]

@@ -61,7 +61,7 @@ fn bert_safetensors(path: &Path) {
     candle_core::safetensors::save(&tensors.into_iter().collect(), path).unwrap();
 }
 
-fn bert_dir(tag: &str) -> std::path::PathBuf {
+fn bert_dir(tag: &str) -> super::weights::test_support::TempDir {
     let dir = temp_dir(tag);
     std::fs::write(dir.join("config.json"), BERT_CONFIG).unwrap();
     std::fs::write(dir.join("tokenizer.json"), TOKENIZER).unwrap();
