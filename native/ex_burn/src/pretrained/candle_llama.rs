@@ -18,6 +18,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use super::llama_config::LlamaConfig;
 use super::decoder_family::{HeadExtras, RopeStyle};
 use super::candle_device;
+use super::candle_kv::{self, KvBuf};
 use super::errors;
 use super::gguf::{self, Header};
 use super::qmatmul::{dequantise_row, QFormat};
@@ -106,8 +107,10 @@ struct CandleLlama {
 
 struct CandleSession {
     w: Arc<Weights>,
-    /// Per block: K and V as `[1, kv_heads, positions, head_dim]`.
-    cache: Vec<Option<(Tensor, Tensor)>>,
+    /// Per block: K and V.
+    cache: Vec<Option<KvBuf>>,
+    /// Positions a cache buffer is made with (`LmSession::reserve`).
+    room: usize,
     /// A step failed part-way, leaving the blocks' caches inconsistent.
     failed: bool,
 }
@@ -126,7 +129,7 @@ impl CausalLm for CandleLlama {
     }
 
     fn session(&self) -> ExResult<Box<dyn LmSession>> {
-        Ok(Box::new(CandleSession { w: Arc::clone(&self.w), cache: vec![None; self.w.blocks.len()], failed: false }))
+        Ok(Box::new(CandleSession { w: Arc::clone(&self.w), cache: (0..self.w.blocks.len()).map(|_| None).collect(), room: 0, failed: false }))
     }
 
     /// The chunks of this model's sessions run through the layers in one pass, every projection
@@ -155,31 +158,37 @@ impl Weights {
         }
     }
 
-    /// Several sequences at once, `(tokens, pos, cache)`, each extending its cache: their rows
-    /// go through every projection together, and attention runs for each sequence over its own
-    /// cache. The logits of each one's last token.
-    fn forward_many(&self, seqs: &mut [(&[u32], usize, &mut [Option<(Tensor, Tensor)>])]) -> candle_core::Result<Vec<Vec<f32>>> {
+    /// Several sequences at once, each extending its cache: their rows go through every
+    /// projection together. Attention runs once for the sequences that decode one token (two or
+    /// more of them), their caches stacked to the longest, and for each other sequence over its
+    /// own cache. The logits of each one's last token.
+    fn forward_many(&self, seqs: &mut [Seq]) -> candle_core::Result<Vec<Vec<f32>>> {
         let cfg = &self.cfg;
         let (dh, nh, nkv) = (cfg.head_dim(), cfg.head_count, cfg.head_count_kv);
         let eps = cfg.rms_eps as f32;
-        let tokens: Vec<u32> = seqs.iter().flat_map(|(t, _, _)| t.iter().copied()).collect();
-        let starts: Vec<usize> = seqs.iter().scan(0, |acc, (t, _, _)| Some(std::mem::replace(acc, *acc + t.len()))).collect();
+        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let starts: Vec<usize> = seqs.iter().scan(0, |acc, s| Some(std::mem::replace(acc, *acc + s.tokens.len()))).collect();
+        let decoding: Vec<usize> = (0..seqs.len()).filter(|&i| seqs[i].tokens.len() == 1).collect();
+        let group = match decoding.len() >= 2 {
+            true => Some(DecodeGroup::new(self, seqs, &starts, decoding)?),
+            false => None,
+        };
         let mut views = Vec::with_capacity(seqs.len());
-        for (toks, pos, _) in seqs.iter() {
-            let (s, pos) = (toks.len(), *pos);
+        for s in seqs.iter() {
+            let (n, pos) = (s.tokens.len(), s.pos);
             // causal mask over the cache plus this chunk: query i sees keys up to pos + i, and
             // in a window's layers none before pos + i - window + 1 (none needed where nothing
             // is hidden)
-            let total = pos + s;
+            let total = pos + n;
             let mask = |window: Option<usize>| -> candle_core::Result<Option<Tensor>> {
                 let hidden = |i: usize, j: usize| j > pos + i || window.is_some_and(|w| pos + i - j >= w);
-                if !(0..s).any(|i| (0..total).any(|j| hidden(i, j))) {
+                if !(0..n).any(|i| (0..total).any(|j| hidden(i, j))) {
                     return Ok(None);
                 }
-                let m: Vec<f32> = (0..s).flat_map(|i| (0..total).map(move |j| if hidden(i, j) { f32::NEG_INFINITY } else { 0.0 })).collect();
-                Tensor::from_vec(m, (1, 1, s, total), &self.dev).map(Some)
+                let m: Vec<f32> = (0..n).flat_map(|i| (0..total).map(move |j| if hidden(i, j) { f32::NEG_INFINITY } else { 0.0 })).collect();
+                Tensor::from_vec(m, (1, 1, n, total), &self.dev).map(Some)
             };
-            let tables = |(cos, sin): (&Tensor, &Tensor)| -> candle_core::Result<(Tensor, Tensor)> { Ok((cos.narrow(0, pos, s)?, sin.narrow(0, pos, s)?)) };
+            let tables = |(cos, sin): (&Tensor, &Tensor)| -> candle_core::Result<(Tensor, Tensor)> { Ok((cos.narrow(0, pos, n)?, sin.narrow(0, pos, n)?)) };
             let swa = self.swa.as_ref().map(|(c, sn)| tables((c, sn))).transpose()?;
             views.push((tables((&self.cos, &self.sin))?, swa, mask(None)?, cfg.window.map(|w| mask(Some(w))).transpose()?.flatten()));
         }
@@ -193,49 +202,84 @@ impl Weights {
                 RopeStyle::Halves => candle_nn::rotary_emb::rope(&t, cos, sin),
             }
         };
+        // softmax(q·kᵀ) v over `k`, `v` of kv_heads, with the mask
+        let attend = |q: &Tensor, k: Tensor, v: Tensor, mask: Option<&Tensor>| -> candle_core::Result<Tensor> {
+            let rep = nh / nkv;
+            let (k, v) = (candle_transformers::utils::repeat_kv(k, rep)?, candle_transformers::utils::repeat_kv(v, rep)?);
+            let scores = (q.matmul(&k.t()?)? * cfg.attn_scale)?;
+            let scores = match cfg.attn_softcap {
+                Some(cap) => ((scores / cap)?.tanh()? * cap)?,
+                None => scores,
+            };
+            let scores = match mask {
+                Some(m) => scores.broadcast_add(m)?,
+                None => scores,
+            };
+            candle_nn::ops::softmax_last_dim(&scores)?.matmul(&v)
+        };
         let mut x = self.embed(&tokens)?;
         if cfg.family.gemma {
             x = (x * (cfg.embedding_length as f64).sqrt())?;
         }
         for (l, b) in self.blocks.iter().enumerate() {
             let window = cfg.window_of(l).is_some();
+            let swa_rope = cfg.swa_rope(l);
             let normed = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
             let [mut q, mut k, mut v]: [Tensor; 3] = b.qkv.forward(&normed)?.try_into().expect("three projections");
             if let Some([bq, bk, bv]) = &b.bias {
                 (q, k, v) = (q.broadcast_add(bq)?, k.broadcast_add(bk)?, v.broadcast_add(bv)?);
             }
-            let mut ctxs = Vec::with_capacity(seqs.len());
-            for (((toks, _, cache), &at), (global, swa, full_mask, window_mask)) in seqs.iter_mut().zip(&starts).zip(&views) {
-                let s = toks.len();
+            let mut ctxs: Vec<Option<Tensor>> = (0..seqs.len()).map(|_| None).collect();
+            let mut group_ctx = None;
+            if let Some(g) = &group {
+                let n = g.members.len();
+                let heads = |t: &Tensor, h: usize| t.index_select(&g.rows, 1)?.reshape((n, 1, h, dh))?.transpose(1, 2)?.contiguous();
+                let (cos, sin) = g.tables(swa_rope);
+                let qg = rope(heads(&q, nh)?, &b.q_norm, cos, sin)?;
+                let kg = rope(heads(&k, nkv)?, &b.k_norm, cos, sin)?;
+                let vg = heads(&v, nkv)?;
+                let mut ks = Vec::with_capacity(n);
+                let mut vs = Vec::with_capacity(n);
+                for (j, &i) in g.members.iter().enumerate() {
+                    let slot = &mut seqs[i].cache[l];
+                    KvBuf::append(slot, &kg.narrow(0, j, 1)?, &vg.narrow(0, j, 1)?, seqs[i].room)?;
+                    KvBuf::make_room(slot, &kg, g.positions, 0)?;
+                    let (kc, vc) = slot.as_ref().expect("appended above").first(g.positions)?;
+                    ks.push(kc);
+                    vs.push(vc);
+                }
+                let ctx = attend(&qg, Tensor::cat(&ks, 0)?, Tensor::cat(&vs, 0)?, g.mask(window))?;
+                let ctx = ctx.transpose(1, 2)?.reshape((1, n, nh * dh))?;
+                for (j, &i) in g.members.iter().enumerate() {
+                    ctxs[i] = Some(ctx.narrow(1, j, 1)?);
+                }
+                group_ctx = Some(ctx);
+            }
+            for (i, (s, (global, swa, full_mask, window_mask))) in seqs.iter_mut().zip(&views).enumerate() {
+                if ctxs[i].is_some() {
+                    continue;
+                }
+                let (at, n) = (starts[i], s.tokens.len());
                 let (cos, sin) = match swa {
-                    Some((c, sn)) if cfg.swa_rope(l) => (c, sn),
+                    Some((c, sn)) if swa_rope => (c, sn),
                     _ => (&global.0, &global.1),
                 };
                 let mask = if window { window_mask } else { full_mask };
-                let heads = |t: &Tensor, n: usize| t.narrow(1, at, s)?.reshape((1, s, n, dh))?.transpose(1, 2)?.contiguous();
+                let heads = |t: &Tensor, h: usize| t.narrow(1, at, n)?.reshape((1, n, h, dh))?.transpose(1, 2)?.contiguous();
                 let qi = rope(heads(&q, nh)?, &b.q_norm, cos, sin)?;
                 let ki = rope(heads(&k, nkv)?, &b.k_norm, cos, sin)?;
                 let vi = heads(&v, nkv)?;
-                let slot = &mut cache[l];
-                let (ki, vi) = match slot.take() {
-                    None => (ki, vi),
-                    Some((ck, cv)) => (Tensor::cat(&[&ck, &ki], 2)?, Tensor::cat(&[&cv, &vi], 2)?),
-                };
-                *slot = Some((ki.clone(), vi.clone()));
-                let rep = nh / nkv;
-                let (ki, vi) = (candle_transformers::utils::repeat_kv(ki, rep)?, candle_transformers::utils::repeat_kv(vi, rep)?);
-                let scores = (qi.matmul(&ki.t()?)? * cfg.attn_scale)?;
-                let scores = match cfg.attn_softcap {
-                    Some(cap) => ((scores / cap)?.tanh()? * cap)?,
-                    None => scores,
-                };
-                let scores = match mask {
-                    Some(m) => scores.broadcast_add(m)?,
-                    None => scores,
-                };
-                let ctx = candle_nn::ops::softmax_last_dim(&scores)?.matmul(&vi)?;
-                ctxs.push(ctx.transpose(1, 2)?.reshape((1, s, nh * dh))?);
+                let slot = &mut s.cache[l];
+                KvBuf::append(slot, &ki, &vi, s.room)?;
+                let (kc, vc) = slot.as_ref().expect("appended above").cached()?;
+                let ctx = attend(&qi, kc, vc, mask.as_ref())?;
+                ctxs[i] = Some(ctx.transpose(1, 2)?.reshape((1, n, nh * dh))?);
             }
+            let ctx = match group_ctx {
+                // every sequence decodes: the group's rows are the step's, in order
+                Some(ctx) if group.as_ref().is_some_and(|g| g.members.len() == seqs.len()) => ctx,
+                _ => Tensor::cat(&ctxs.into_iter().map(|c| c.expect("every sequence attended")).collect::<Vec<_>>(), 1)?,
+            };
             // Gemma normalises each output before it joins the residual
             let post = |y: Tensor, i: usize| -> candle_core::Result<Tensor> {
                 match &b.post_norms {
@@ -243,14 +287,14 @@ impl Weights {
                     None => Ok(y),
                 }
             };
-            x = (x + post(b.out.forward(&Tensor::cat(&ctxs, 1)?)?, 0)?)?;
+            x = (x + post(b.out.forward(&ctx)?, 0)?)?;
             let normed = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
             let [gate, up]: [Tensor; 2] = b.gate_up.forward(&normed)?.try_into().expect("two projections");
             // candle's `gelu` is the tanh form
             let act = if cfg.family.gemma { gate.gelu()? } else { candle_nn::ops::silu(&gate)? };
             x = (x + post(b.down.forward(&(act * up)?)?, 1)?)?;
         }
-        let last = seqs.iter().zip(&starts).map(|((t, _, _), &at)| x.narrow(1, at + t.len() - 1, 1)).collect::<candle_core::Result<Vec<_>>>()?;
+        let last = seqs.iter().zip(&starts).map(|(s, &at)| x.narrow(1, at + s.tokens.len() - 1, 1)).collect::<candle_core::Result<Vec<_>>>()?;
         let last = Tensor::cat(&last, 1)?;
         let logits = self.output.forward(&candle_nn::ops::rms_norm(&last, &self.out_norm, eps)?)?;
         let logits = match cfg.final_softcap {
@@ -262,11 +306,74 @@ impl Weights {
     }
 }
 
+/// A sequence of a step: its chunk at `pos`, its cache, and the positions to make its cache with.
+struct Seq<'a> {
+    tokens: &'a [u32],
+    pos: usize,
+    room: usize,
+    cache: &'a mut [Option<KvBuf>],
+}
+
+/// The sequences of a step that decode one token each, attended together: their rows among the
+/// step's, their rotary rows, and masks over their caches stacked to the longest.
+struct DecodeGroup {
+    members: Vec<usize>,
+    /// `members`' rows among the step's (u32, on the device)
+    rows: Tensor,
+    /// positions of the stacked caches: the longest cache after this token
+    positions: usize,
+    /// `[members, 1, rope_dim / 2]` cos and sin at each member's position, and the sliding
+    /// layers' where they differ
+    global: (Tensor, Tensor),
+    swa: Option<(Tensor, Tensor)>,
+    full_mask: Option<Tensor>,
+    window_mask: Option<Tensor>,
+}
+
+impl DecodeGroup {
+    fn new(w: &Weights, seqs: &[Seq], starts: &[usize], members: Vec<usize>) -> candle_core::Result<DecodeGroup> {
+        let dev = &w.dev;
+        let n = members.len();
+        let rows = Tensor::new(members.iter().map(|&i| starts[i] as u32).collect::<Vec<_>>(), dev)?;
+        let at = Tensor::new(members.iter().map(|&i| seqs[i].pos as u32).collect::<Vec<_>>(), dev)?;
+        let lens: Vec<usize> = members.iter().map(|&i| seqs[i].pos + 1).collect();
+        let positions = lens.iter().copied().max().unwrap_or(1);
+        let half = w.cos.dim(1)?;
+        let pick = |(c, s): (&Tensor, &Tensor)| -> candle_core::Result<(Tensor, Tensor)> {
+            Ok((c.index_select(&at, 0)?.reshape((n, 1, half))?, s.index_select(&at, 0)?.reshape((n, 1, half))?))
+        };
+        Ok(DecodeGroup {
+            rows,
+            positions,
+            global: pick((&w.cos, &w.sin))?,
+            swa: w.swa.as_ref().map(|(c, s)| pick((c, s))).transpose()?,
+            full_mask: candle_kv::stacked_mask(&lens, positions, None, dev)?,
+            window_mask: w.cfg.window.map(|win| candle_kv::stacked_mask(&lens, positions, Some(win), dev)).transpose()?.flatten(),
+            members,
+        })
+    }
+
+    fn tables(&self, swa_rope: bool) -> (&Tensor, &Tensor) {
+        match &self.swa {
+            Some((c, s)) if swa_rope => (c, s),
+            _ => (&self.global.0, &self.global.1),
+        }
+    }
+
+    fn mask(&self, window: bool) -> Option<&Tensor> {
+        if window { self.window_mask.as_ref() } else { self.full_mask.as_ref() }
+    }
+}
+
 impl LmSession for CandleSession {
     fn forward(&mut self, tokens: &[u32], pos: usize) -> ExResult<Vec<f32>> {
         self.check(tokens, pos)?;
         let w = Arc::clone(&self.w);
         Self::forward_many(&w, &mut [(self, tokens, pos)]).remove(0)
+    }
+
+    fn reserve(&mut self, tokens: usize) {
+        self.room = tokens;
     }
 }
 
@@ -302,7 +409,7 @@ impl CandleSession {
                 s.cache.iter_mut().for_each(|c| *c = None);
             }
         }
-        let mut seqs: Vec<(&[u32], usize, &mut [Option<(Tensor, Tensor)>])> = sessions.iter_mut().map(|(s, t, p)| (*t, *p, &mut s.cache[..])).collect();
+        let mut seqs: Vec<Seq> = sessions.iter_mut().map(|(s, t, p)| Seq { tokens: t, pos: *p, room: s.room, cache: &mut s.cache[..] }).collect();
         let result = w.forward_many(&mut seqs);
         drop(seqs);
         match result {

@@ -11,6 +11,7 @@ pub mod burn_bert;
 pub mod burn_llama;
 pub mod candle_bert;
 pub mod candle_device;
+pub mod candle_kv;
 pub mod candle_mpnet;
 pub mod candle_nomic;
 pub mod candle_llama;
@@ -223,7 +224,7 @@ pub trait LmSession: Send + std::any::Any {
     }
     /// Sets aside cache room for `tokens` tokens in all, so the cache never grows past what a
     /// memory budget reserved for it (a growing buffer would double): Burn's host buffers and
-    /// its tensor path's pool pages. Candle, whose caches grow by concatenation, ignores it.
+    /// its tensor path's pool pages, Candle's cache buffers.
     fn reserve(&mut self, _tokens: usize) {}
 }
 
