@@ -178,15 +178,16 @@ impl Weights {
             let (n, pos) = (s.tokens.len(), s.pos);
             // causal mask over the cache plus this chunk: query i sees keys up to pos + i, and
             // in a window's layers none before pos + i - window + 1 (none needed where nothing
-            // is hidden)
+            // is hidden); its rows once for each query head of a K/V head (`attend`)
             let total = pos + n;
             let mask = |window: Option<usize>| -> candle_core::Result<Option<Tensor>> {
                 let hidden = |i: usize, j: usize| j > pos + i || window.is_some_and(|w| pos + i - j >= w);
                 if !(0..n).any(|i| (0..total).any(|j| hidden(i, j))) {
                     return Ok(None);
                 }
-                let m: Vec<f32> = (0..n).flat_map(|i| (0..total).map(move |j| if hidden(i, j) { f32::NEG_INFINITY } else { 0.0 })).collect();
-                Tensor::from_vec(m, (1, 1, n, total), &self.dev).map(Some)
+                let rows = (0..nh / nkv).flat_map(|_| 0..n);
+                let m: Vec<f32> = rows.flat_map(|i| (0..total).map(move |j| if hidden(i, j) { f32::NEG_INFINITY } else { 0.0 })).collect();
+                Tensor::from_vec(m, (1, 1, nh / nkv * n, total), &self.dev).map(Some)
             };
             let tables = |(cos, sin): (&Tensor, &Tensor)| -> candle_core::Result<(Tensor, Tensor)> { Ok((cos.narrow(0, pos, n)?, sin.narrow(0, pos, n)?)) };
             let swa = self.swa.as_ref().map(|(c, sn)| tables((c, sn))).transpose()?;
@@ -202,10 +203,12 @@ impl Weights {
                 RopeStyle::Halves => candle_nn::rotary_emb::rope(&t, cos, sin),
             }
         };
-        // softmax(q·kᵀ) v over `k`, `v` of kv_heads, with the mask
+        // softmax(q·kᵀ) v for `q` `[b, heads, s, head_dim]` over `k`, `v` `[b, kv_heads, t,
+        // head_dim]`: the query heads that share a K/V head (adjacent) become rows of one
+        // product with it, so K and V are never repeated; the mask's rows follow that order
         let attend = |q: &Tensor, k: Tensor, v: Tensor, mask: Option<&Tensor>| -> candle_core::Result<Tensor> {
-            let rep = nh / nkv;
-            let (k, v) = (candle_transformers::utils::repeat_kv(k, rep)?, candle_transformers::utils::repeat_kv(v, rep)?);
+            let (b, _, s, _) = q.dims4()?;
+            let q = q.reshape((b, nkv, nh / nkv * s, dh))?;
             let scores = (q.matmul(&k.t()?)? * cfg.attn_scale)?;
             let scores = match cfg.attn_softcap {
                 Some(cap) => ((scores / cap)?.tanh()? * cap)?,
@@ -215,7 +218,7 @@ impl Weights {
                 Some(m) => scores.broadcast_add(m)?,
                 None => scores,
             };
-            candle_nn::ops::softmax_last_dim(&scores)?.matmul(&v)
+            candle_nn::ops::softmax_last_dim(&scores)?.matmul(&v)?.reshape((b, nh, s, dh))
         };
         let mut x = self.embed(&tokens)?;
         if cfg.family.gemma {
