@@ -241,17 +241,9 @@ impl Weights {
                 let qg = rope(heads(&q, nh)?, &b.q_norm, cos, sin)?;
                 let kg = rope(heads(&k, nkv)?, &b.k_norm, cos, sin)?;
                 let vg = heads(&v, nkv)?;
-                let mut ks = Vec::with_capacity(n);
-                let mut vs = Vec::with_capacity(n);
-                for (j, &i) in g.members.iter().enumerate() {
-                    let slot = &mut seqs[i].cache[l];
-                    KvBuf::append(slot, &kg.narrow(0, j, 1)?, &vg.narrow(0, j, 1)?, seqs[i].room)?;
-                    KvBuf::make_room(slot, &kg, g.positions, 0)?;
-                    let (kc, vc) = slot.as_ref().expect("appended above").first(g.positions)?;
-                    ks.push(kc);
-                    vs.push(vc);
-                }
-                let ctx = attend(&qg, Tensor::cat(&ks, 0)?, Tensor::cat(&vs, 0)?, g.mask(window))?;
+                let mut slots: Vec<&mut Option<KvBuf>> = seqs.iter_mut().zip(&g.member).filter(|(_, &m)| m).map(|(s, _)| &mut s.cache[l]).collect();
+                let (ks, vs) = candle_kv::append_stacked(&mut slots, &kg, &vg, &g.at, &g.write_at, &g.rooms)?;
+                let ctx = attend(&qg, ks, vs, g.mask(window))?;
                 let ctx = ctx.transpose(1, 2)?.reshape((1, n, nh * dh))?;
                 for (j, &i) in g.members.iter().enumerate() {
                     ctxs[i] = Some(ctx.narrow(1, j, 1)?);
@@ -321,10 +313,15 @@ struct Seq<'a> {
 /// step's, their rotary rows, and masks over their caches stacked to the longest.
 struct DecodeGroup {
     members: Vec<usize>,
+    /// for each sequence of the step, whether it is a member
+    member: Vec<bool>,
+    /// members' cache lengths before this step, as `candle_kv::append_stacked` writes at them,
+    /// and the positions their sessions reserved
+    at: Vec<usize>,
+    write_at: Tensor,
+    rooms: Vec<usize>,
     /// `members`' rows among the step's (u32, on the device)
     rows: Tensor,
-    /// positions of the stacked caches: the longest cache after this token
-    positions: usize,
     /// `[members, 1, rope_dim / 2]` cos and sin at each member's position, and the sliding
     /// layers' where they differ
     global: (Tensor, Tensor),
@@ -338,16 +335,20 @@ impl DecodeGroup {
         let dev = &w.dev;
         let n = members.len();
         let rows = Tensor::new(members.iter().map(|&i| starts[i] as u32).collect::<Vec<_>>(), dev)?;
-        let at = Tensor::new(members.iter().map(|&i| seqs[i].pos as u32).collect::<Vec<_>>(), dev)?;
-        let lens: Vec<usize> = members.iter().map(|&i| seqs[i].pos + 1).collect();
+        let rotary_at = Tensor::new(members.iter().map(|&i| seqs[i].pos as u32).collect::<Vec<_>>(), dev)?;
+        let at: Vec<usize> = members.iter().map(|&i| seqs[i].pos).collect();
+        let lens: Vec<usize> = at.iter().map(|p| p + 1).collect();
         let positions = lens.iter().copied().max().unwrap_or(1);
         let half = w.cos.dim(1)?;
         let pick = |(c, s): (&Tensor, &Tensor)| -> candle_core::Result<(Tensor, Tensor)> {
-            Ok((c.index_select(&at, 0)?.reshape((n, 1, half))?, s.index_select(&at, 0)?.reshape((n, 1, half))?))
+            Ok((c.index_select(&rotary_at, 0)?.reshape((n, 1, half))?, s.index_select(&rotary_at, 0)?.reshape((n, 1, half))?))
         };
         Ok(DecodeGroup {
+            member: (0..seqs.len()).map(|i| members.contains(&i)).collect(),
+            write_at: candle_kv::write_indices(&at, w.cfg.head_count_kv, w.cfg.head_dim(), dev)?,
+            rooms: members.iter().map(|&i| seqs[i].room).collect(),
+            at,
             rows,
-            positions,
             global: pick((&w.cos, &w.sin))?,
             swa: w.swa.as_ref().map(|(c, s)| pick((c, s))).transpose()?,
             full_mask: candle_kv::stacked_mask(&lens, positions, None, dev)?,
