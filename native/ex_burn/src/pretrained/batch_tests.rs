@@ -222,6 +222,8 @@ fn pretrained_batched_decode_timing() {
     let run = |n: usize| {
         let prompts: Vec<Vec<u32>> = (0..n).map(|i| model.tokenizer.encode(PROMPTS[i % PROMPTS.len()], true).unwrap()).collect();
         let mut sessions: Vec<_> = (0..n).map(|_| model.lm.session().unwrap()).collect();
+        // cache room for the prompt and the answer, as a generation reserves it
+        sessions.iter_mut().zip(&prompts).for_each(|(s, p)| s.reserve(p.len() + steps + 1));
         let mut next: Vec<(Vec<u32>, usize)> = prompts.iter().map(|p| (p.clone(), 0)).collect();
         // the host's share of a step: the argmax over each sequence's logits, where it takes it
         let mut host = std::time::Duration::ZERO;

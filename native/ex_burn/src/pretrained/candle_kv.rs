@@ -86,9 +86,9 @@ impl KvBuf {
 /// stacked over the first `positions`: the longest cache after the row. Where the caches are the
 /// rows `0..n` of one stack with room, the rows go in with one write (`write_at`: `at` as `[n,
 /// kv_heads, 1, head_dim]` indices). Otherwise they move into a new stack first, when it (up to
-/// the longest cache, plus headroom) stays within twice what they reserved (`rooms`, each at
-/// least its length) plus the headroom; past that each cache appends on its own and they are
-/// copied together.
+/// the longest cache, plus headroom) stays within what they reserved (`rooms`, each at least its
+/// length) plus the headroom; past that each cache appends on its own and they are copied
+/// together.
 pub fn append_stacked(slots: &mut [&mut Option<KvBuf>], k: &Tensor, v: &Tensor, at: &[usize], write_at: &Tensor, rooms: &[usize]) -> Result<(Tensor, Tensor)> {
     let n = slots.len();
     let positions = at.iter().max().map_or(1, |m| m + 1);
@@ -97,7 +97,7 @@ pub fn append_stacked(slots: &mut [&mut Option<KvBuf>], k: &Tensor, v: &Tensor, 
         None => {
             let capacity = positions + STACK_HEADROOM;
             let reserved: usize = rooms.iter().zip(at).map(|(&r, &len)| r.max(len + 1)).sum();
-            if n * capacity > 2 * reserved + n * STACK_HEADROOM {
+            if n * capacity > reserved + n * STACK_HEADROOM {
                 return append_each(slots, k, v, positions, rooms);
             }
             new_stack(slots, k, capacity)?
@@ -251,8 +251,8 @@ mod tests {
         assert_eq!(values(&slots[1].as_ref().unwrap().cached().unwrap().0), values(&alone[1].as_ref().unwrap().cached().unwrap().0));
     }
 
-    /// A stack padded past twice what the sequences reserved is not made: each cache appends on
-    /// its own.
+    /// A stack padded past what the sequences reserved is not made: each cache appends on its
+    /// own.
     #[test]
     fn a_stack_that_would_pad_too_much_is_not_made() {
         let mut slots: Vec<Option<KvBuf>> = (0..4).map(|_| None).collect();
