@@ -390,6 +390,11 @@ impl CandleSession {
         if tokens.is_empty() {
             return Err(ExError::invalid("forward needs at least one token"));
         }
+        // position 0 starts the session over; any other continues its cache
+        let cached = self.cache.first().and_then(|c| c.as_ref()).map_or(0, KvBuf::len);
+        if pos != 0 && pos != cached {
+            return Err(ExError::invalid(format!("tokens must be fed in order: the cache holds {cached} tokens, got position {pos}")));
+        }
         let context = self.w.cfg.context_length;
         if pos + tokens.len() > context {
             return Err(errors::engine("candle", format!("position {} is beyond the model's {context} positions", pos + tokens.len())));

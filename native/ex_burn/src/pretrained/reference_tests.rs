@@ -173,6 +173,10 @@ fn smollm_candle_sessions_are_independent_and_first_logits_match() {
     let _ = a.forward(&[42], p0.len()).unwrap();
     let mut b = model.lm.session().unwrap();
     assert_eq!(b.forward(&p1, 0).unwrap(), first);
+    // a position other than the cache's length is refused, and leaves the session usable
+    let e = b.forward(&[42], p1.len() + 3).unwrap_err().to_string();
+    assert!(e.contains("fed in order"), "{e}");
+    b.forward(&[42], p1.len()).unwrap();
     // Feeding a prompt in two chunks gives the logits of feeding it whole.
     let mut c = model.lm.session().unwrap();
     let _ = c.forward(&p1[..2], 0).unwrap();
