@@ -241,7 +241,7 @@ impl Weights {
                 let qg = rope(heads(&q, nh)?, &b.q_norm, cos, sin)?;
                 let kg = rope(heads(&k, nkv)?, &b.k_norm, cos, sin)?;
                 let vg = heads(&v, nkv)?;
-                let mut slots: Vec<&mut Option<KvBuf>> = seqs.iter_mut().zip(&g.member).filter(|(_, &m)| m).map(|(s, _)| &mut s.cache[l]).collect();
+                let mut slots: Vec<&mut Option<KvBuf>> = seqs.iter_mut().enumerate().filter(|(i, _)| g.members.binary_search(i).is_ok()).map(|(_, s)| &mut s.cache[l]).collect();
                 let (ks, vs) = candle_kv::append_stacked(&mut slots, &kg, &vg, &g.at, &g.write_at, &g.rooms)?;
                 let ctx = attend(&qg, ks, vs, g.mask(window))?;
                 let ctx = ctx.transpose(1, 2)?.reshape((1, n, nh * dh))?;
@@ -312,9 +312,8 @@ struct Seq<'a> {
 /// The sequences of a step that decode one token each, attended together: their rows among the
 /// step's, their rotary rows, and masks over their caches stacked to the longest.
 struct DecodeGroup {
+    /// indices among the step's sequences, ascending
     members: Vec<usize>,
-    /// for each sequence of the step, whether it is a member
-    member: Vec<bool>,
     /// members' cache lengths before this step, as `candle_kv::append_stacked` writes at them,
     /// and the positions their sessions reserved
     at: Vec<usize>,
@@ -344,7 +343,6 @@ impl DecodeGroup {
             Ok((c.index_select(&rotary_at, 0)?.reshape((n, 1, half))?, s.index_select(&rotary_at, 0)?.reshape((n, 1, half))?))
         };
         Ok(DecodeGroup {
-            member: (0..seqs.len()).map(|i| members.contains(&i)).collect(),
             write_at: candle_kv::write_indices(&at, w.cfg.head_count_kv, w.cfg.head_dim(), dev)?,
             rooms: members.iter().map(|&i| seqs[i].room).collect(),
             at,
