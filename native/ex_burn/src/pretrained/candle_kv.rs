@@ -130,6 +130,12 @@ fn new_stack(slots: &mut [&mut Option<KvBuf>], like: &Tensor, capacity: usize) -
     for (i, slot) in slots.iter_mut().enumerate() {
         let (k, v) = (stack.k.narrow(0, i, 1)?, stack.v.narrow(0, i, 1)?);
         let len = match slot.take() {
+            // a buffer that fits goes in whole (zeros past its length), one copy
+            Some(old) if old.k.dim(2)? <= capacity => {
+                k.slice_set(&old.k, 2, 0)?;
+                v.slice_set(&old.v, 2, 0)?;
+                old.len
+            }
             Some(old) => {
                 let (ok, ov) = old.cached()?;
                 k.slice_set(&ok.contiguous()?, 2, 0)?;
@@ -162,12 +168,18 @@ pub fn write_indices(at: &[usize], heads: usize, head_dim: usize, dev: &candle_c
     Tensor::from_vec(idx, (at.len(), heads, 1, head_dim), dev)
 }
 
+/// Whether the query at position `query` does not see the key at `key`: a later one, or in a
+/// window's layers one `window` or more positions back.
+pub fn hidden(query: usize, key: usize, window: Option<usize>) -> bool {
+    key > query || window.is_some_and(|w| query - key >= w)
+}
+
 /// The additive mask of sequences stacked to `positions`, one query each: `[n, 1, 1, positions]`,
 /// 0 where sequence `i` (its cache `lens[i]` long, the query its last position) sees a key and
 /// -inf where not: past its end, and in a window's layers `window` or more positions back.
 /// None where nothing is hidden.
 pub fn stacked_mask(lens: &[usize], positions: usize, window: Option<usize>, dev: &candle_core::Device) -> Result<Option<Tensor>> {
-    let hidden = |len: usize, j: usize| j >= len || window.is_some_and(|w| len - 1 - j >= w);
+    let hidden = |len: usize, j: usize| hidden(len - 1, j, window);
     if !lens.iter().any(|&len| (0..positions).any(|j| hidden(len, j))) {
         return Ok(None);
     }

@@ -181,7 +181,7 @@ impl Weights {
             // is hidden); its rows once for each query head of a K/V head (`attend`)
             let total = pos + n;
             let mask = |window: Option<usize>| -> candle_core::Result<Option<Tensor>> {
-                let hidden = |i: usize, j: usize| j > pos + i || window.is_some_and(|w| pos + i - j >= w);
+                let hidden = |i: usize, j: usize| candle_kv::hidden(pos + i, j, window);
                 if !(0..n).any(|i| (0..total).any(|j| hidden(i, j))) {
                     return Ok(None);
                 }
