@@ -192,9 +192,14 @@ mod tests {
     use super::*;
     use candle_core::Device;
 
+    /// The Candle tests' device: the caches' writes are device kernels (a scatter on a GPU).
+    fn dev() -> Device {
+        super::super::candle_device::device(&super::super::candle_device::test_device()).unwrap()
+    }
+
     fn rows(heads: usize, s: usize, from: f32) -> Tensor {
         let v: Vec<f32> = (0..heads * s * 2).map(|i| from + i as f32).collect();
-        Tensor::from_vec(v, (1, heads, s, 2), &Device::Cpu).unwrap()
+        Tensor::from_vec(v, (1, heads, s, 2), &dev()).unwrap()
     }
 
     #[test]
@@ -243,7 +248,7 @@ mod tests {
         for step in 0..3 {
             let at: Vec<usize> = slots.iter().map(|s| s.as_ref().unwrap().len()).collect();
             let new = rows(heads, 2, 1000.0 * (step + 1) as f32).reshape((2, heads, 1, dim)).unwrap();
-            let write_at = write_indices(&at, heads, dim, &Device::Cpu).unwrap();
+            let write_at = write_indices(&at, heads, dim, &dev()).unwrap();
             let mut refs: Vec<&mut Option<KvBuf>> = slots.iter_mut().collect();
             let (k, _) = append_stacked(&mut refs, &new, &new, &at, &write_at, &[100, 100]).unwrap();
             let longest = at.iter().max().unwrap() + 1;
@@ -272,7 +277,7 @@ mod tests {
         KvBuf::append(&mut slots[0], &long, &long, 0).unwrap();
         let new = rows(1, 4, 9.0).reshape((4, 1, 1, 2)).unwrap();
         let at = [200, 0, 0, 0];
-        let write_at = write_indices(&at, 1, 2, &Device::Cpu).unwrap();
+        let write_at = write_indices(&at, 1, 2, &dev()).unwrap();
         let mut refs: Vec<&mut Option<KvBuf>> = slots.iter_mut().collect();
         let (k, _) = append_stacked(&mut refs, &new, &new, &at, &write_at, &[201, 1, 1, 1]).unwrap();
         assert_eq!(k.dims(), [4, 1, 201, 2]);
@@ -282,12 +287,12 @@ mod tests {
 
     #[test]
     fn the_stacked_mask_hides_what_each_sequence_does_not_see() {
-        let m = stacked_mask(&[2, 4], 4, None, &Device::Cpu).unwrap().unwrap();
+        let m = stacked_mask(&[2, 4], 4, None, &dev()).unwrap().unwrap();
         assert_eq!(m.dims(), [2, 1, 1, 4]);
         let ninf = f32::NEG_INFINITY;
         assert_eq!(m.flatten_all().unwrap().to_vec1::<f32>().unwrap(), [0.0, 0.0, ninf, ninf, 0.0, 0.0, 0.0, 0.0]);
-        let w = stacked_mask(&[4, 3], 4, Some(2), &Device::Cpu).unwrap().unwrap();
+        let w = stacked_mask(&[4, 3], 4, Some(2), &dev()).unwrap().unwrap();
         assert_eq!(w.flatten_all().unwrap().to_vec1::<f32>().unwrap(), [ninf, ninf, 0.0, 0.0, ninf, 0.0, 0.0, ninf]);
-        assert!(stacked_mask(&[3, 3], 3, None, &Device::Cpu).unwrap().is_none());
+        assert!(stacked_mask(&[3, 3], 3, None, &dev()).unwrap().is_none());
     }
 }
