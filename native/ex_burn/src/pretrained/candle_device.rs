@@ -90,6 +90,12 @@ pub fn test_device() -> DeviceRef {
     })
 }
 
+/// Candle's own device for `test_device`.
+#[cfg(test)]
+pub fn test_candle_device() -> Device {
+    device(&test_device()).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,7 +119,7 @@ mod tests {
 
     #[test]
     fn a_copied_qtensor_keeps_its_blocks() {
-        let dev = device(&test_device()).unwrap();
+        let dev = test_candle_device();
         let values: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) / 7.0).collect();
         let t = candle_core::Tensor::from_vec(values, (2, 32), &Device::Cpu).unwrap();
         let q = QTensor::quantize(&t, candle_core::quantized::GgmlDType::Q4_1).unwrap();
@@ -172,7 +178,7 @@ mod tests {
     #[test]
     fn a_quantised_product_on_the_device_stays_within_its_rounding() {
         use candle_core::quantized::GgmlDType;
-        let dev = device(&test_device()).unwrap();
+        let dev = test_candle_device();
         let n = 96;
         for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1, GgmlDType::Q8_0] {
             // 544: rows that end half-way through the vector kernel's 64 columns
@@ -191,7 +197,7 @@ mod tests {
     fn a_model_s_quantised_products_on_the_device_stay_within_their_rounding() {
         let Some(path) = crate::pretrained::weights::test_support::smollm_path() else { return };
         let mut source = crate::pretrained::decoder_source::DecoderSource::open(&path).unwrap();
-        let dev = device(&test_device()).unwrap();
+        let dev = test_candle_device();
         let x = |i: usize| 0.4 + ((i as f32) * 0.37).sin() * if i % 97 == 5 { 60.0 } else { 1.0 + (i % 5) as f32 };
         for name in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"].map(|t| format!("blk.0.{t}.weight")).into_iter().chain(["token_embd.weight".to_string()]) {
             let q = source.qtensor(&name).unwrap();

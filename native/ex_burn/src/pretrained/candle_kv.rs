@@ -194,7 +194,7 @@ mod tests {
 
     /// The Candle tests' device: the caches' writes are device kernels (a scatter on a GPU).
     fn dev() -> Device {
-        super::super::candle_device::device(&super::super::candle_device::test_device()).unwrap()
+        super::super::candle_device::test_candle_device()
     }
 
     fn rows(heads: usize, s: usize, from: f32) -> Tensor {
