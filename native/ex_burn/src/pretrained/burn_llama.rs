@@ -815,7 +815,7 @@ impl BurnLlamaSession {
             return Err(ExError::invalid("forward needs at least one token"));
         }
         if pos != self.len {
-            return Err(ExError::invalid(format!("tokens must be fed in order: the cache holds {} tokens, got position {pos}", self.len)));
+            return Err(super::errors::out_of_order(self.len, pos));
         }
         if pos + tokens.len() > cfg.context_length {
             return Err(ExError::invalid(format!(

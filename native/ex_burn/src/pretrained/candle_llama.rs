@@ -391,7 +391,7 @@ impl CandleSession {
         // position 0 starts the session over; any other continues its cache
         let cached = self.cache.first().and_then(|c| c.as_ref()).map_or(0, KvBuf::len);
         if pos != 0 && pos != cached {
-            return Err(ExError::invalid(format!("tokens must be fed in order: the cache holds {cached} tokens, got position {pos}")));
+            return Err(errors::out_of_order(cached, pos));
         }
         let context = self.w.cfg.context_length;
         if pos + tokens.len() > context {

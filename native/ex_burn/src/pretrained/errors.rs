@@ -91,3 +91,9 @@ pub fn kind_of(e: &ExError) -> Option<&'static str> {
 pub fn unsupported(engine: &'static str, what: impl std::fmt::Display) -> ExError {
     err(kind::UNSUPPORTED_FEATURE, format!("{engine}: {what}"), vec![("engine", Detail::Atom(engine))])
 }
+
+/// A session's tokens given at `pos` where its cache holds `cached`: sessions take their tokens
+/// in order, each step continuing where the cache ends.
+pub fn out_of_order(cached: usize, pos: usize) -> ExError {
+    ExError::invalid(format!("tokens must be fed in order: the cache holds {cached} tokens, got position {pos}"))
+}
