@@ -7,7 +7,7 @@
 //! attention's small ops took a quarter of MiniLM's time on a batch of 32 texts, for arithmetic
 //! that is a few percent of the dense layers'.
 
-use super::llama_host::dot;
+use super::llama_host::{dot, weighted_sum};
 use crate::kernels::cpu::vector::{par_tasks, SharedMut};
 
 /// The packed rows' texts and the extras some families add to the scores or the rows.
@@ -77,11 +77,8 @@ pub fn attend(qkv: &[f32], width: usize, l: &Layout) -> Vec<f32> {
                 total += *s;
             }
             ctx.iter_mut().for_each(|c| *c = 0.0);
-            for (j, &p) in scores.iter().enumerate() {
-                for (c, v) in ctx.iter_mut().zip(part(2, j)) {
-                    *c += p * v;
-                }
-            }
+            let values = &qkv[start * 3 * width + 2 * width + head * dh..];
+            weighted_sum(&mut ctx, &scores, values, 3 * width);
             let at = (start + i) * width + head * dh;
             for (d, c) in ctx.iter().enumerate() {
                 // SAFETY: task (text, head) alone writes its rows' `head` columns of `out`, which

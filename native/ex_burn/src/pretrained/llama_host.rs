@@ -117,6 +117,30 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
+/// `out[j] += Σᵢ w[i] · rows[i · stride + j]` for the first `w.len()` rows, each element summed
+/// over the rows in order: attention's weighted values. Sixteen columns at a time stay in
+/// registers across every row, where a row at a time would load and store all of `out` for each.
+pub(super) fn weighted_sum(out: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
+    let n = out.len();
+    let mut chunks = out.chunks_exact_mut(16);
+    for (c, acc_out) in (&mut chunks).enumerate() {
+        let mut acc: [f32; 16] = acc_out.try_into().unwrap();
+        for (i, wi) in w.iter().enumerate() {
+            let v: &[f32; 16] = rows[i * stride + 16 * c..][..16].try_into().unwrap();
+            for j in 0..16 {
+                acc[j] += wi * v[j];
+            }
+        }
+        acc_out.copy_from_slice(&acc);
+    }
+    let (tail, start) = (chunks.into_remainder(), n - n % 16);
+    for (i, wi) in w.iter().enumerate() {
+        for (o, v) in tail.iter_mut().zip(&rows[i * stride + start..][..n - start]) {
+            *o += wi * v;
+        }
+    }
+}
+
 /// Rotation of one head's first `2 · cos.len()` values by a table row (`rope_tables`), pairs
 /// taken in the family's style: the rotation both Llama paths apply on the host.
 pub(super) fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
@@ -137,6 +161,39 @@ pub(super) struct HostSeq<'a> {
     pub pos: usize,
     pub len: usize,
     pub kv: &'a mut HostKv,
+}
+
+/// Causal attention of the rows' queries `q` (`[rows, heads, head_dim]`, rotated) over their
+/// sequences' caches: the row of `at[t] = (sequence, position p)` sees that sequence's positions
+/// p − window < j ≤ p, and query heads share K/V heads in groups. Rows are independent: they run
+/// in parallel, each the same sums as alone. Returns `[rows, heads, head_dim]`.
+pub(super) fn attend(cfg: &Shape, q: &[f32], at: &[(usize, usize)], kvs: &[&HostKv], window: Option<usize>) -> Vec<f32> {
+    let (dh, nh) = (cfg.head_dim, cfg.heads);
+    let (group, scale) = (nh / cfg.kv_heads, cfg.attn_scale);
+    let mut ctx = vec![0f32; at.len() * nh * dh];
+    let work = at.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * dh;
+    par_chunks_for(&mut ctx, nh * dh, work, |t, ctx_t| {
+        let (i, p) = at[t];
+        let (kv, first) = (kvs[i], window.map_or(0, |w| (p + 1).saturating_sub(w)));
+        let seen = p + 1 - first;
+        let (mut scores, mut weights) = (Vec::with_capacity(seen), vec![0f32; seen]);
+        for head in 0..nh {
+            let (keys, values) = (&kv.k[head / group][first * dh..], &kv.v[head / group][first * dh..]);
+            let qh = &q[(t * nh + head) * dh..(t * nh + head + 1) * dh];
+            scores.clear();
+            scores.extend(keys.chunks_exact(dh).take(seen).map(|k| dot(qh, k) * scale));
+            if let Some(cap) = cfg.attn_softcap {
+                softcap(&mut scores, cap);
+            }
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+            scores.iter_mut().for_each(|v| *v -= max);
+            exp_slice(&scores, &mut weights);
+            let total = weights.iter().fold(0f32, |t, v| t + v);
+            weights.iter_mut().for_each(|p| *p /= total);
+            weighted_sum(&mut ctx_t[head * dh..(head + 1) * dh], &weights, values, dh);
+        }
+    });
+    ctx
 }
 
 /// One layer on rows `x` (`[rows, hidden]`, in place): the rows of `seqs` one after another. The
@@ -181,39 +238,8 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], window
             kv.v[head].extend_from_slice(&row[(nh + nkv + head) * dh..(nh + nkv + head + 1) * dh]);
         }
     }
-    // causal attention: a row at position p sees its sequence's positions 0..=p; query heads
-    // share K/V heads in groups. Rows are independent: they run in parallel, each the same sums
-    // as alone.
-    let (group, scale) = (nh / nkv, cfg.attn_scale);
-    let mut ctx = vec![0f32; s * nh * dh];
     let kvs: Vec<&HostKv> = seqs.iter().map(|q| &*q.kv).collect();
-    let work = at.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * dh;
-    par_chunks_for(&mut ctx, nh * dh, work, |t, ctx_t| {
-        let (i, p) = at[t];
-        let (kv, first) = (kvs[i], window.map_or(0, |w| (p + 1).saturating_sub(w)));
-        let seen = p + 1 - first;
-        let (mut scores, mut weights) = (Vec::with_capacity(seen), vec![0f32; seen]);
-        for head in 0..nh {
-            let (keys, values) = (&kv.k[head / group][first * dh..], &kv.v[head / group][first * dh..]);
-            let qh = &q[(t * nh + head) * dh..(t * nh + head + 1) * dh];
-            scores.clear();
-            scores.extend(keys.chunks_exact(dh).take(seen).map(|k| dot(qh, k) * scale));
-            if let Some(cap) = cfg.attn_softcap {
-                softcap(&mut scores, cap);
-            }
-            let max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
-            scores.iter_mut().for_each(|v| *v -= max);
-            exp_slice(&scores, &mut weights);
-            let total = weights.iter().fold(0f32, |t, v| t + v);
-            let out = &mut ctx_t[head * dh..(head + 1) * dh];
-            for (p, vrow) in weights.iter().zip(values.chunks_exact(dh)) {
-                let w = p / total;
-                for (o, v) in out.iter_mut().zip(vrow) {
-                    *o += w * v;
-                }
-            }
-        }
-    });
+    let ctx = attend(cfg, &q, &at, &kvs, window);
     // Gemma normalises each output before it joins the residual
     let post = |y: Vec<f32>, w: Option<&Vec<f32>>| match w {
         Some(w) => rms_norm(&y, w, cfg.rms_eps),
@@ -242,5 +268,145 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], window
     });
     for (x, d) in x.iter_mut().zip(post(b.down.matmul(&act, s), post_norms.map(|p| &p.1))) {
         *x += d;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SmolLM2's attention sizes (9 query heads over 3 K/V heads of 64 values).
+    fn smol_shape() -> Shape {
+        Shape {
+            hidden: 576,
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            ffn: 1536,
+            rope_dim: 64,
+            rope: RopeStyle::Halves,
+            rms_eps: 1e-5,
+            gemma: false,
+            attn_scale: 0.125,
+            attn_softcap: None,
+        }
+    }
+
+    /// Caches of the given lengths and one query row per sequence at its last position.
+    fn filled(cfg: &Shape, lens: &[usize], seed: &mut u32) -> (Vec<HostKv>, Vec<f32>, Vec<(usize, usize)>) {
+        let mut rand = || {
+            *seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+            (*seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+        };
+        let dh = cfg.head_dim;
+        let kvs = lens
+            .iter()
+            .map(|&n| {
+                let mut side = || (0..cfg.kv_heads).map(|_| (0..n * dh).map(|_| rand()).collect()).collect();
+                HostKv { k: side(), v: side() }
+            })
+            .collect();
+        let q = (0..lens.len() * cfg.heads * dh).map(|_| rand()).collect();
+        (kvs, q, lens.iter().enumerate().map(|(i, &n)| (i, n - 1)).collect())
+    }
+
+    /// Attention as a row at a time of values, the plain reading of the sums `attend` makes.
+    fn attend_plainly(cfg: &Shape, q: &[f32], at: &[(usize, usize)], kvs: &[&HostKv], window: Option<usize>) -> Vec<f32> {
+        let (dh, nh) = (cfg.head_dim, cfg.heads);
+        let mut ctx = vec![0f32; at.len() * nh * dh];
+        for (t, &(i, p)) in at.iter().enumerate() {
+            let first = window.map_or(0, |w| (p + 1).saturating_sub(w));
+            for head in 0..nh {
+                let g = head / (nh / cfg.kv_heads);
+                let qh = &q[(t * nh + head) * dh..][..dh];
+                let mut scores: Vec<f32> = (first..=p).map(|j| dot(qh, &kvs[i].k[g][j * dh..][..dh]) * cfg.attn_scale).collect();
+                if let Some(cap) = cfg.attn_softcap {
+                    softcap(&mut scores, cap);
+                }
+                let max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+                scores.iter_mut().for_each(|v| *v -= max);
+                let mut weights = vec![0f32; scores.len()];
+                exp_slice(&scores, &mut weights);
+                let total = weights.iter().fold(0f32, |t, v| t + v);
+                for (j, w) in (first..=p).zip(&weights) {
+                    let w = w / total;
+                    for (o, v) in ctx[(t * nh + head) * dh..][..dh].iter_mut().zip(&kvs[i].v[g][j * dh..][..dh]) {
+                        *o += w * v;
+                    }
+                }
+            }
+        }
+        ctx
+    }
+
+    /// `attend` gives the plain sums' bits, with and without a window and a soft cap.
+    #[test]
+    fn attend_sums_as_the_plain_reading() {
+        let mut seed = 3;
+        for (window, softcap) in [(None, None), (Some(5), None), (None, Some(30.0))] {
+            let cfg = Shape { attn_softcap: softcap, ..smol_shape() };
+            let (kvs, q, at) = filled(&cfg, &[1, 7, 40], &mut seed);
+            let kvs: Vec<&HostKv> = kvs.iter().collect();
+            let got = attend(&cfg, &q, &at, &kvs, window);
+            let want = attend_plainly(&cfg, &q, &at, &kvs, window);
+            assert_eq!(got.len(), 3 * 9 * 64);
+            assert!(got.iter().all(|v| v.is_finite()) && got.iter().any(|v| *v != 0.0));
+            assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "window {window:?}, soft cap {softcap:?}");
+        }
+    }
+
+    /// One decoding step's attention for eight sequences at serving-length prompts, against the
+    /// plain reading in the same run (`--ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn host_attention_timing() {
+        let cfg = smol_shape();
+        let lens: Vec<usize> = (0..8).map(|i| 100 + 40 * i).collect();
+        let (kvs, q, at) = filled(&cfg, &lens, &mut 11);
+        let kvs: Vec<&HostKv> = kvs.iter().collect();
+        let time = |f: &dyn Fn() -> Vec<f32>| {
+            let mut best = f64::INFINITY;
+            for _ in 0..5 {
+                let t = std::time::Instant::now();
+                for _ in 0..30 {
+                    std::hint::black_box(f());
+                }
+                best = best.min(t.elapsed().as_secs_f64() / 30.0);
+            }
+            best * 1e6
+        };
+        // a row a call, so both run on one thread
+        let row = |t: usize| &q[t * cfg.heads * cfg.head_dim..][..cfg.heads * cfg.head_dim];
+        let plain = time(&|| (0..8).flat_map(|t| attend_plainly(&cfg, row(t), &at[t..t + 1], &kvs, None)).collect());
+        let ours = time(&|| (0..8).flat_map(|t| attend(&cfg, row(t), &at[t..t + 1], &kvs, None)).collect());
+        println!("host attention, one thread, 8 rows at positions {lens:?}, one layer: {ours:.0} us, the plain reading {plain:.0} us ({:.2}x)", plain / ours);
+    }
+
+    /// The weighted values equal a row-at-a-time sum bit for bit, for widths with and without a
+    /// tail past the sixteen-column chunks, rows packed or strided, and into a non-zero `out`.
+    #[test]
+    fn weighted_sum_adds_rows_in_order() {
+        let mut seed = 7u32;
+        let mut rand = || {
+            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for (n, stride, rows) in [(64, 64, 37), (72, 72, 5), (8, 20, 9), (64, 3 * 64 + 5, 11), (16, 16, 0)] {
+            let values: Vec<f32> = (0..rows * stride).map(|_| rand()).collect();
+            let w: Vec<f32> = (0..rows).map(|_| rand()).collect();
+            let start: Vec<f32> = (0..n).map(|_| rand()).collect();
+            let mut want = start.clone();
+            for (i, wi) in w.iter().enumerate() {
+                for (j, o) in want.iter_mut().enumerate() {
+                    *o += wi * values[i * stride + j];
+                }
+            }
+            let mut got = start.clone();
+            weighted_sum(&mut got, &w, &values, stride);
+            assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "n {n}, stride {stride}, rows {rows}");
+            if rows > 0 {
+                assert_ne!(got, start, "n {n}: the rows were added");
+            }
+        }
     }
 }
