@@ -199,7 +199,9 @@ fn pretrained_greedy_chunks_get_the_logits_maximum() {
 }
 
 /// Aggregate decode speed by batch size (run with `--ignored --nocapture`; `BATCH_ENGINE=candle`
-/// for Candle, `BATCH_WEIGHTS=f32` for Burn with f32 weights); the serving benchmark (`bench/llm_serving.exs`) is where CPU figures come from.
+/// for Candle, `BATCH_WEIGHTS=f32` for Burn with f32 weights, `BATCH_PROMPT_REPEAT=k` for each
+/// prompt's text k times, so that attention reads serving-length caches); the serving benchmark
+/// (`bench/llm_serving.exs`) is where CPU figures come from.
 /// Sessions are driven directly with their argmax, past any end-of-sequence token, so every step
 /// decodes all `n` sequences; the argmax is the engine's (`forward_batch_next`), or the host's
 /// over the logits read back with `BATCH_ARGMAX=host`.
@@ -218,9 +220,10 @@ fn pretrained_batched_decode_timing() {
     }
     let sizes: Vec<usize> = std::env::var("BATCH_SIZES").map(|s| s.split(',').map(|n| n.parse().unwrap()).collect()).unwrap_or(vec![1, 2, 4, 8, 16, 32]);
     let steps = 64;
+    let repeat = std::env::var("BATCH_PROMPT_REPEAT").map_or(1, |k| k.parse().unwrap());
     // the prompt step, then `steps` decoding steps; the seconds of the decoding steps
     let run = |n: usize| {
-        let prompts: Vec<Vec<u32>> = (0..n).map(|i| model.tokenizer.encode(PROMPTS[i % PROMPTS.len()], true).unwrap()).collect();
+        let prompts: Vec<Vec<u32>> = (0..n).map(|i| model.tokenizer.encode(&[PROMPTS[i % PROMPTS.len()]; 1].repeat(repeat).join(" "), true).unwrap()).collect();
         let mut sessions: Vec<_> = (0..n).map(|_| model.lm.session().unwrap()).collect();
         // cache room for the prompt and the answer, as a generation reserves it
         sessions.iter_mut().zip(&prompts).for_each(|(s, p)| s.reserve(p.len() + steps + 1));
