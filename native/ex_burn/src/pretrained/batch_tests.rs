@@ -223,7 +223,7 @@ fn pretrained_batched_decode_timing() {
     let repeat = std::env::var("BATCH_PROMPT_REPEAT").map_or(1, |k| k.parse().unwrap());
     // the prompt step, then `steps` decoding steps; the seconds of the decoding steps
     let run = |n: usize| {
-        let prompts: Vec<Vec<u32>> = (0..n).map(|i| model.tokenizer.encode(&[PROMPTS[i % PROMPTS.len()]; 1].repeat(repeat).join(" "), true).unwrap()).collect();
+        let prompts: Vec<Vec<u32>> = (0..n).map(|i| model.tokenizer.encode(&vec![PROMPTS[i % PROMPTS.len()]; repeat].join(" "), true).unwrap()).collect();
         let mut sessions: Vec<_> = (0..n).map(|_| model.lm.session().unwrap()).collect();
         // cache room for the prompt and the answer, as a generation reserves it
         sessions.iter_mut().zip(&prompts).for_each(|(s, p)| s.reserve(p.len() + steps + 1));
