@@ -41,8 +41,10 @@ pub fn attend(qkv: &[f32], width: usize, l: &Layout) -> Vec<f32> {
         if n == 0 {
             return;
         }
+        // where row `row`'s Q (0), K (1) or V (2) of this head starts in `qkv`
+        let offset = |which: usize, row: usize| (start + row) * 3 * width + which * width + head * dh;
         // this head's Q (scaled) and K, rotated where the family rotates them
-        let part = |which: usize, row: usize| &qkv[(start + row) * 3 * width + which * width + head * dh..][..dh];
+        let part = |which: usize, row: usize| &qkv[offset(which, row)..][..dh];
         let rotated = |which: usize| -> Vec<f32> {
             let mut v = Vec::with_capacity(n * dh);
             for r in 0..n {
@@ -77,8 +79,7 @@ pub fn attend(qkv: &[f32], width: usize, l: &Layout) -> Vec<f32> {
                 total += *s;
             }
             ctx.iter_mut().for_each(|c| *c = 0.0);
-            let values = &qkv[start * 3 * width + 2 * width + head * dh..];
-            weighted_sum(&mut ctx, &scores, values, 3 * width);
+            weighted_sum(&mut ctx, &scores, &qkv[offset(2, 0)..], 3 * width);
             let at = (start + i) * width + head * dh;
             for (d, c) in ctx.iter().enumerate() {
                 // SAFETY: task (text, head) alone writes its rows' `head` columns of `out`, which
