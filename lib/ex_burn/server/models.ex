@@ -201,6 +201,13 @@ defmodule ExBurn.Server.Model do
     end
   end
 
+  # A reranker scores in each request's process (ExBurn.Server.Inference.rerank/3); its process
+  # only holds the model's place among the loaded ones.
+  defp serve(%ExBurn.Rerank{}, _config), do: Agent.start_link(fn -> nil end)
+
+  defp serve(%ExBurn.LLM{} = model, config),
+    do: ExBurn.LLM.Scheduler.start_link(model, scheduler_opts(config))
+
   # the server's `:warmup` warms an embedder at batch sizes 1 and `:batch_size` (the schedulers
   # take it as their own option)
   defp warm_up(model, config) do
@@ -214,13 +221,6 @@ defmodule ExBurn.Server.Model do
            do: :ok
     end
   end
-
-  # A reranker scores in each request's process (ExBurn.Server.Inference.rerank/3); its process
-  # only holds the model's place among the loaded ones.
-  defp serve(%ExBurn.Rerank{}, _config), do: Agent.start_link(fn -> nil end)
-
-  defp serve(%ExBurn.LLM{} = model, config),
-    do: ExBurn.LLM.Scheduler.start_link(model, scheduler_opts(config))
 
   defp scheduler_opts(config), do: [max_queue: config.max_queue] ++ config.scheduler
 end
