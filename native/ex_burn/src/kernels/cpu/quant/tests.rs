@@ -173,12 +173,24 @@ fn activations_round_alike_on_every_path_and_in_parallel() {
         }
     }
     x[9 * BLOCK..10 * BLOCK].fill(0.0);
+    // the blocks the scalar path keeps: a NaN, infinities, scales that underflow; and the
+    // largest finite values
+    x[10 * BLOCK + 3] = f32::NAN;
+    x[11 * BLOCK + 31] = f32::INFINITY;
+    x[12 * BLOCK] = f32::NEG_INFINITY;
+    x[13 * BLOCK..14 * BLOCK].iter_mut().enumerate().for_each(|(j, v)| *v = f32::from_bits(j as u32) * if j % 2 == 0 { 1.0 } else { -1.0 });
+    x[14 * BLOCK..15 * BLOCK].iter_mut().enumerate().for_each(|(j, v)| *v = f32::MIN_POSITIVE * (j as f32 - 9.0));
+    x[15 * BLOCK..16 * BLOCK].iter_mut().enumerate().for_each(|(j, v)| *v = f32::MAX / (1.0 + j as f32) * if j % 3 == 0 { -1.0 } else { 1.0 });
+    x[16 * BLOCK..17 * BLOCK].fill(-0.0);
     for b in 0..64 {
         let xs = &x[b * BLOCK..(b + 1) * BLOCK];
         let (mut scalar, mut simd_q) = ([0i8; BLOCK], [0i8; BLOCK]);
         let want = super::q8::quantise_block(xs, &mut scalar, false);
         let got = super::q8::quantise_block(xs, &mut simd_q, simd() >= Simd::Avx2);
         assert_eq!((scalar, want.0.to_bits(), want.1.to_bits()), (simd_q, got.0.to_bits(), got.1.to_bits()), "block {b}");
+        if b == 15 {
+            assert!(want.0.is_finite() && scalar.iter().any(|q| q.abs() == 127), "block {b}: {want:?} {scalar:?}");
+        }
     }
     // many rows (the parallel split) give each block's own quants
     let many: Vec<f32> = (0..300 * 576).map(|i| ((i as f32) * 0.123).cos() * 5.0).collect();
