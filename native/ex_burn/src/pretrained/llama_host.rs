@@ -118,27 +118,38 @@ pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `out[j] += Σᵢ w[i] · rows[i · stride + j]` for the first `w.len()` rows, each element summed
-/// over the rows in order: attention's weighted values. Sixteen columns at a time stay in
-/// registers across every row, where a row at a time would load and store all of `out` for each.
+/// over the rows in order: attention's weighted values. Sixty-four columns at a time (a head of
+/// 64 values at once) stay in registers across every row: eight independent sums in flight, where
+/// one register's chain of additions would wait on each addition's latency, and a row at a time
+/// would load and store all of `out` for each.
 pub(super) fn weighted_sum(out: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
     let n = out.len();
-    let mut chunks = out.chunks_exact_mut(16);
-    for (c, acc_out) in (&mut chunks).enumerate() {
-        let mut acc: [f32; 16] = acc_out.try_into().unwrap();
-        for (i, wi) in w.iter().enumerate() {
-            let v: &[f32; 16] = rows[i * stride + 16 * c..][..16].try_into().unwrap();
-            for j in 0..16 {
-                acc[j] += wi * v[j];
-            }
-        }
-        acc_out.copy_from_slice(&acc);
+    let wide = n - n % 64;
+    for (c, acc) in out[..wide].chunks_exact_mut(64).enumerate() {
+        weighted_columns::<64>(acc, w, rows, stride, 64 * c);
     }
-    let (tail, start) = (chunks.into_remainder(), n - n % 16);
+    let narrow = wide + (n - wide) / 16 * 16;
+    for (c, acc) in out[wide..narrow].chunks_exact_mut(16).enumerate() {
+        weighted_columns::<16>(acc, w, rows, stride, wide + 16 * c);
+    }
     for (i, wi) in w.iter().enumerate() {
-        for (o, v) in tail.iter_mut().zip(&rows[i * stride + start..][..n - start]) {
+        for (o, v) in out[narrow..].iter_mut().zip(&rows[i * stride + narrow..][..n - narrow]) {
             *o += wi * v;
         }
     }
+}
+
+/// `weighted_sum` for the `W` columns of `out` from column `start`.
+#[inline(always)]
+fn weighted_columns<const W: usize>(out: &mut [f32], w: &[f32], rows: &[f32], stride: usize, start: usize) {
+    let mut acc: [f32; W] = out.try_into().unwrap();
+    for (i, wi) in w.iter().enumerate() {
+        let v: &[f32; W] = rows[i * stride + start..][..W].try_into().unwrap();
+        for j in 0..W {
+            acc[j] += wi * v[j];
+        }
+    }
+    out.copy_from_slice(&acc);
 }
 
 /// Rotation of one head's first `2 · cos.len()` values by a table row (`rope_tables`), pairs
@@ -391,7 +402,7 @@ mod tests {
             seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
             (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
         };
-        for (n, stride, rows) in [(64, 64, 37), (72, 72, 5), (8, 20, 9), (64, 3 * 64 + 5, 11), (16, 16, 0)] {
+        for (n, stride, rows) in [(64, 64, 37), (72, 72, 5), (8, 20, 9), (64, 3 * 64 + 5, 11), (16, 16, 0), (96, 96, 3), (149, 160, 6)] {
             let values: Vec<f32> = (0..rows * stride).map(|_| rand()).collect();
             let w: Vec<f32> = (0..rows).map(|_| rand()).collect();
             let start: Vec<f32> = (0..n).map(|_| rand()).collect();
