@@ -288,4 +288,27 @@ mod tests {
         assert!(y[n..2 * n].iter().all(|v| v.is_nan()));
         assert!(y[2 * n..].iter().all(|v| !v.is_finite()));
     }
+
+    /// all-MiniLM-L6-v2's four dense shapes at the benchmark's 527 token rows, two threads: best
+    /// and median of 20 calls each (`--ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn packed_linear_timing() {
+        println!("load: {}", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
+        let m = 527;
+        for (n, k) in [(1152, 384), (384, 384), (1536, 384), (384, 1536)] {
+            let Some(p) = PackedLinear::new(&values(n * k, 1), None, n, k) else { return };
+            let x = values(m * k, 2);
+            let mut t: Vec<f64> = (0..20)
+                .map(|_| {
+                    let t0 = std::time::Instant::now();
+                    std::hint::black_box(p.matmul(&x, m));
+                    t0.elapsed().as_secs_f64()
+                })
+                .collect();
+            t.sort_by(f64::total_cmp);
+            let flop = 2.0 * (m * n * k) as f64;
+            println!("{m}x{k} @ {k}x{n}: best {:.3} ms ({:.0} GFLOP/s), median {:.3} ms", t[0] * 1e3, flop / t[0] / 1e9, t[10] * 1e3);
+        }
+    }
 }
