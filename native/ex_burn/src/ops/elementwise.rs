@@ -412,7 +412,7 @@ fn bits(ty: NxType) -> i64 {
 fn count_leading_zeros(t: Prim, ty: NxType) -> Prim {
     use Dispatch as D;
     let w = bits(ty);
-    let int = |v: i64| if ty.is_unsigned() { Scalar::UInt(v as u64) } else { Scalar::Int(v) };
+    let int = |v: i64| ty.scalar(v);
     let is_zero = D::int_equal_elem(t.clone(), int(0), BOOL);
     let (mut x, mut n) = (t.clone(), D::int_mul_scalar(t, int(0)));
     let mut s = w / 2;
@@ -428,7 +428,7 @@ fn count_leading_zeros(t: Prim, ty: NxType) -> Prim {
 
 fn population_count(t: Prim, ty: NxType) -> Prim {
     use Dispatch as D;
-    let int = |v: i64| if ty.is_unsigned() { Scalar::UInt(v as u64) } else { Scalar::Int(v) };
+    let int = |v: i64| ty.scalar(v);
     let bit = |i: i64| D::bitwise_and_scalar(D::bitwise_right_shift_scalar(t.clone(), int(i)), int(1));
     (1..bits(ty)).fold(bit(0), |acc, i| D::int_add(acc, bit(i)))
 }
@@ -437,6 +437,9 @@ fn int_unary(op: UnaryOp, t: Prim, ty: NxType) -> ExResult<Prim> {
     Ok(match op {
         UnaryOp::Abs if ty.is_unsigned() => t,
         UnaryOp::Abs => Dispatch::int_abs(t),
+        // Burn's int_neg multiplies by the scalar -1, which the GPU backends cannot convert to an
+        // unsigned type; !x + 1 is Nx's result modulo 2^bits on every backend.
+        UnaryOp::Negate if ty.is_unsigned() => Dispatch::int_add_scalar(Dispatch::bitwise_not(t), Scalar::UInt(1)),
         UnaryOp::Negate => Dispatch::int_neg(t),
         UnaryOp::Sign if ty.is_unsigned() => dispatch::cast(dispatch::pred(dispatch::to_bool(t)), ty.dtype()),
         UnaryOp::Sign => Dispatch::int_sign(t),
@@ -1052,6 +1055,22 @@ mod tests {
         let u = as_type(&i64s(&[1, 128, 255, 16], &[4]), NxType::U(8)).unwrap();
         assert_eq!(ints(&unary(UnaryOp::CountLeadingZeros, &u, NxType::U(8)).unwrap()), vec![7, 0, 0, 3]);
         assert_eq!(ints(&unary(UnaryOp::PopulationCount, &u, NxType::U(8)).unwrap()), vec![1, 1, 8, 1]);
+    }
+
+    #[test]
+    fn unsigned_negate_wraps_around() {
+        for (ty, max) in [(NxType::U(8), 255i64), (NxType::U(16), 65_535), (NxType::U(32), 4_294_967_295)] {
+            let u = as_type(&i64s(&[0, 1, 2, max], &[4]), ty).unwrap();
+            let got = unary(UnaryOp::Negate, &u, ty).unwrap();
+            assert_eq!(got.ty, ty);
+            assert_eq!(ints(&got), vec![0, max, max - 1, 1], "{ty:?}");
+        }
+        let u = as_type(&i64s(&[0, 1, 7], &[3]), NxType::U(64)).unwrap();
+        let bytes = unary(UnaryOp::Negate, &u, NxType::U(64)).unwrap().to_bytes().unwrap();
+        let got: Vec<u64> = bytes.chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(got, vec![0, u64::MAX, u64::MAX - 6]);
+        let s = as_type(&i64s(&[0, 1, -7, 127], &[4]), NxType::S(8)).unwrap();
+        assert_eq!(ints(&unary(UnaryOp::Negate, &s, NxType::S(8)).unwrap()), vec![0, -1, 7, -127]);
     }
 
     #[test]
