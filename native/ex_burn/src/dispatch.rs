@@ -153,6 +153,12 @@ pub fn cat(ts: Vec<Prim>, dim: usize) -> Prim {
 }
 
 pub fn full(shape: &[usize], value: Scalar, dtype: DType, device: &Device) -> Prim {
+    match value {
+        // Flex reads an integer fill as an i64, the GPU backends as the element type: a u64 above
+        // i64::MAX is made as the complement of one that both read.
+        Scalar::UInt(v) if v > i64::MAX as u64 => return Dispatch::bitwise_not(full(shape, Scalar::UInt(!v), dtype, device)),
+        _ => {}
+    }
     let shape = Shape::from(burn_shape(shape));
     let d = device.as_dispatch();
     if dtype.is_float() {

@@ -3,7 +3,7 @@
 //! Nx's `pred` is `{:u, 8}` and lives in Burn as an `U8` int tensor, not a Burn bool tensor: Burn's
 //! bool storage differs per backend, while u8 is the same everywhere and is what Nx hands over.
 
-use burn::backend::DType;
+use burn::backend::{DType, Scalar};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NxType {
@@ -85,6 +85,32 @@ impl NxType {
 
     pub fn is_unsigned(self) -> bool {
         matches!(self, NxType::U(_))
+    }
+
+    /// The type's lowest and highest values as Burn scalars (-inf and inf for floats): the
+    /// identities of max and min reductions. Unsigned bounds are `Scalar::UInt`, which every
+    /// backend converts to an unsigned element (an `Int` of -1 fails on the GPU backends).
+    pub fn bounds(self) -> (Scalar, Scalar) {
+        match self {
+            t if t.is_float() => (Scalar::Float(f64::NEG_INFINITY), Scalar::Float(f64::INFINITY)),
+            NxType::U(b) => (Scalar::UInt(0), Scalar::UInt(if b == 64 { u64::MAX } else { (1u64 << b) - 1 })),
+            NxType::S(b) => (
+                Scalar::Int(if b == 64 { i64::MIN } else { -(1i64 << (b - 1)) }),
+                Scalar::Int(if b == 64 { i64::MAX } else { (1i64 << (b - 1)) - 1 }),
+            ),
+            _ => unreachable!("every Nx type is float, signed or unsigned"),
+        }
+    }
+
+    /// `v` as a Burn scalar of this type's kind (float, signed or unsigned; `v` ≥ 0 for unsigned).
+    pub fn scalar(self, v: i64) -> Scalar {
+        if self.is_float() {
+            Scalar::Float(v as f64)
+        } else if self.is_unsigned() {
+            Scalar::UInt(v as u64)
+        } else {
+            Scalar::Int(v)
+        }
     }
 
     pub fn bytes(self) -> usize {

@@ -24,16 +24,10 @@ fn out_shape(shape: &[usize], axes: &[usize], keep: bool) -> Vec<usize> {
 
 /// The value a reduction of nothing yields (Nx: sum 0, product 1, max -inf / type minimum, ...).
 fn identity(op: ReduceOp, ty: NxType) -> Scalar {
-    let (lo, hi) = match ty {
-        t if t.is_float() => (Scalar::Float(f64::NEG_INFINITY), Scalar::Float(f64::INFINITY)),
-        NxType::U(b) => (Scalar::UInt(0), Scalar::UInt(if b == 64 { u64::MAX } else { (1u64 << b) - 1 })),
-        NxType::S(b) => (Scalar::Int(if b == 64 { i64::MIN } else { -(1i64 << (b - 1)) }), Scalar::Int(if b == 64 { i64::MAX } else { (1i64 << (b - 1)) - 1 })),
-        _ => unreachable!(),
-    };
-    let int_or_float = |v: i64| if ty.is_float() { Scalar::Float(v as f64) } else if ty.is_unsigned() { Scalar::UInt(v as u64) } else { Scalar::Int(v) };
+    let (lo, hi) = ty.bounds();
     match op {
-        ReduceOp::Sum | ReduceOp::Any => int_or_float(0),
-        ReduceOp::Product | ReduceOp::All => int_or_float(1),
+        ReduceOp::Sum | ReduceOp::Any => ty.scalar(0),
+        ReduceOp::Product | ReduceOp::All => ty.scalar(1),
         ReduceOp::Mean => Scalar::Float(f64::NAN),
         ReduceOp::ReduceMax => lo,
         ReduceOp::ReduceMin => hi,
@@ -351,6 +345,10 @@ mod tests {
         let e = crate::tensor::Handle::from_bytes(vec![], vec![0, 2], NxType::F(32), crate::testing::device()).unwrap();
         assert_eq!(floats(&reduce(ReduceOp::Sum, &e, Some(vec![0]), false, NxType::F(32)).unwrap()), vec![0.0, 0.0]);
         assert_eq!(floats(&reduce(ReduceOp::Product, &e, None, false, NxType::F(32)).unwrap()), vec![1.0]);
+        // u64's largest value, which no integer fill is read as on every backend alike
+        let e = crate::tensor::Handle::from_bytes(vec![], vec![0, 2], NxType::U(64), crate::testing::device()).unwrap();
+        let min = reduce(ReduceOp::ReduceMin, &e, Some(vec![0]), false, NxType::U(64)).unwrap().to_bytes().unwrap();
+        assert_eq!(min.chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect::<Vec<_>>(), vec![u64::MAX; 2]);
     }
 
     #[test]

@@ -188,25 +188,13 @@ impl WindowSpec {
     }
 }
 
-fn bounds(ty: NxType) -> (Scalar, Scalar) {
-    match ty {
-        t if t.is_float() => (Scalar::Float(f64::NEG_INFINITY), Scalar::Float(f64::INFINITY)),
-        // Burn's int fill reads an i64 and casts it, so u64::MAX is written as its bit pattern -1.
-        NxType::U(64) => (Scalar::Int(0), Scalar::Int(-1)),
-        NxType::U(b) => (Scalar::Int(0), Scalar::Int((1i64 << b) - 1)),
-        NxType::S(b) => (Scalar::Int(if b == 64 { i64::MIN } else { -(1i64 << (b - 1)) }), Scalar::Int(if b == 64 { i64::MAX } else { (1i64 << (b - 1)) - 1 })),
-        _ => unreachable!("every Nx type is float, signed or unsigned"),
-    }
-}
-
 /// The reduction's identity, which is also what BinaryBackend pads with.
 fn identity(op: WindowOp, ty: NxType) -> Scalar {
-    let number = |v: i64| if ty.is_float() { Scalar::Float(v as f64) } else { Scalar::Int(v) };
     match op {
-        WindowOp::WindowSum => number(0),
-        WindowOp::WindowProduct => number(1),
-        WindowOp::WindowMax => bounds(ty).0,
-        WindowOp::WindowMin => bounds(ty).1,
+        WindowOp::WindowSum => ty.scalar(0),
+        WindowOp::WindowProduct => ty.scalar(1),
+        WindowOp::WindowMax => ty.bounds().0,
+        WindowOp::WindowMin => ty.bounds().1,
     }
 }
 
@@ -391,6 +379,7 @@ pub fn window_scatter(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::elementwise::as_type;
     use crate::testing::*;
 
     fn spec(dims: &[usize], strides: &[usize], padding: &[(i64, i64)], dilations: &[usize]) -> WindowSpec {
@@ -422,6 +411,20 @@ mod tests {
         let u = crate::ops::elementwise::as_type(&x, NxType::U(8)).unwrap();
         let mx = window_reduce(WindowOp::WindowMax, &u, &spec(&[2, 2], &[1, 1], &[(1, 0), (0, 0)], &[1, 1]), NxType::U(8)).unwrap();
         assert_eq!(ints(&mx), vec![5, 4, 8, 8]);
+    }
+
+    /// The padding of unsigned windows holds the type's bounds, u64's largest among them (a
+    /// fill that the CPU and GPU backends read differently).
+    #[test]
+    fn unsigned_windows_pad_with_the_type_bounds() {
+        let pad = spec(&[2], &[1], &[(1, 1)], &[1]);
+        let x = as_type(&i64s(&[5, 1], &[2]), NxType::U(64)).unwrap();
+        let m = window_reduce(WindowOp::WindowMin, &x, &pad, NxType::U(64)).unwrap();
+        assert_eq!(ints(&m), vec![5, 1, 1]);
+        let x = as_type(&i64s(&[5, 200], &[2]), NxType::U(8)).unwrap();
+        assert_eq!(ints(&window_reduce(WindowOp::WindowMax, &x, &pad, NxType::U(8)).unwrap()), vec![5, 200, 200]);
+        assert_eq!(ints(&window_reduce(WindowOp::WindowMin, &x, &pad, NxType::U(8)).unwrap()), vec![5, 5, 200]);
+        assert_eq!(ints(&window_reduce(WindowOp::WindowProduct, &x, &pad, NxType::U(8)).unwrap()), vec![5, 232, 200]);
     }
 
     #[test]
