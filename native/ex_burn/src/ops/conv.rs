@@ -1,8 +1,9 @@
 //! Nx.conv on Burn's conv1d/conv2d/conv3d, with Nx's whole option set.
 //!
-//! Burn's convolution takes stride, asymmetric padding, kernel dilation and feature groups. The
+//! Burn's convolution takes stride, symmetric padding, kernel dilation and feature groups. The
 //! rest of Nx's options are rewritten around it: permutations are transposes, input dilation
-//! interleaves zeros, negative padding crops, and batch groups move batch slices into the
+//! interleaves zeros, unequal padding is added and negative padding crops before the
+//! convolution, and batch groups move batch slices into the
 //! channel axis so that they become feature groups (XLA's definition: batch group `j` meets the
 //! `j`-th block of output features).
 
@@ -127,8 +128,9 @@ pub fn conv(x: &Handle, k: &Handle, spec: &ConvSpec, out: NxType) -> ExResult<Ha
     let mut interior = vec![0, 0];
     interior.extend(spec.input_dilation.iter().map(|d| d - 1));
     let (px, xs) = pad_interior_prim(px, &xs, &interior, &zero, &burn);
-    // Burn pads (lo, hi) itself; a negative side crops, which is done here, padding included.
-    let (px, xs, padding) = if spec.padding.iter().any(|&(lo, hi)| lo < 0 || hi < 0) {
+    // Burn pads equal sides itself. Unequal sides are padded here (Burn's GPU convolutions
+    // refuse them), and a negative side crops, padding included.
+    let (px, xs, padding) = if spec.padding.iter().any(|&(lo, hi)| lo < 0 || hi < 0 || lo != hi) {
         let mut pads = vec![(0, 0), (0, 0)];
         pads.extend(&spec.padding);
         let (p, s) = pad_constant(px, &xs, &pads, &zero, &burn)?;
@@ -247,6 +249,10 @@ mod tests {
         let k = f32s(&[1.0; 8], &[1, 1, 2, 2, 2]);
         let y = conv(&x, &k, &spec(3), NxType::F(16)).unwrap();
         assert_eq!((y.shape.clone(), y.ty, floats(&y)), (vec![1, 1, 1, 1, 1], NxType::F(16), vec![8.0]));
+        // unequal padding (Nx's :same for even kernels): a zero plane before axis 0, after axis 1
+        let s = ConvSpec { padding: vec![(1, 0), (0, 1), (0, 0)], ..spec(3) };
+        let y = conv(&x, &k, &s, NxType::F(32)).unwrap();
+        assert_eq!((y.shape.clone(), floats(&y)), (vec![1, 1, 2, 2, 1], vec![4.0, 2.0, 8.0, 4.0]));
     }
 
     #[test]
