@@ -27,6 +27,14 @@ defmodule ExBurn.TestHelpers do
   @compile {:no_warn_undefined, :telemetry}
 
   @doc """
+  The relative bound for results of products computed two ways on the default device: `cpu` on
+  the CPU (f32 rounding, the same bits call after call at 0.0), 2.0e-3 on a GPU, whose dense
+  layers run TF32 kernels (about 5e-4 relative) and whose autotuning may pick another kernel per
+  run.
+  """
+  def product_tolerance(cpu \\ 0.0), do: if(ExBurn.default_device() == {:cpu, 0}, do: cpu, else: 2.0e-3)
+
+  @doc """
   Runs `fun` with a handler of the telemetry `event` attached that sends the test process
   `{ref, event, measurements, metadata}`; the handler is detached afterwards, whatever happens.
   """

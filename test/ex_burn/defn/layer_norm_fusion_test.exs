@@ -46,6 +46,12 @@ if Code.ensure_loaded?(Nx) do
 
     defp bits(t), do: t |> Nx.backend_copy(Nx.BinaryBackend) |> Nx.to_binary()
 
+    # the largest distance in ulps between two f32 tensors' values (NaN equal to NaN)
+    defp ulps_apart(a, b) do
+      ints = fn t -> for <<i::signed-32-native <- bits(t)>>, do: if(i < 0, do: -0x80000000 - i, else: i) end
+      Enum.zip(ints.(a), ints.(b)) |> Enum.map(fn {x, y} -> abs(x - y) end) |> Enum.max()
+    end
+
     defp jit_vs_eager(fun, args) do
       args = Enum.map(args, &Nx.backend_transfer(&1, ExBurn.Backend))
       jit = apply(Nx.Defn.jit(fun, compiler: ExBurn), args)
@@ -87,7 +93,11 @@ if Code.ensure_loaded?(Nx) do
         gamma = Nx.iota({40}, type: :f32, backend: Nx.BinaryBackend) |> Nx.multiply(0.05) |> Nx.add(0.5)
         beta = Nx.iota({40}, type: :f32, backend: Nx.BinaryBackend) |> Nx.multiply(-0.01)
         {jit, eager} = jit_vs_eager(&Axon.Layers.layer_norm/3, [x, gamma, beta])
-        assert bits(jit) == bits(eager)
+        # one fused kernel on the CPU; a GPU's compiled program and its op-by-op calls fuse
+        # differently, and may round a few values one ulp apart
+        if ExBurn.default_device() == {:cpu, 0},
+          do: assert(bits(jit) == bits(eager)),
+          else: assert(ulps_apart(jit, eager) <= 1)
         # the constant row: (gamma * r) * 0 + beta
         assert jit[1] |> Nx.backend_copy(Nx.BinaryBackend) |> Nx.equal(beta) |> Nx.all() |> Nx.to_number() ==
                  1

@@ -3,7 +3,7 @@
 if Code.ensure_loaded?(Nx) do
   defmodule ExBurn.Serving.NxTest do
     use ExUnit.Case, async: true
-    import ExBurn.TestHelpers, only: [wait_until: 1]
+    import ExBurn.TestHelpers, only: [wait_until: 1, product_tolerance: 1]
     @moduletag :nx
 
     alias ExBurn.{Error, Model, Tensor}
@@ -16,7 +16,7 @@ if Code.ensure_loaded?(Nx) do
 
     defp assert_row(row, expected) do
       assert Nx.shape(row) == {length(expected)}
-      for {g, e} <- Enum.zip(Nx.to_flat_list(row), expected), do: assert_in_delta(g, e, 1.0e-5)
+      for {g, e} <- Enum.zip(Nx.to_flat_list(row), expected), do: assert_in_delta(g, e, product_tolerance(1.0e-5))
     end
 
     defp unique(prefix), do: :"#{prefix}_#{System.unique_integer([:positive])}"
@@ -28,7 +28,7 @@ if Code.ensure_loaded?(Nx) do
 
       row = ExBurn.Serving.run(serving, Nx.tensor(input(1)))
       assert_row(row, expected(model, 1))
-      assert ExBurn.Backend.device(row) == {:cpu, 0}
+      assert ExBurn.Backend.device(row) == ExBurn.default_device()
 
       # 6 rows with batch_size 4: Nx.Serving splits the batch into 4 + 2 and joins the outputs.
       batch = Nx.Batch.stack(for i <- 1..6, do: Nx.tensor(input(i)))
