@@ -46,10 +46,25 @@ if Code.ensure_loaded?(Nx) do
 
     defp bits(t), do: t |> Nx.backend_copy(Nx.BinaryBackend) |> Nx.to_binary()
 
-    # the largest distance in ulps between two f32 tensors' values (NaN equal to NaN)
+    # the largest distance in ulps between two f32 tensors' values, a NaN only equal to a NaN
     defp ulps_apart(a, b) do
-      ints = fn t -> for <<i::signed-32-native <- bits(t)>>, do: if(i < 0, do: -0x80000000 - i, else: i) end
-      Enum.zip(ints.(a), ints.(b)) |> Enum.map(fn {x, y} -> abs(x - y) end) |> Enum.max()
+      ordered = fn t ->
+        for <<u::32-native <- bits(t)>> do
+          cond do
+            Bitwise.band(u, 0x7FFFFFFF) > 0x7F800000 -> :nan
+            u >= 0x80000000 -> 0x80000000 - u
+            true -> u
+          end
+        end
+      end
+
+      Enum.zip(ordered.(a), ordered.(b))
+      |> Enum.map(fn
+        {:nan, :nan} -> 0
+        {x, y} when is_integer(x) and is_integer(y) -> abs(x - y)
+        _ -> :infinity
+      end)
+      |> Enum.max()
     end
 
     defp jit_vs_eager(fun, args) do
@@ -94,10 +109,10 @@ if Code.ensure_loaded?(Nx) do
         beta = Nx.iota({40}, type: :f32, backend: Nx.BinaryBackend) |> Nx.multiply(-0.01)
         {jit, eager} = jit_vs_eager(&Axon.Layers.layer_norm/3, [x, gamma, beta])
         # one fused kernel on the CPU; a GPU's compiled program and its op-by-op calls fuse
-        # differently, and may round a few values one ulp apart
+        # differently, and may round a few values an ulp or two apart
         if ExBurn.default_device() == {:cpu, 0},
           do: assert(bits(jit) == bits(eager)),
-          else: assert(ulps_apart(jit, eager) <= 1)
+          else: assert(ulps_apart(jit, eager) <= 2)
         # the constant row: (gamma * r) * 0 + beta
         assert jit[1] |> Nx.backend_copy(Nx.BinaryBackend) |> Nx.equal(beta) |> Nx.all() |> Nx.to_number() ==
                  1
