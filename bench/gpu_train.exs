@@ -4,6 +4,9 @@
 #   EXBURN_BENCH_DEVICE=cuda mix run bench/gpu_train.exs [mlp] [lstm] [gru]
 #   python3 bench/gpu_train_peer.py cuda [mlp] [lstm] [gru]
 #
+# (EXBURN_BENCH_DEVICE defaults to the CPU, as in bench/pretrained.exs; the peer takes its device
+# as its first argument and EXBURN_BENCH_TORCH_THREADS threads on the CPU.)
+#
 # Models (the peer builds the same layers, loss, optimizer, batch and data):
 #   mlp   784-256-128-10, ReLU, softmax cross-entropy, Adam 1e-3, batch 128, 60 000 samples
 #   lstm  tokens (32 a sample, vocabulary 1000) -> embedding 64 -> LSTM 128 (every step) ->
@@ -18,7 +21,7 @@
 alias ExBurn.{Model, Tensor}
 
 defmodule GpuTrain do
-  def device, do: ExBurn.Device.resolve(System.get_env("EXBURN_BENCH_DEVICE") || "cuda")
+  def device, do: ExBurn.Device.resolve(System.get_env("EXBURN_BENCH_DEVICE") || "cpu")
 
   def epochs, do: String.to_integer(System.get_env("EXBURN_BENCH_EPOCHS") || "4")
 

@@ -91,7 +91,7 @@ def main():
     device = sys.argv[1] if len(sys.argv) > 1 else "cuda"
     names = sys.argv[2:] or ["mlp", "lstm", "gru"]
     if device == "cpu":
-        torch.set_num_threads(int(os.environ.get("EXBURN_BENCH_THREADS", "2")))
+        torch.set_num_threads(int(os.environ.get("EXBURN_BENCH_TORCH_THREADS", "2")))
     epochs = int(os.environ.get("EXBURN_BENCH_EPOCHS", "4"))
     print("load average at start:", " ".join(open("/proc/loadavg").read().split()[:3]))
     for name in names:
