@@ -97,7 +97,6 @@ defmodule GpuTrain do
         "#{round(n / steady)} samples/s, last loss #{fmt(secs |> List.last() |> elem(1))} " <>
         "(#{n} samples, batch #{batch}, #{steps} steps)"
     )
-
   end
 
   def fmt(f), do: :erlang.float_to_binary(f / 1, decimals: 3)

@@ -113,6 +113,7 @@ if Code.ensure_loaded?(Nx) do
         if ExBurn.default_device() == {:cpu, 0},
           do: assert(bits(jit) == bits(eager)),
           else: assert(ulps_apart(jit, eager) <= 2)
+
         # the constant row: (gamma * r) * 0 + beta
         assert jit[1] |> Nx.backend_copy(Nx.BinaryBackend) |> Nx.equal(beta) |> Nx.all() |> Nx.to_number() ==
                  1

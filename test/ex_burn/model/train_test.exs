@@ -104,7 +104,10 @@ defmodule ExBurn.Model.TrainTest do
     from_lists = Model.fit(xor_model(), {x, y}, epochs: 5, batch_size: 2, shuffle: false)
     got = Tensor.to_flat_list(Model.predict(from_nx, nx_x))
     want = Tensor.to_flat_list(Model.predict(from_lists, x))
-    for {a, b} <- Enum.zip(got, want), do: assert(abs(a - b) <= product_tolerance() * max(abs(b), 1.0), "#{a} vs #{b}")
+
+    for {a, b} <- Enum.zip(got, want),
+        do: assert(abs(a - b) <= product_tolerance() * max(abs(b), 1.0), "#{a} vs #{b}")
+
     assert is_float(Model.evaluate(from_nx, {nx_x, nx_y}))
   end
 

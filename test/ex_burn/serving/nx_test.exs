@@ -16,7 +16,9 @@ if Code.ensure_loaded?(Nx) do
 
     defp assert_row(row, expected) do
       assert Nx.shape(row) == {length(expected)}
-      for {g, e} <- Enum.zip(Nx.to_flat_list(row), expected), do: assert_in_delta(g, e, product_tolerance(1.0e-5))
+
+      for {g, e} <- Enum.zip(Nx.to_flat_list(row), expected),
+          do: assert_in_delta(g, e, product_tolerance(1.0e-5))
     end
 
     defp unique(prefix), do: :"#{prefix}_#{System.unique_integer([:positive])}"
