@@ -40,13 +40,6 @@ pub fn full(value: Scalar, shape: Vec<usize>, ty: NxType, device: DeviceRef) -> 
     if let Some(e) = prepare(&shape, ty, device)? {
         return Ok(e);
     }
-    // Burn's integer fill converts through i64, so the top half of u64 is written as bytes.
-    if let (Scalar::UInt(v), NxType::U(64)) = (value, ty) {
-        if v > i64::MAX as u64 {
-            let n = crate::tensor::numel(&shape);
-            return Handle::from_bytes(v.to_ne_bytes().repeat(n), shape, ty, device);
-        }
-    }
     let prim = dispatch::full(&shape, value, ty.dtype(), &device.burn()?);
     Ok(Handle::new(prim, ty, shape, device))
 }
