@@ -71,12 +71,13 @@ pub(crate) fn writable(side: burn_cubecl::tensor::CubeTensor) -> burn_cubecl::te
     }
 }
 
-/// A new contiguous `[rows, cols]` tensor on `like`'s device, of its dtype, for a kernel to fill.
+/// A new contiguous tensor of `shape` on `like`'s device, of its dtype, for a kernel to fill.
 #[cfg(cube)]
-pub(crate) fn output(like: &burn_cubecl::tensor::CubeTensor, [rows, cols]: [usize; 2]) -> burn_cubecl::tensor::CubeTensor {
+pub(crate) fn output(like: &burn_cubecl::tensor::CubeTensor, shape: impl Into<burn::tensor::Shape>) -> burn_cubecl::tensor::CubeTensor {
+    let shape = shape.into();
     let size = like.dtype.size();
-    let handle = like.client.empty((rows * cols * size).max(size));
-    burn_cubecl::tensor::CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), [rows, cols].into(), handle, like.dtype)
+    let handle = like.client.empty((shape.num_elements() * size).max(size));
+    burn_cubecl::tensor::CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), shape, handle, like.dtype)
 }
 
 /// What the kernels' tests share: their inputs, and whether the kernels run where they test.

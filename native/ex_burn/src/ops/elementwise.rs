@@ -540,6 +540,10 @@ fn logical(op: BinaryOp, a: Prim, b: Prim) -> Prim {
 /// differ by exactly one divisor where the signs disagree and the result is non-zero.
 fn remainder(a: Prim, b: Prim) -> Prim {
     let float = dispatch::is_float(&a);
+    #[cfg(feature = "cuda")]
+    if float && crate::gpu::dispatch_on_cuda(&a) && crate::gpu::dispatch_on_cuda(&b) {
+        return crate::gpu::cuda::fmod::fmod(a, b);
+    }
     let dividend = a.clone();
     let zero = dispatch::zero_of(dispatch::dtype(&a));
     let r = by_kind2!(a.clone(), b.clone(), float_remainder, int_remainder);
@@ -937,6 +941,51 @@ mod tests {
         let b = f32s(&[inf, -inf, inf, inf, inf, 2.0], &[6]);
         let got: Vec<f64> = floats(&binary(BinaryOp::Remainder, &a, &b, NxType::F(32)).unwrap());
         assert_same(&got, &[-1.5, 2.0, 0.0, f64::NAN, f64::NAN, -0.0]);
+    }
+
+    /// Remainders whose quotients run far past the mantissa, signed zeros, infinities, NaN and
+    /// subnormals, bit for bit against Rust's `%` (IEEE fmod, exact), in f64 and f32.
+    #[test]
+    fn float_remainder_is_exact_for_any_quotient() {
+        use crate::device::DeviceKind;
+        if matches!(device().kind, DeviceKind::Vulkan | DeviceKind::Metal | DeviceKind::Rocm) {
+            return; // composed there from a - b floor(a / b), which rounds past 2^53 (guides/devices.md)
+        }
+        let (inf, nan) = (f64::INFINITY, f64::NAN);
+        let edges = [0.0, -0.0, 1.0, -1.0, 3.25, -3.25, 7.0, 0.1, 1e-310, -5e-324, 1e30, -1e30, 1e300, 2f64.powi(53) + 2.0, inf, -inf, nan];
+        let (mut xs, mut ys) = (vec![], vec![]);
+        for &x in &edges {
+            for &y in &edges {
+                xs.push(x);
+                ys.push(y);
+            }
+        }
+        // dividends up to 1e300 over divisors down to 1e-3: quotients of up to 2^1000
+        for i in 0..200 {
+            xs.push((-1f64).powi(i) * 1.37f64.powi(i * 11 % 2200) * 0.731 * (1.0 + i as f64 / 97.0));
+            ys.push((-1f64).powi(i / 3) * (0.001 + (i % 17) as f64 * 0.613));
+        }
+        // random bit patterns (every exponent, subnormals, NaN payloads), and pairs of nearby
+        // magnitudes, where a rounded quotient lands on either side of an integer
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut bits = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for i in 0..4000 {
+            let (x, b) = (f64::from_bits(bits()), bits());
+            xs.push(x);
+            ys.push(if i % 2 == 0 { f64::from_bits(b) } else { x / (1.0 + (b % 1000) as f64 * 0.37) });
+        }
+        let got = floats(&binary(BinaryOp::Remainder, &f64s(&xs, &[xs.len()]), &f64s(&ys, &[ys.len()]), NxType::F(64)).unwrap());
+        let want: Vec<f64> = xs.iter().zip(&ys).map(|(x, y)| x % y).collect();
+        assert_same(&got, &want);
+        let (xs, ys): (Vec<f32>, Vec<f32>) = xs.iter().zip(&ys).map(|(&x, &y)| (x as f32, y as f32)).unzip();
+        let got = floats(&binary(BinaryOp::Remainder, &f32s(&xs, &[xs.len()]), &f32s(&ys, &[ys.len()]), NxType::F(32)).unwrap());
+        let want: Vec<f64> = xs.iter().zip(&ys).map(|(x, y)| (x % y) as f64).collect();
+        assert_same(&got, &want);
     }
 
     /// The composites that replace CubeCL's kernels off the CPU (`std_math`), run here on flex

@@ -1,7 +1,9 @@
 //! CUDA-only glue: cuBLAS products on cubecl's tensors (`cublas`) and the device-side ordering
-//! between cubecl's stream and the library's (`handoff`).
+//! between cubecl's stream and the library's (`handoff`), and the exact float remainder that
+//! CUDA's `fmod` gives (`fmod`).
 
 pub mod cublas;
+pub mod fmod;
 pub mod handoff;
 
 /// cubecl's CUDA compute server, whose resources both modules resolve to device pointers.
