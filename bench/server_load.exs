@@ -16,7 +16,9 @@
 # those generations, or the run would take KILLED * 1 000 tokens longer.
 #
 # Prints throughput, p50/p99 latency overall and per route, lost (no answer) and wrong answers
-# (both must be 0), and `uptime`'s load average before and after.
+# (both must be 0), and the load average and the CPUs' FMA rate (support/machine.exs) before and
+# after.
+Code.require_file("support/machine.exs", __DIR__)
 
 defmodule LoadClient do
   @moduledoc false
@@ -108,7 +110,7 @@ defmodule ServerLoad do
       System.halt(1)
     end
 
-    IO.puts("load before: #{uptime()}")
+    IO.puts("load before: #{Bench.Machine.loadavg()}")
 
     {:ok, _} =
       ExBurn.Server.start_link(name: LoadServer, port: 0, preload: :all, token: nil, max_connections: 2048)
@@ -158,7 +160,7 @@ defmodule ServerLoad do
 
     report(results, wall, total)
     check_server(killed, length(Enum.reject(streaming_victims, &is_nil/1)))
-    IO.puts("load after: #{uptime()}")
+    IO.puts("load after: #{Bench.Machine.loadavg()}")
     ExBurn.Server.stop(LoadServer)
   end
 
@@ -394,13 +396,6 @@ defmodule ServerLoad do
 
     if aborted != killed or info.running != 0,
       do: IO.puts("FAILED: a killed client's generation did not stop")
-  end
-
-  defp uptime do
-    case System.find_executable("uptime") do
-      nil -> "(uptime not found) " <> File.read!("/proc/loadavg")
-      exe -> exe |> System.cmd([]) |> elem(0) |> String.trim()
-    end
   end
 
   defp env_int(name, default), do: String.to_integer(System.get_env(name) || Integer.to_string(default))

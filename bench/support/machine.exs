@@ -81,7 +81,59 @@ defmodule Bench.Machine do
     if masked?(), do: "#{name}-avx512-as-#{tier(isa())}", else: "#{name}-#{tier(isa())}"
   end
 
-  def loadavg, do: File.read!("/proc/loadavg") |> String.split() |> Enum.take(3) |> Enum.join(" ")
+  @doc """
+  The load average, and the f32 FMA rate the CPUs deliver together at this moment
+  (`fma_rate/0`): on a VM whose vCPUs share physical cores with other tenants, the second moves
+  (here between one core's rate and two cores') where the first does not.
+  """
+  def loadavg do
+    load = File.read!("/proc/loadavg") |> String.split() |> Enum.take(3) |> Enum.join(" ")
+
+    case fma_rate() do
+      nil -> load
+      gflops -> "#{load}; FMA #{round(gflops)} GFLOP/s on #{cpus()} threads"
+    end
+  end
+
+  @doc """
+  GFLOP/s of AVX2 FMA chains on every CPU at once (support/fma_probe.c, built once per run
+  with `cc`), or nil without AVX2/FMA or a C compiler.
+  """
+  def fma_rate do
+    with probe when is_binary(probe) <- fma_probe(),
+         {out, 0} <- System.cmd(probe, [Integer.to_string(cpus())]),
+         {gflops, _} <- Float.parse(out) do
+      gflops
+    else
+      _ -> nil
+    end
+  end
+
+  defp fma_probe do
+    case :persistent_term.get({__MODULE__, :fma_probe}, :unset) do
+      :unset ->
+        probe = build_fma_probe()
+        :persistent_term.put({__MODULE__, :fma_probe}, probe)
+        probe
+
+      probe ->
+        probe
+    end
+  end
+
+  defp build_fma_probe do
+    src = Path.expand("fma_probe.c", __DIR__)
+    out = Path.join(System.tmp_dir!(), "exburn_fma_probe_#{System.unique_integer([:positive])}")
+
+    with true <- "avx2" in isa() and "fma" in isa(),
+         cc when is_binary(cc) <- System.find_executable("cc"),
+         {_, 0} <-
+           System.cmd(cc, ["-O2", "-mavx2", "-mfma", "-pthread", src, "-o", out], stderr_to_stdout: true) do
+      out
+    else
+      _ -> nil
+    end
+  end
 
   @doc """
   Where a benchmark writes its results: EXBURN_BENCH_OUT when set ("-" for nowhere, `nil`),
