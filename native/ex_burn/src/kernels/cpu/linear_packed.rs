@@ -289,12 +289,46 @@ mod tests {
         assert!(y[2 * n..].iter().all(|v| !v.is_finite()));
     }
 
+    /// GFLOP/s of independent AVX2 FMA chains on `threads` threads at once, no memory touched:
+    /// what the cores deliver together, which on a VM whose vCPUs share a physical core is one
+    /// core's rate however many threads run.
+    #[cfg(target_arch = "x86_64")]
+    fn fma_peak(threads: usize) -> f64 {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn chains(iters: usize) -> f32 {
+            use std::arch::x86_64::*;
+            let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+            let mut acc = [_mm256_set1_ps(1.0); 12];
+            for _ in 0..iters {
+                for a in acc.iter_mut() {
+                    *a = _mm256_fmadd_ps(*a, m, c);
+                }
+            }
+            let mut out = [0f32; 8];
+            _mm256_storeu_ps(out.as_mut_ptr(), acc.iter().fold(_mm256_setzero_ps(), |s, a| _mm256_add_ps(s, *a)));
+            out[0]
+        }
+        let iters = 50_000_000;
+        let t0 = std::time::Instant::now();
+        // SAFETY: the caller checked AVX2 and FMA (`simd()`).
+        std::thread::scope(|s| (0..threads).map(|_| s.spawn(|| unsafe { chains(iters) })).collect::<Vec<_>>().into_iter().for_each(|h| {
+            std::hint::black_box(h.join().unwrap());
+        }));
+        (threads * iters * 12 * 16) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    }
+
     /// all-MiniLM-L6-v2's four dense shapes at the benchmark's 527 token rows, two threads: best
-    /// and median of 20 calls each (`--ignored --nocapture`).
+    /// and median of 20 calls each (`--ignored --nocapture`), after the machine's FMA rate on one
+    /// thread and on the pool's threads at once (`fma_peak`).
     #[test]
     #[ignore]
     fn packed_linear_timing() {
         println!("load: {}", std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim());
+        #[cfg(target_arch = "x86_64")]
+        if simd() >= Simd::Avx2 {
+            let threads = rayon::current_num_threads();
+            println!("AVX2 FMA chains: 1 thread {:.0} GFLOP/s, {threads} threads {:.0} GFLOP/s together", fma_peak(1), fma_peak(threads));
+        }
         let m = 527;
         for (n, k) in [(1152, 384), (384, 384), (1536, 384), (384, 1536)] {
             let Some(p) = PackedLinear::new(&values(n * k, 1), None, n, k) else { return };
