@@ -35,6 +35,13 @@ defmodule ExBurn.TestHelpers do
   def product_tolerance(cpu \\ 0.0), do: if(ExBurn.default_device() == {:cpu, 0}, do: cpu, else: 2.0e-3)
 
   @doc """
+  How long a test gives a serving call: the serving's own 5 s default on the CPU, two minutes on
+  a GPU, where the first batch of each new shape compiles its kernels (seconds each, longer while
+  other tests compile theirs).
+  """
+  def call_timeout, do: if(ExBurn.default_device() == {:cpu, 0}, do: 5_000, else: 120_000)
+
+  @doc """
   Runs `fun` with a handler of the telemetry `event` attached that sends the test process
   `{ref, event, measurements, metadata}`; the handler is detached afterwards, whatever happens.
   """

@@ -1,6 +1,6 @@
 defmodule ExBurn.Serving.BatcherTest do
   use ExUnit.Case, async: true
-  import ExBurn.TestHelpers, only: [wait_until: 1, product_tolerance: 1]
+  import ExBurn.TestHelpers, only: [wait_until: 1, product_tolerance: 1, call_timeout: 0]
 
   alias ExBurn.{Error, Model, Tensor}
   alias ExBurn.Serving.Batcher
@@ -26,7 +26,7 @@ defmodule ExBurn.Serving.BatcherTest do
     end
 
     {:ok, server} = Batcher.start_link(fun, [batch_size: 1, batch_timeout: 0] ++ opts)
-    first = Task.async(fn -> Batcher.run(server, [0]) end)
+    first = Task.async(fn -> Batcher.run(server, [0], call_timeout()) end)
     assert_receive {:running, batch_pid}, 2_000
     {server, first, batch_pid}
   end
@@ -42,13 +42,16 @@ defmodule ExBurn.Serving.BatcherTest do
   defp concurrently(clients, per_client, fun) do
     1..clients
     |> Enum.map(fn c -> Task.async(fn -> for r <- 1..per_client, do: fun.(c * 1000 + r) end) end)
-    |> Enum.flat_map(&Task.await(&1, 30_000))
+    |> Enum.flat_map(&Task.await(&1, :infinity))
   end
 
   test "256 requests from 64 processes get their own rows (exact, function target)" do
     {:ok, server} = Batcher.start_link(affine(self()), batch_size: 16, batch_timeout: 5)
 
-    results = concurrently(64, 4, fn i -> {i, Batcher.run(server, Tensor.tensor([i, -i], type: :s32))} end)
+    results =
+      concurrently(64, 4, fn i ->
+        {i, Batcher.run(server, Tensor.tensor([i, -i], type: :s32), call_timeout())}
+      end)
 
     assert length(results) == 256
 
@@ -69,9 +72,7 @@ defmodule ExBurn.Serving.BatcherTest do
     {:ok, server} = Batcher.start_link(model, batch_size: 32, batch_timeout: 5)
     input = &ExBurn.ModelTestData.serving_input/1
 
-    # a cold GPU compiles each batch shape's kernels first (seconds each)
-    timeout = if model.device == {:cpu, 0}, do: 5_000, else: 120_000
-    results = concurrently(64, 4, fn i -> {i, Batcher.run(server, input.(i), timeout)} end)
+    results = concurrently(64, 4, fn i -> {i, Batcher.run(server, input.(i), call_timeout())} end)
     assert length(results) == 256
     # a batch row and a one-row call take different kernels (about 1.6e-5 apart on a GPU)
     tolerance = product_tolerance(1.0e-5)
@@ -87,14 +88,18 @@ defmodule ExBurn.Serving.BatcherTest do
 
   test "inputs may be lists, tensors and {binary, type, shape}; run! raises" do
     {:ok, server} = Batcher.start_link(affine(self()), batch_timeout: 0)
-    assert Tensor.to_flat_list(Batcher.run!(server, [1, 2])) == [3, 5]
+    assert Tensor.to_flat_list(Batcher.run!(server, [1, 2], call_timeout())) == [3, 5]
 
     assert Tensor.to_flat_list(
-             Batcher.run!(server, {<<7::signed-native-32, 8::signed-native-32>>, {:s, 32}, {2}})
+             Batcher.run!(
+               server,
+               {<<7::signed-native-32, 8::signed-native-32>>, {:s, 32}, {2}},
+               call_timeout()
+             )
            ) == [15, 17]
 
-    assert {:error, %Error{op: :serving}} = Batcher.run(server, :junk)
-    assert_raise Error, fn -> Batcher.run!(server, %{}) end
+    assert {:error, %Error{op: :serving}} = Batcher.run(server, :junk, call_timeout())
+    assert_raise Error, fn -> Batcher.run!(server, %{}, call_timeout()) end
   end
 
   test "an erroring function fails only the requests that fail on their own" do
@@ -106,7 +111,9 @@ defmodule ExBurn.Serving.BatcherTest do
     {:ok, server} = Batcher.start_link(fun, batch_size: 8, batch_timeout: 20)
 
     results =
-      concurrently(10, 10, fn i -> {i, Batcher.run(server, [if(rem(i, 7) == 0, do: -i, else: i)])} end)
+      concurrently(10, 10, fn i ->
+        {i, Batcher.run(server, [if(rem(i, 7) == 0, do: -i, else: i)], call_timeout())}
+      end)
 
     for {i, result} <- results do
       if rem(i, 7) == 0 do
@@ -127,8 +134,8 @@ defmodule ExBurn.Serving.BatcherTest do
 
     [good1, bad, good2] =
       [[1.0, 2.0, 3.0, 4.0], [1.0, 2.0], [0.0, 0.5, 0.0, -1.0]]
-      |> Enum.map(fn x -> Task.async(fn -> Batcher.run(server, x) end) end)
-      |> Enum.map(&Task.await/1)
+      |> Enum.map(fn x -> Task.async(fn -> Batcher.run(server, x, call_timeout()) end) end)
+      |> Enum.map(&Task.await(&1, :infinity))
 
     assert {:error, %Error{op: :predict}} = bad
 
@@ -142,7 +149,7 @@ defmodule ExBurn.Serving.BatcherTest do
     {:ok, server} = Batcher.start_link(fn batch -> Tensor.sum(batch) end, batch_timeout: 0)
 
     assert {:error, %Error{op: :serving, reason: "the model must return a tensor with one row per input"}} =
-             Batcher.run(server, [1, 2])
+             Batcher.run(server, [1, 2], call_timeout())
   end
 
   test "callers killed while queued are dropped from the batch; the others get their rows" do
@@ -152,7 +159,7 @@ defmodule ExBurn.Serving.BatcherTest do
 
     callers =
       for i <- 1..10 do
-        spawn(fn -> send(parent, {:result, i, Batcher.run(server, [i, i])}) end)
+        spawn(fn -> send(parent, {:result, i, Batcher.run(server, [i, i], call_timeout())}) end)
       end
 
     # All ten are queued (the batch waits for its timeout), then every odd one dies.
@@ -160,13 +167,13 @@ defmodule ExBurn.Serving.BatcherTest do
     for {pid, i} <- Enum.with_index(callers, 1), rem(i, 2) == 1, do: Process.exit(pid, :kill)
 
     for i <- 2..10//2 do
-      assert_receive {:result, ^i, {:ok, row}}, 5_000
+      assert_receive {:result, ^i, {:ok, row}}, call_timeout()
       assert Tensor.to_flat_list(row) == [2 * i + 1, 2 * i + 1]
     end
 
     assert rows_seen() == [5]
     refute_received {:result, _, _}
-    assert {:ok, _} = Batcher.run(server, [0, 0])
+    assert {:ok, _} = Batcher.run(server, [0, 0], call_timeout())
   end
 
   test "a caller killed while its batch runs does not break the batch for the others" do
@@ -177,7 +184,10 @@ defmodule ExBurn.Serving.BatcherTest do
 
     {:ok, server} = Batcher.start_link(fun, batch_size: 4, batch_timeout: 0)
     parent = self()
-    pids = for i <- 1..4, do: spawn(fn -> send(parent, {:result, i, Batcher.run(server, [i])}) end)
+
+    pids =
+      for i <- 1..4, do: spawn(fn -> send(parent, {:result, i, Batcher.run(server, [i], call_timeout())}) end)
+
     wait_until(fn -> :sys.get_state(server).task != nil end)
     Process.exit(hd(pids), :kill)
 
@@ -185,7 +195,7 @@ defmodule ExBurn.Serving.BatcherTest do
     # (generous: on a GPU the first add compiles its kernel, which takes seconds)
     for i <- 2..4, do: assert_receive({:result, ^i, {:ok, _}}, 60_000)
     assert Process.alive?(server)
-    assert {:ok, row} = Batcher.run(server, [41])
+    assert {:ok, row} = Batcher.run(server, [41], call_timeout())
     assert Tensor.to_flat_list(row) == [42]
   end
 
@@ -196,24 +206,27 @@ defmodule ExBurn.Serving.BatcherTest do
     end
 
     {:ok, server} = Batcher.start_link(fun, batch_timeout: 0)
-    assert {:error, %Error{details: %{cause: :batch_exit, exit: :killed}}} = Batcher.run(server, [13])
-    assert {:ok, row} = Batcher.run(server, [12])
+
+    assert {:error, %Error{details: %{cause: :batch_exit, exit: :killed}}} =
+             Batcher.run(server, [13], call_timeout())
+
+    assert {:ok, row} = Batcher.run(server, [12], call_timeout())
     assert Tensor.to_flat_list(row) == [12]
   end
 
   test "the queue is bounded: overload is refused at once with a clear error" do
     {server, first, batch_pid} = gated_batcher(max_queue: 3)
 
-    queued = for i <- 1..3, do: Task.async(fn -> Batcher.run(server, [i]) end)
+    queued = for i <- 1..3, do: Task.async(fn -> Batcher.run(server, [i], call_timeout()) end)
     wait_until(fn -> :sys.get_state(server).queued == 3 end)
 
     assert {:error, %Error{op: :serving, details: %{cause: :overloaded, max_queue: 3}} = e} =
-             Batcher.run(server, [99])
+             Batcher.run(server, [99], call_timeout())
 
     assert Exception.message(e) =~ "overloaded"
 
     send(batch_pid, :go)
-    assert {:ok, _} = Task.await(first)
+    assert {:ok, _} = Task.await(first, :infinity)
 
     # The queued three run one at a time, in whatever order they arrived.
     for _ <- 1..3 do
@@ -222,7 +235,7 @@ defmodule ExBurn.Serving.BatcherTest do
     end
 
     for {task, i} <- Enum.with_index(queued, 1) do
-      assert {:ok, row} = Task.await(task)
+      assert {:ok, row} = Task.await(task, :infinity)
       assert Tensor.to_flat_list(row) == [i]
     end
   end
@@ -234,10 +247,10 @@ defmodule ExBurn.Serving.BatcherTest do
     end
 
     {:ok, server} = Batcher.start_link(fun, batch_size: 1, batch_timeout: 0)
-    busy = Task.async(fn -> Batcher.run(server, [1]) end)
+    busy = Task.async(fn -> Batcher.run(server, [1], call_timeout()) end)
     wait_until(fn -> :sys.get_state(server).task != nil end)
     assert {:error, %Error{details: %{cause: :timeout, timeout: 50}}} = Batcher.run(server, [2], 50)
-    assert {:ok, _} = Task.await(busy)
+    assert {:ok, _} = Task.await(busy, :infinity)
     assert {:error, %Error{details: %{cause: :down}}} = Batcher.run(:no_such_server, [1])
   end
 
@@ -248,20 +261,25 @@ defmodule ExBurn.Serving.BatcherTest do
 
       caller =
         spawn(fn ->
-          receive do: (:go -> send(parent, {:result, Batcher.run_many(server, Enum.map(1..10, &[&1, -&1]))}))
+          receive do:
+                    (:go ->
+                       send(
+                         parent,
+                         {:result, Batcher.run_many(server, Enum.map(1..10, &[&1, -&1]), call_timeout())}
+                       ))
         end)
 
       # the caller is traced for the processes it spawns
       :erlang.trace(caller, true, [:procs])
       send(caller, :go)
-      assert_receive {:result, {:ok, rows}}, 5_000
+      assert_receive {:result, {:ok, rows}}, call_timeout()
       assert Enum.map(rows, &Tensor.to_flat_list/1) == Enum.map(1..10, &[2 * &1 + 1, -2 * &1 + 1])
-      assert_receive {:trace, ^caller, :exit, :normal}, 5_000
+      assert_receive {:trace, ^caller, :exit, :normal}, call_timeout()
       refute_received {:trace, ^caller, :spawn, _, _}
 
       # queued at once: two full batches at once, the rest after its timeout (not one batch each)
       assert rows_seen() == [4, 4, 2]
-      assert Batcher.run_many(server, []) == {:ok, []}
+      assert Batcher.run_many(server, [], call_timeout()) == {:ok, []}
     end
 
     test "requests of many samples from concurrent callers each get their own rows" do
@@ -269,7 +287,12 @@ defmodule ExBurn.Serving.BatcherTest do
 
       results =
         concurrently(16, 4, fn i ->
-          {i, Batcher.run_many(server, Enum.map(0..(rem(i, 5) + 1), &Tensor.tensor([i, &1], type: :s32)))}
+          {i,
+           Batcher.run_many(
+             server,
+             Enum.map(0..(rem(i, 5) + 1), &Tensor.tensor([i, &1], type: :s32)),
+             call_timeout()
+           )}
         end)
 
       for {i, result} <- results do
@@ -281,7 +304,7 @@ defmodule ExBurn.Serving.BatcherTest do
 
       assert Enum.max(rows_seen()) > 1
       # every caller's monitor was released with its last sample (this one stays alive)
-      assert {:ok, [_, _]} = Batcher.run_many(server, [[1, 1], [2, 2]])
+      assert {:ok, [_, _]} = Batcher.run_many(server, [[1, 1], [2, 2]], call_timeout())
       wait_until(fn -> :sys.get_state(server).holds == %{} end)
       wait_until(fn -> Process.info(server, :monitors) == {:monitors, []} end)
     end
@@ -293,40 +316,40 @@ defmodule ExBurn.Serving.BatcherTest do
       end
 
       {:ok, server} = Batcher.start_link(fun, batch_size: 8, batch_timeout: 50)
-      other = Task.async(fn -> Batcher.run_many(server, [[1], [2]]) end)
+      other = Task.async(fn -> Batcher.run_many(server, [[1], [2]], call_timeout()) end)
 
       assert {:error, %Error{reason: "the serving function raised: negative input"}} =
-               Batcher.run_many(server, [[3], [-4], [5], [-6]])
+               Batcher.run_many(server, [[3], [-4], [5], [-6]], call_timeout())
 
-      assert {:ok, rows} = Task.await(other)
+      assert {:ok, rows} = Task.await(other, :infinity)
       assert Enum.map(rows, &Tensor.to_flat_list/1) == [[11], [12]]
-      assert {:error, %Error{op: :serving}} = Batcher.run_many(server, [[1], :junk])
-      assert {:error, %Error{details: %{kind: :argument}}} = Batcher.run_many(server, :junk)
+      assert {:error, %Error{op: :serving}} = Batcher.run_many(server, [[1], :junk], call_timeout())
+      assert {:error, %Error{details: %{kind: :argument}}} = Batcher.run_many(server, :junk, call_timeout())
     end
 
     test "a request the queue cannot take now is overloaded; one it can never take is an argument error" do
       {server, first, batch_pid} = gated_batcher(max_queue: 3)
-      queued = Task.async(fn -> Batcher.run_many(server, [[1], [2]]) end)
+      queued = Task.async(fn -> Batcher.run_many(server, [[1], [2]], call_timeout()) end)
       wait_until(fn -> :sys.get_state(server).queued == 2 end)
 
       assert {:error, %Error{details: %{cause: :overloaded, max_queue: 3}}} =
-               Batcher.run_many(server, [[3], [4]])
+               Batcher.run_many(server, [[3], [4]], call_timeout())
 
       assert {:error, %Error{details: %{kind: :argument, samples: 4, max_queue: 3}}} =
-               Batcher.run_many(server, [[3], [4], [5], [6]])
+               Batcher.run_many(server, [[3], [4], [5], [6]], call_timeout())
 
       # nothing of the refused requests was queued
       assert :sys.get_state(server).queued == 2
 
       send(batch_pid, :go)
-      assert {:ok, _} = Task.await(first)
+      assert {:ok, _} = Task.await(first, :infinity)
 
       for _ <- 1..2 do
         assert_receive {:running, pid}, 2_000
         send(pid, :go)
       end
 
-      assert {:ok, rows} = Task.await(queued)
+      assert {:ok, rows} = Task.await(queued, :infinity)
       assert Enum.map(rows, &Tensor.to_flat_list/1) == [[1], [2]]
     end
 
@@ -347,7 +370,7 @@ defmodule ExBurn.Serving.BatcherTest do
       end)
 
       assert {:messages, []} = Process.info(self(), :messages)
-      assert {:ok, [row]} = Batcher.run_many(server, [[7]])
+      assert {:ok, [row]} = Batcher.run_many(server, [[7]], call_timeout())
       assert Tensor.to_flat_list(row) == [7]
     end
 
@@ -360,21 +383,21 @@ defmodule ExBurn.Serving.BatcherTest do
       waiting = Task.async(fn -> Batcher.run_many(server, [[1], [2]], 10_000) end)
       wait_until(fn -> :sys.get_state(server).queued == 2 end)
       Process.exit(server, :kill)
-      assert {:error, %Error{details: %{cause: :down, exit: :killed}}} = Task.await(waiting)
+      assert {:error, %Error{details: %{cause: :down, exit: :killed}}} = Task.await(waiting, :infinity)
     end
 
     test "a caller killed while its samples are queued takes all of them out of the queue" do
       {:ok, server} = Batcher.start_link(affine(self()), batch_size: 100, batch_timeout: 2_000)
       parent = self()
-      doomed = spawn(fn -> Batcher.run_many(server, Enum.map(1..5, &[&1])) end)
-      spawn(fn -> send(parent, {:result, Batcher.run_many(server, [[10], [11]])}) end)
+      doomed = spawn(fn -> Batcher.run_many(server, Enum.map(1..5, &[&1]), call_timeout()) end)
+      spawn(fn -> send(parent, {:result, Batcher.run_many(server, [[10], [11]], call_timeout())}) end)
       wait_until(fn -> :sys.get_state(server).queued == 7 end)
 
       Process.exit(doomed, :kill)
       wait_until(fn -> :sys.get_state(server).queued == 2 end)
       assert map_size(:sys.get_state(server).holds) == 1
 
-      assert_receive {:result, {:ok, rows}}, 5_000
+      assert_receive {:result, {:ok, rows}}, call_timeout()
       assert Enum.map(rows, &Tensor.to_flat_list/1) == [[21], [23]]
       assert rows_seen() == [2]
     end
@@ -391,14 +414,14 @@ defmodule ExBurn.Serving.BatcherTest do
     })
 
     old = Process.whereis(name)
-    assert {:ok, _} = Batcher.run(name, [1, 1])
+    assert {:ok, _} = Batcher.run(name, [1, 1], call_timeout())
 
     ref = Process.monitor(old)
     Process.exit(old, :kill)
     assert_receive {:DOWN, ^ref, :process, ^old, :killed}
     wait_until(fn -> Process.whereis(name) not in [nil, old] end)
 
-    assert {:ok, row} = Batcher.run(name, [20, 21])
+    assert {:ok, row} = Batcher.run(name, [20, 21], call_timeout())
     assert Tensor.to_flat_list(row) == [41, 43]
   end
 
@@ -416,7 +439,7 @@ defmodule ExBurn.Serving.BatcherTest do
     end
 
     {:ok, server} = Batcher.start_link(fun, batch_size: 3, batch_timeout: 1_000)
-    tasks = for x <- [1, -2, 3], do: Task.async(fn -> Batcher.run(server, [x]) end)
+    tasks = for x <- [1, -2, 3], do: Task.async(fn -> Batcher.run(server, [x], call_timeout()) end)
     # the test's own timeout bounds the wait: a cold GPU compiles the batch's kernels first
     assert [{:ok, _}, {:error, _}, {:ok, _}] = Enum.map(tasks, &Task.await(&1, :infinity))
 
