@@ -282,7 +282,10 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Axon) do
       assert %Nx.Tensor{data: %ExBurn.Backend{}, shape: {2, 10}, type: {:f, 32}} = predictions
       assert Nx.shape(Nx.argmax(predictions, axis: 1)) == {2}
       {:ok, et} = Burn.predict(compiled, Nx.to_list(input_tensor))
-      assert Nx.to_flat_list(predictions) == ExBurn.Tensor.to_flat_list(et)
+      # the same bits on the CPU; a GPU's autotuning may pick another product kernel per call
+      for {a, b} <- Enum.zip(Nx.to_flat_list(predictions), ExBurn.Tensor.to_flat_list(et)),
+          do: assert_in_delta(a, b, ExBurn.TestHelpers.product_tolerance(0.0))
+
       assert Burn.free(compiled) == :ok
     end
   end
