@@ -22,7 +22,7 @@ defmodule ExBurn.Pretrained.WarmUp do
 
   def sizes(op, other, _all, max), do: invalid(op, other, max)
 
-  @doc "The sizes `warmup: true` warms an embedder at: one text, and a full batch."
+  @doc "The sizes an embedder's `warmup: true` and a batcher's `:warmup` run: one sample, and a full batch."
   def embedder_sizes(batch_size), do: Enum.uniq([1, batch_size])
 
   @doc "Like `sizes/4`, but raises `ExBurn.Error`."

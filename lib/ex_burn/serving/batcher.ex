@@ -20,6 +20,11 @@ defmodule ExBurn.Serving.Batcher do
     * `:batch_timeout` - ms the oldest queued request waits for the batch to fill (default 10)
     * `:max_queue` - the most queued (not yet running) requests; more are refused at once with
       an `ExBurn.Error` whose `details.cause` is `:overloaded` (default 1024, or `:infinity`)
+    * `:warmup` - one sample, as `run/3` takes it: before the server starts, the target runs on
+      a batch of one copy of it and on a full batch (`:batch_size` copies), in the caller. On a
+      GPU the first batch of a shape compiles its kernels, for seconds; this does it before
+      traffic. If the sample fails, `start_link` returns that `{:error, %ExBurn.Error{}}`
+      (default: none)
 
   ## Semantics
 
@@ -48,7 +53,7 @@ defmodule ExBurn.Serving.Batcher do
   alias ExBurn.{Error, Model, Tensor}
   alias ExBurn.Serving.Batch
 
-  @options [:name, :batch_size, :batch_timeout, :max_queue]
+  @options [:name, :batch_size, :batch_timeout, :max_queue, :warmup]
 
   # `holds` counts, per caller monitor, that caller's samples queued or running: the samples of
   # one `run_many/3` share one monitor, released when the last of them is done.
@@ -71,7 +76,28 @@ defmodule ExBurn.Serving.Batcher do
     opts = Keyword.new(opts)
     config = config!(model_or_fun, opts)
     gen_opts = if name = opts[:name], do: [name: name], else: []
-    GenServer.start_link(__MODULE__, config, gen_opts)
+
+    with :ok <- warm_up(config, opts[:warmup]),
+         do: GenServer.start_link(__MODULE__, config, gen_opts)
+  end
+
+  # in the caller, before the server exists: nothing can reach it until the target is warm
+  defp warm_up(_config, nil), do: :ok
+
+  defp warm_up(%{target: target, batch_size: size}, sample) do
+    sample = sample!(sample)
+
+    ExBurn.Pretrained.WarmUp.embedder_sizes(size)
+    |> ExBurn.Pretrained.WarmUp.run(fn n ->
+      {rows, _fallback} = Batch.execute(target, List.duplicate(sample, n))
+      Enum.find_value(rows, :ok, fn row -> match?({:error, _}, row) && row end)
+    end)
+    |> case do
+      {:ok, _timing} -> :ok
+      error -> error
+    end
+  rescue
+    e in Error -> {:error, e}
   end
 
   @doc """

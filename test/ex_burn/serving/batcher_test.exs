@@ -86,6 +86,23 @@ defmodule ExBurn.Serving.BatcherTest do
     end
   end
 
+  test ":warmup runs the target on one sample and on a full batch before the server starts" do
+    {:ok, server} = Batcher.start_link(affine(self()), batch_size: 5, warmup: [1, 2])
+    assert rows_seen() == [1, 5]
+    assert Tensor.to_flat_list(Batcher.run!(server, [3, 4], call_timeout())) == [7, 9]
+
+    fun = fn batch ->
+      if Enum.any?(Tensor.to_flat_list(batch), &(&1 < 0)), do: raise(ArgumentError, "negative input")
+      batch
+    end
+
+    assert {:error, %Error{op: :serving, reason: "the serving function raised: negative input"}} =
+             Batcher.start_link(fun, warmup: [-1])
+
+    assert {:error, %Error{op: :serving, details: %{got: :junk}}} = Batcher.start_link(fun, warmup: :junk)
+    assert {:ok, _} = Batcher.start_link(fun, warmup: [1])
+  end
+
   test "inputs may be lists, tensors and {binary, type, shape}; run! raises" do
     {:ok, server} = Batcher.start_link(affine(self()), batch_timeout: 0)
     assert Tensor.to_flat_list(Batcher.run!(server, [1, 2], call_timeout())) == [3, 5]
