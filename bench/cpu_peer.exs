@@ -25,6 +25,10 @@
 # the same compositions, against torch.softmax and layer_norm. take/sort/conv are not in
 # ExBurn.Tensor's public API; they go through ExBurn.Native as the Nx backend does.
 #
+# Each case's row also gives the CPUs' FMA rate (GFLOP/s on all threads, bench/support/fma_probe.c)
+# measured just before that case on each side: on a VM whose vCPUs share physical cores with other
+# tenants it moves between runs and between the two sides of one row.
+#
 # The table, headed by the machine (bench/support/machine.exs: the CPU and its ISA flags), is also
 # written to EXBURN_BENCH_OUT (default bench/results/cpu_peer_<machine>_<date>.txt; "-" for none).
 Code.require_file("support/machine.exs", __DIR__)
@@ -36,6 +40,13 @@ selected = System.argv()
 want? = fn name -> selected == [] or name in selected end
 
 loadavg = &Bench.Machine.loadavg/0
+
+fma = fn ->
+  case Bench.Machine.fma_rate() do
+    nil -> nil
+    gflops -> round(gflops)
+  end
+end
 
 median = fn xs ->
   s = Enum.sort(xs)
@@ -166,9 +177,10 @@ IO.puts(:stderr, "ExBurn cases (device #{inspect(ExBurn.default_device())}, math
 
 exburn =
   for {name, fun} <- cases, want?.(name), into: %{} do
+    rate = fma.()
     {us, reps} = bench.(fun)
     IO.puts(:stderr, "  #{name}: #{Float.round(us, 1)} µs (#{reps} reps)")
-    {name, {us, reps}}
+    {name, {us, reps, rate}}
   end
 
 # MLP 784-256-128-10, the data of bench/mlp_epoch.exs.
@@ -194,20 +206,23 @@ exburn =
         warm = T.slice(x, [0, 0], [1024, features])
         Model.fit(model, {warm, T.slice(y, [0], [1024])}, epochs: 1, batch_size: 128)
 
+        rate = fma.()
+
         {us, {_m, [%{loss: loss}]}} =
           :timer.tc(fn -> Model.fit_with_history(model, {x, y}, epochs: 1, batch_size: 128) end)
 
         IO.puts(:stderr, "  mlp_epoch: #{Float.round(us / 1.0e6, 2)} s, loss #{Float.round(loss, 4)}")
-        Map.put(exburn, "mlp_epoch", {us * 1.0, 1})
+        Map.put(exburn, "mlp_epoch", {us * 1.0, 1, rate})
       else
         exburn
       end
 
     for {name, rows} <- [{"predict_b1", 1}, {"predict_b1024", 1024}], want?.(name), into: acc do
       xb = T.slice(x, [0, 0], [rows, features])
+      rate = fma.()
       {us, reps} = bench.(fn -> Model.predict(model, xb, batch_size: 1024) |> consume.() end)
       IO.puts(:stderr, "  #{name}: #{Float.round(us, 1)} µs (#{reps} reps)")
-      {name, {us, reps}}
+      {name, {us, reps, rate}}
     end
   else
     exburn
@@ -218,7 +233,10 @@ IO.puts(:stderr, "PyTorch cases...")
 script = Path.join(__DIR__, "cpu_peer.py")
 
 {torch, torch_note} =
-  case System.cmd("python3", [script | selected], stderr_to_stdout: true) do
+  case System.cmd("python3", [script | selected],
+         stderr_to_stdout: true,
+         env: [{"EXBURN_FMA_PROBE", Bench.Machine.fma_probe() || ""}]
+       ) do
     {out, 0} ->
       lines = String.split(out, "\n", trim: true)
 
@@ -231,8 +249,14 @@ script = Path.join(__DIR__, "cpu_peer.py")
 
           rows =
             for "CASE\t" <> rest <- lines, into: %{} do
-              [name, us, reps | _] = String.split(rest, "\t")
-              {name, {String.to_float(us), String.to_integer(reps)}}
+              [name, us, reps | extra] = String.split(rest, "\t")
+
+              rate =
+                Enum.find_value(extra, fn f ->
+                  match?("fma=" <> _, f) && String.to_integer(String.trim_leading(f, "fma="))
+                end)
+
+              {name, {String.to_float(us), String.to_integer(reps), rate}}
             end
 
           {rows, info}
@@ -258,14 +282,15 @@ names = Enum.map(cases, &elem(&1, 0)) ++ mlp_names
 
 rows =
   for name <- names, Map.has_key?(exburn, name) do
-    {eus, ereps} = exburn[name]
-    {tus, treps} = Map.get(torch, name, {nil, nil})
+    {eus, ereps, erate} = exburn[name]
+    {tus, treps, trate} = Map.get(torch, name, {nil, nil, nil})
     ratio = if tus, do: :erlang.float_to_binary(eus / tus, decimals: 2), else: "-"
     tcol = if tus, do: "#{fmt.(tus)} (#{treps})", else: "-"
 
     String.pad_trailing(name, 32) <>
       String.pad_leading("#{fmt.(eus)} (#{ereps})", 18) <>
-      String.pad_leading(tcol, 18) <> String.pad_leading(ratio, 9)
+      String.pad_leading(tcol, 18) <>
+      String.pad_leading(ratio, 9) <> String.pad_leading("#{erate || "-"}/#{trate || "-"}", 10)
   end
 
 report =
@@ -273,11 +298,13 @@ report =
     "CPU peer benchmark #{start_time}, #{System.schedulers_online()} schedulers, ExBurn math mode " <>
       "#{ExBurn.math()}, #{torch_note}",
     Bench.Machine.line(),
-    "ratio = ExBurn / PyTorch (< 1: ExBurn faster); medians, reps in parentheses",
+    "ratio = ExBurn / PyTorch (< 1: ExBurn faster); medians, reps in parentheses; " <>
+      "FMA = GFLOP/s the CPUs delivered just before the case, ExBurn's/PyTorch's",
     "load average at start: #{start_load}; after ExBurn: #{mid_load}; at end: #{end_load}",
     "",
     String.pad_trailing("case", 32) <>
-      String.pad_leading("ExBurn", 18) <> String.pad_leading("PyTorch", 18) <> String.pad_leading("ratio", 9)
+      String.pad_leading("ExBurn", 18) <>
+      String.pad_leading("PyTorch", 18) <> String.pad_leading("ratio", 9) <> String.pad_leading("FMA", 10)
   ] ++ rows
 
 Enum.each(report, &IO.puts/1)

@@ -11,6 +11,7 @@ so that the case runs about EXBURN_BENCH_TARGET_S seconds (default 0.5), at leas
 200; the median is printed. Every call consumes its result (reads one element with .item()).
 """
 import os
+import subprocess
 import sys
 import time
 
@@ -158,10 +159,11 @@ def mlp_cases(selected):
     if want("mlp_epoch"):
         # warm-up on 1024 samples, then one timed epoch (as the .exs does)
         train_epoch(model, opt, x[:1024], y[:1024])
+        rate = fma()
         t0 = time.perf_counter()
         loss = train_epoch(model, opt, x, y)
         us = (time.perf_counter() - t0) * 1e6
-        print(f"CASE\tmlp_epoch\t{us:.1f}\t1\tloss={loss:.4f}", flush=True)
+        print(f"CASE\tmlp_epoch\t{us:.1f}\t1\tloss={loss:.4f}{rate}", flush=True)
     model.eval()
     for name, rows in (("predict_b1", 1), ("predict_b1024", 1024)):
         if want(name):
@@ -171,8 +173,19 @@ def mlp_cases(selected):
                 with torch.no_grad():
                     return first(model(xb))
 
+            rate = fma()
             us, reps = bench(run)
-            print(f"CASE\t{name}\t{us:.1f}\t{reps}", flush=True)
+            print(f"CASE\t{name}\t{us:.1f}\t{reps}{rate}", flush=True)
+
+
+def fma():
+    """`fma=N`: the GFLOP/s the CPUs deliver now, from the probe the .exs built
+    (EXBURN_FMA_PROBE), or "" without one."""
+    probe = os.environ.get("EXBURN_FMA_PROBE")
+    if not probe:
+        return ""
+    out = subprocess.run([probe, str(torch.get_num_threads())], capture_output=True, text=True)
+    return f"\tfma={round(float(out.stdout.split()[0]))}" if out.returncode == 0 else ""
 
 
 def main():
@@ -181,8 +194,9 @@ def main():
     for name, fun in cases():
         if selected and name not in selected:
             continue
+        rate = fma()
         us, reps = bench(fun)
-        print(f"CASE\t{name}\t{us:.1f}\t{reps}", flush=True)
+        print(f"CASE\t{name}\t{us:.1f}\t{reps}{rate}", flush=True)
     mlp_cases(selected)
 
 

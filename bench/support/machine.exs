@@ -109,7 +109,8 @@ defmodule Bench.Machine do
     end
   end
 
-  defp fma_probe do
+  @doc "The path of the built FMA probe (support/fma_probe.c), or nil where it cannot be built."
+  def fma_probe do
     case :persistent_term.get({__MODULE__, :fma_probe}, :unset) do
       :unset ->
         probe = build_fma_probe()
