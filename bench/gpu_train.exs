@@ -18,14 +18,13 @@
 # cache (EXBURN_KERNEL_CACHE, CUDA builds) already holds them from an earlier process, so run it
 # once with an empty cache and once more to see a cold and a warm process. "steady" is the
 # median of the epochs after the first; "step" is that over the epoch's batches.
+Code.require_file("support/machine.exs", __DIR__)
 alias ExBurn.{Model, Tensor}
 
 defmodule GpuTrain do
   def device, do: ExBurn.Device.resolve(System.get_env("EXBURN_BENCH_DEVICE") || "cpu")
 
   def epochs, do: String.to_integer(System.get_env("EXBURN_BENCH_EPOCHS") || "4")
-
-  def load, do: File.read!("/proc/loadavg") |> String.split() |> Enum.take(3) |> Enum.join(" ")
 
   # x = sin(0.37 * i) over the features (iota in f32), label = argmax of the first 10, made on the
   # device as bench/mlp_epoch.exs makes them
@@ -108,6 +107,6 @@ names =
     args -> Enum.map(args, &String.to_existing_atom/1)
   end
 
-IO.puts("load average at start: #{GpuTrain.load()}")
+IO.puts("load average at start: #{Bench.Machine.loadavg()}")
 Enum.each(names, &GpuTrain.run/1)
-IO.puts("load average at end: #{GpuTrain.load()}")
+IO.puts("load average at end: #{Bench.Machine.loadavg()}")

@@ -1,6 +1,6 @@
 //! CUDA-only glue: cuBLAS products on cubecl's tensors (`cublas`) and the device-side ordering
-//! between cubecl's stream and the library's (`handoff`), and the exact float remainder that
-//! CUDA's `fmod` gives (`fmod`).
+//! between cubecl's stream and the library's (`handoff`), and an exact float remainder kernel
+//! (`fmod`).
 
 pub mod cublas;
 pub mod fmod;
