@@ -150,6 +150,7 @@ fn with_sign_of(mag: Prim, x: &Prim) -> Prim {
 /// lost, so this is accurate near 0 and exact where 1 + x is (Burn's f64 log1p is one ulp off at
 /// log1p(2)). Where w is 0 or infinite the correction is 0/0 or inf/inf, so log(w) alone gives
 /// log1p(-1) = -inf and log1p(inf) = inf; where w is 1, log1p(x) rounds to x (which keeps -0).
+/// In f32 with w in [0.5, 2] the device's log is not used (`log1p_near_one`).
 fn log1p(x: Prim) -> Prim {
     use Dispatch as D;
     let w = D::float_add_scalar(x.clone(), fscalar(1.0));
@@ -157,8 +158,33 @@ fn log1p(x: Prim) -> Prim {
     let lost = D::float_sub(D::float_sub_scalar(w.clone(), fscalar(1.0)), x.clone());
     let corrected = D::float_sub(log_w.clone(), D::float_div(lost, w.clone()));
     let edge = D::bool_or(D::float_equal_elem(w.clone(), fscalar(0.0), BOOL), D::float_is_inf(w.clone(), BOOL));
-    let out = mask(corrected, edge, log_w);
+    let mut out = mask(corrected, edge, log_w);
+    if dispatch::dtype(&x) == burn::backend::DType::F32 {
+        let inside = D::bool_and(
+            D::float_greater_equal_elem(w.clone(), fscalar(0.5), BOOL),
+            D::float_lower_equal_elem(w.clone(), fscalar(2.0), BOOL),
+        );
+        out = mask(out, inside, log1p_near_one(&x, &w));
+    }
     mask(out, D::float_equal_elem(w, fscalar(1.0), BOOL), x)
+}
+
+/// log1p(x) in f32 for w = 1 + x in [0.5, 2] from arithmetic alone: Vulkan's log need only be
+/// within 2^-21 absolute there (the Vulkan specification's precision table), no digit at all of
+/// log1p(1e-7). fdlibm's form: f = w - 1 is exact (Sterbenz), s = f / (2 + f), and
+/// log(1 + f) = f - (f²/2 - s (f²/2 + R)) with R = 2s²/3 + 2s⁴/5 + ... (|s| ≤ 1/3: the terms past
+/// s¹⁴ are below 2^-25 of the result), plus (x - f) / w, what rounding 1 + x lost (also exact).
+fn log1p_near_one(x: &Prim, w: &Prim) -> Prim {
+    use Dispatch as D;
+    let f = D::float_sub_scalar(w.clone(), fscalar(1.0));
+    let s = D::float_div(f.clone(), D::float_add_scalar(f.clone(), fscalar(2.0)));
+    let z = mul(&s, &s);
+    let series: Vec<f64> = (1..=7).rev().map(|k| 2.0 / (2 * k + 1) as f64).collect();
+    let r = mul(&z, &horner(&z, &series));
+    let hfsq = D::float_mul_scalar(mul(&f, &f), fscalar(0.5));
+    let inner = D::float_sub(hfsq.clone(), mul(&s, &D::float_add(hfsq, r)));
+    let lost = D::float_div(D::float_sub(x.clone(), f.clone()), w.clone());
+    D::float_add(D::float_sub(f, inner), lost)
 }
 
 /// |x|^(1/3) by powf, whose exponent is not exactly a third (58 ulps off at 1e-300), then one
@@ -1064,9 +1090,18 @@ mod tests {
             (UnaryOp::Acosh, 1.000_000_1, 4.882_812_451_493_617e-4),
             (UnaryOp::Asinh, f32::MAX, 89.415_986_232_628_3),
         ];
+        // Vulkan's exp need only be within 3 + 2|y| ulps at y (the Vulkan specification's precision
+        // table), and erfc beyond 1.25 is exp(-x² - 0.5625) times a factor near 1: its error is the
+        // device's exp's (11 ulps at 5 on NVIDIA's driver, 27.6 on lavapipe).
+        let vulkan = crate::testing::device().kind == crate::device::DeviceKind::Vulkan;
+        let exp_ulps = |op: UnaryOp, x: f32| match op {
+            UnaryOp::Erfc if vulkan && x.abs() >= 1.25 => 3.0 + 2.0 * (x as f64 * x as f64 + 0.5625),
+            _ => 0.0,
+        };
         for (op, x, want) in cases {
             let got = f32_native(*op, &[*x])[0];
-            assert!(ulps(got, *want) <= 4.0, "{op}({x}) = {got}, want {want} ({} ulps)", ulps(got, *want));
+            let bound = 4.0 + exp_ulps(*op, *x);
+            assert!(ulps(got, *want) <= bound, "{op}({x}) = {got}, want {want} ({} ulps)", ulps(got, *want));
         }
         let (inf, nan) = (f32::INFINITY, f32::NAN);
         let same = |op: UnaryOp, x: &[f32], want: &[f32]| {
