@@ -4,7 +4,7 @@ if Code.ensure_loaded?(Nx) do
   defmodule ExBurn.Serving.DistributedTest do
     # Starts distribution on this node and a peer node: not async, and cleaned up on exit.
     use ExUnit.Case, async: false
-    import ExBurn.TestHelpers, only: [wait_until: 1]
+    import ExBurn.TestHelpers, only: [wait_until: 1, product_tolerance: 1]
     @moduletag :nx
     @moduletag :distributed
 
@@ -65,7 +65,7 @@ if Code.ensure_loaded?(Nx) do
         # Replies crossed the node boundary as host tensors.
         assert row.data.__struct__ == Nx.BinaryBackend
         assert Nx.shape(row) == {2}
-        for {g, e} <- Enum.zip(Nx.to_flat_list(row), exp), do: assert_in_delta(g, e, 1.0e-5)
+        for {g, e} <- Enum.zip(Nx.to_flat_list(row), exp), do: assert_in_delta(g, e, product_tolerance(1.0e-5))
       end
     end
 

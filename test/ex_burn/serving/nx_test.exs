@@ -3,7 +3,7 @@
 if Code.ensure_loaded?(Nx) do
   defmodule ExBurn.Serving.NxTest do
     use ExUnit.Case, async: true
-    import ExBurn.TestHelpers, only: [wait_until: 1, product_tolerance: 1]
+    import ExBurn.TestHelpers, only: [wait_until: 1, product_tolerance: 1, call_timeout: 0]
     @moduletag :nx
 
     alias ExBurn.{Error, Model, Tensor}
@@ -73,7 +73,7 @@ if Code.ensure_loaded?(Nx) do
             for r <- 1..4, i = c * 10 + r, do: {i, ExBurn.Serving.batched_run(name, Nx.tensor(input(i)))}
           end)
         end)
-        |> Enum.flat_map(&Task.await(&1, 30_000))
+        |> Enum.flat_map(&Task.await(&1, max(30_000, call_timeout())))
 
       assert length(results) == 256
       for {i, row} <- results, do: assert_row(row, expected(model, i))

@@ -349,6 +349,7 @@ if Code.ensure_loaded?(Nx) do
     use ExUnit.Case, async: false
     @moduletag :nx
 
+    import ExBurn.TestHelpers, only: [product_tolerance: 1]
     alias ExBurn.Rerank
 
     @dir Path.expand("../../data/encoders/tiny-xlm-roberta-reranker", __DIR__)
@@ -373,9 +374,10 @@ if Code.ensure_loaded?(Nx) do
         end)
         |> Enum.map(fn {:ok, %{scores: t}} -> Nx.to_flat_list(t) end)
 
-      # a document scored alone may differ in the last bits from its score beside others
+      # a document scored alone may differ in the last bits from its score beside others (more
+      # on a GPU, whose products run TF32 kernels)
       for {got, n} <- Enum.zip(results, 1..4), {g, w} <- Enum.zip(got, Enum.take(want, rem(n, 3) + 1)) do
-        assert_in_delta g, w, 1.0e-6
+        assert_in_delta g, w, product_tolerance(1.0e-6)
       end
 
       assert Enum.map(results, &length/1) == [2, 3, 1, 2]
