@@ -311,6 +311,9 @@ const WARM_FOR: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// A helper's job: `first`'s tasks, then those of calls that come within `WARM_FOR` of each
 /// other, running rayon's other jobs meanwhile so the pool never waits on a watching helper.
+/// Between checks it yields its core to any other thread that wants it: the BEAM's schedulers
+/// (the dirty one that makes the next call, the one that hands it over) share these cores, and
+/// a helper that only spun held the next call off a core for its whole watch.
 fn stay_warm(first: Arc<Tasks>) {
     first.drain();
     drop(first);
@@ -333,7 +336,7 @@ fn stay_warm(first: Arc<Tasks>) {
             }
             WARM.fetch_add(1, Ordering::SeqCst);
         } else if rayon::yield_now() != Some(rayon::Yield::Executed) {
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
     }
 }
