@@ -16,6 +16,9 @@
 # *_nodealloc rows leave the result to the garbage collector instead. The MLP epoch is timed once
 # after a warm-up fit on 1024 samples (it takes seconds).
 #
+# max_1M_scalar is Nx.max(t, 0.0), eager ReLU, against torch.maximum with a 0-d zero (both
+# propagate NaN).
+#
 # Softmax: ExBurn composes it (reduce_max, subtract, exp, sum, divide; there is no softmax op,
 # nor in Nx, so Torchx runs the same five kernels): the "composed" row composes it on both sides
 # (what an eager Nx program costs on either backend), the plain row compares the composition with
@@ -114,6 +117,7 @@ cases =
     {"add_1M", fn -> T.add(a, b) |> consume.() end},
     {"add_1M_nodealloc", fn -> T.add(a, b) |> consume_keep.() end},
     {"exp_1M", fn -> T.exp(a) |> consume.() end},
+    {"max_1M_scalar", fn -> T.max(a, 0.0) |> consume.() end},
     {"sum_1M_all", fn -> T.sum(a) |> consume.() end},
     {"sum_1000x1000_axis1", fn -> T.sum(m, axes: [1]) |> consume.() end},
     {"argmax_1M", fn -> T.argmax(a) |> consume.() end},

@@ -130,6 +130,8 @@ def cases():
     yield "add_1M", lambda: first(a + b)
     yield "add_1M_nodealloc", lambda: first(a + b)
     yield "exp_1M", lambda: first(torch.exp(a))
+    zero = torch.zeros((), dtype=torch.float32)
+    yield "max_1M_scalar", lambda: first(torch.maximum(a, zero))
     yield "sum_1M_all", lambda: first(a.sum())
     yield "sum_1000x1000_axis1", lambda: first(m.sum(dim=1))
     yield "argmax_1M", lambda: first(a.argmax())

@@ -625,7 +625,8 @@ fn arith(op: BinaryOp, a: Prim, b: Prim, ty: NxType) -> ExResult<Prim> {
         BinaryOp::Pow => Dispatch::int_powi(a, b),
         BinaryOp::Max | BinaryOp::Min if float => {
             // b where it wins or is NaN, else a (also NaN when a is): Nx propagates NaN, and a
-            // comparison with NaN is false. Four passes; ties keep a.
+            // comparison with NaN is false. Four passes; ties keep a. The CPU's f32/f64 kernel
+            // (`kernels::cpu::vector::Arith::Max`) follows the same rule in one.
             let b_wins = if op == BinaryOp::Max {
                 Dispatch::float_lower(a.clone(), b.clone(), BOOL)
             } else {
@@ -692,6 +693,8 @@ pub fn binary(op: BinaryOp, a: &Handle, b: &Handle, ty: NxType) -> ExResult<Hand
             BinaryOp::Subtract => Some(Arith::Sub),
             BinaryOp::Multiply => Some(Arith::Mul),
             BinaryOp::Divide => Some(Arith::Div),
+            BinaryOp::Max => Some(Arith::Max),
+            BinaryOp::Min => Some(Arith::Min),
             _ => None,
         };
         if let Some(prim) = kernel_op.and_then(|k| arith(k, &a.prim, &a.shape, &b.prim, &b.shape, &shape)) {
@@ -805,6 +808,42 @@ mod tests {
             let r = floats(&binary(op, &a, &b, NxType::F(32)).unwrap());
             assert!(r[0].is_nan() && r[1].is_nan(), "{op}: {r:?}");
             assert_eq!(r[2], if op == BinaryOp::Min { 0.5 } else { 2.0 });
+        }
+    }
+
+    /// Past the CPU kernel's size threshold, max and min of f32 and f64 give the composition's
+    /// bits (the rule every other device runs) over NaN, ±0, ±inf, ties and ordinary values,
+    /// full, scalar, row and column operands alike; ties keep the first operand's zero.
+    #[test]
+    fn float_min_max_equal_the_composition_at_any_size() {
+        let specials = [f64::NAN, 0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, 1.5, -2.25, 1.5];
+        let value = |i: usize, salt: usize| if (i * 7 + salt) % 5 == 0 { specials[(i + salt) % specials.len()] } else { (((i * 31 + salt) % 97) as f64 - 48.0) * 0.25 };
+        let (rows, cols) = (96, 64);
+        let full: Vec<f64> = (0..rows * cols).map(|i| value(i, 0)).collect();
+        let operands: [(Vec<f64>, Vec<usize>); 4] = [
+            ((0..rows * cols).map(|i| value(i, 3)).collect(), vec![rows, cols]),
+            (vec![0.0], vec![]),
+            ((0..cols).map(|i| value(i, 1)).collect(), vec![cols]),
+            ((0..rows).map(|i| value(i, 2)).collect(), vec![rows, 1]),
+        ];
+        for ty in [NxType::F(32), NxType::F(64)] {
+            let make = |v: &[f64], shape: &[usize]| as_type(&f64s(v, shape), ty).unwrap();
+            let x = make(&full, &[rows, cols]);
+            for (v, shape) in &operands {
+                let y = make(v, shape);
+                for op in [BinaryOp::Max, BinaryOp::Min] {
+                    for (a, b) in [(&x, &y), (&y, &x)] {
+                        let got = floats(&binary(op, a, b, ty).unwrap());
+                        let out = broadcast_shape(&a.shape, &b.shape).unwrap();
+                        let composed = arith(op, broadcast_prim(a, &out), broadcast_prim(b, &out), ty).unwrap();
+                        let want = floats(&Handle::new(composed, ty, out, a.device));
+                        assert_eq!(got.len(), rows * cols);
+                        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{op} {ty} {shape:?} at {k}: {g} vs {w}");
+                        }
+                    }
+                }
+            }
         }
     }
 

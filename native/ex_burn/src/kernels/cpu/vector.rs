@@ -602,13 +602,17 @@ pub fn has_nan(x: &Prim) -> Option<bool> {
     })
 }
 
-/// The four arithmetic ops `arith` runs.
+/// The element-wise ops `arith` runs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Arith {
     Add,
     Sub,
     Mul,
     Div,
+    /// Nx's `max` and `min` of floats, as `ops::elementwise` composes them on other devices: `b`
+    /// where it wins or is NaN, else `a` (NaN propagates either way; a tie keeps `a`).
+    Max,
+    Min,
 }
 
 trait ArithOp: Send + Sync {
@@ -618,6 +622,8 @@ struct AddOp;
 struct SubOp;
 struct MulOp;
 struct DivOp;
+struct MaxOp;
+struct MinOp;
 impl ArithOp for AddOp {
     #[inline(always)]
     fn apply<T: Float>(a: T, b: T) -> T {
@@ -640,6 +646,26 @@ impl ArithOp for DivOp {
     #[inline(always)]
     fn apply<T: Float>(a: T, b: T) -> T {
         a / b
+    }
+}
+impl ArithOp for MaxOp {
+    #[inline(always)]
+    fn apply<T: Float>(a: T, b: T) -> T {
+        if a < b || b.is_nan() {
+            b
+        } else {
+            a
+        }
+    }
+}
+impl ArithOp for MinOp {
+    #[inline(always)]
+    fn apply<T: Float>(a: T, b: T) -> T {
+        if a > b || b.is_nan() {
+            b
+        } else {
+            a
+        }
     }
 }
 
@@ -773,6 +799,8 @@ pub fn arith(op: Arith, a: &Prim, a_shape: &[usize], b: &Prim, b_shape: &[usize]
             Arith::Sub => arith_typed::<T, SubOp>(simd(), a, ca, b, cb, n),
             Arith::Mul => arith_typed::<T, MulOp>(simd(), a, ca, b, cb, n),
             Arith::Div => arith_typed::<T, DivOp>(simd(), a, ca, b, cb, n),
+            Arith::Max => arith_typed::<T, MaxOp>(simd(), a, ca, b, cb, n),
+            Arith::Min => arith_typed::<T, MinOp>(simd(), a, ca, b, cb, n),
         }
     }
     let data = match (flex_f32(a), flex_f32(b)) {
