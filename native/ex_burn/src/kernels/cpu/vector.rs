@@ -868,11 +868,13 @@ fn std_unary(op: UnaryOp) -> Option<(fn(f32) -> f32, fn(f64) -> f64)> {
         UnaryOp::Sinh => (f32::sinh, f64::sinh),
         UnaryOp::Cosh => (f32::cosh, f64::cosh),
         UnaryOp::Tanh => (f32::tanh, f64::tanh),
+        // flex's erf is libm's (the same crate and version)
+        UnaryOp::Erf => (libm::erff, libm::erf),
         _ => return None,
     })
 }
 
-fn par_map<T: Copy + Send + Sync + burn::tensor::Element>(xs: &[T], shape: Vec<usize>, f: fn(T) -> T) -> Prim {
+fn par_map<T: Copy + Send + Sync + burn::tensor::Element>(xs: &[T], shape: Vec<usize>, f: impl Fn(T) -> T + Sync) -> Prim {
     let out = par_map_slices(xs, |x, o| {
         for (o, &x) in o.iter_mut().zip(x) {
             o.write(f(x));
@@ -1099,8 +1101,18 @@ pub(crate) fn exp_slice(xs: &[f32], out: &mut [f32]) {
 /// over rayon's pool. Small tensors stay on flex's own (single-threaded) loop, but for f32 exp,
 /// whose vectorised kernel gives the same bits and pays at any length.
 pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
+    if op == UnaryOp::Sigmoid {
+        return sigmoid(x);
+    }
     let (f32_op, f64_op) = std_unary(op)?;
     let shape = dispatch::dims(x);
+    // inlined, so the loop becomes vector square roots (the same correctly rounded values)
+    if op == UnaryOp::Sqrt {
+        if let Some(xs) = flex_f32(x).filter(|xs| xs.len() >= 2 * PAR_MIN) {
+            return Some(par_map(xs, shape, |x: f32| x.sqrt()));
+        }
+        return flex_f64(x).filter(|xs| xs.len() >= 2 * PAR_MIN).map(|xs| par_map(xs, shape, |x: f64| x.sqrt()));
+    }
     if matches!(op, UnaryOp::Exp) && exp_replica_ok() {
         if let Some(xs) = flex_f32(x) {
             return Some(dispatch::from_data(TensorData::new(exp_f32(simd(), xs), shape), &burn::tensor::Device::flex()));
@@ -1314,6 +1326,38 @@ fn gelu_f32_slice<S: Isa>(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
 
 wide!(fn gelu_f32_into(xs: &[f32], out: &mut [MaybeUninit<f32>]) = gelu_f32_slice;);
 
+/// flex's f32 sigmoid, `1 / (1 + exp(-x))` from 0 up and `e / (1 + e)` with `e = exp(x)` below,
+/// with the exps in `exp_f32_slice`'s passes: flex's bits where that replica gives f32::exp's
+/// (`sigmoid` checks), and flex runs one value at a time on one thread.
+#[inline(always)]
+fn sigmoid_f32_slice<S: Isa>(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
+    const CHUNK: usize = 256;
+    let mut arg = [0f32; CHUNK];
+    let mut e = [MaybeUninit::<f32>::uninit(); CHUNK];
+    for (x, o) in xs.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
+        let n = x.len();
+        for i in 0..n {
+            arg[i] = if x[i] >= 0.0 { -x[i] } else { x[i] };
+        }
+        exp_f32_slice::<S>(&arg[..n], &mut e[..n]);
+        for i in 0..n {
+            // SAFETY: exp_f32_slice wrote e[..n]
+            let e = unsafe { e[i].assume_init() };
+            o[i].write(if x[i] >= 0.0 { 1.0 / (1.0 + e) } else { e / (1.0 + e) });
+        }
+    }
+}
+
+wide!(fn sigmoid_f32_into(xs: &[f32], out: &mut [MaybeUninit<f32>]) = sigmoid_f32_slice;);
+
+/// `sigmoid_f32_slice` over a contiguous f32 flex tensor on rayon's pool; `None` for other
+/// tensors, small ones, or where the exp replica is not this process's f32::exp.
+fn sigmoid(x: &Prim) -> Option<Prim> {
+    let xs = flex_f32(x).filter(|xs| xs.len() >= 2 * PAR_MIN && exp_replica_ok())?;
+    let out = par_map_slices(xs, |x, o| sigmoid_f32_into(simd(), x, o));
+    Some(dispatch::from_data(TensorData::new(out, dispatch::dims(x)), &burn::tensor::Device::flex()))
+}
+
 /// `gelu` on a Burn tensor, falling back to Burn's composition off the CPU or for other dtypes.
 pub fn gelu_tensor<const D: usize>(t: burn::tensor::Tensor<D>) -> burn::tensor::Tensor<D> {
     let p = t.into_dispatch();
@@ -1328,7 +1372,7 @@ mod tests {
     use super::*;
     use crate::testing::{flex_f32s as flex, prim_f32s as values};
     use rayon::prelude::*;
-    use burn::backend::ops::FloatTensorOps;
+    use burn::backend::ops::{ActivationOps, FloatTensorOps};
     use burn::backend::Dispatch;
 
     /// Inputs with every special value, long enough for the parallel paths.
@@ -1374,6 +1418,9 @@ mod tests {
             (UnaryOp::Tanh, Dispatch::float_tanh),
             (UnaryOp::Log, Dispatch::float_log),
             (UnaryOp::Sin, Dispatch::float_sin),
+            (UnaryOp::Sqrt, Dispatch::float_sqrt),
+            (UnaryOp::Erf, Dispatch::float_erf),
+            (UnaryOp::Sigmoid, Dispatch::sigmoid),
         ] {
             let ours = values(unary(op, &x).expect("large contiguous f32 takes the kernel"));
             let theirs = values(flex_op(x.clone()));
@@ -1382,7 +1429,15 @@ mod tests {
         }
         // small tensors (but exp's) and unlisted ops stay on flex
         assert!(unary(UnaryOp::Tanh, &flex(vec![1.0; 10], &[10])).is_none());
-        assert!(unary(UnaryOp::Erf, &x).is_none());
+        assert!(unary(UnaryOp::Abs, &x).is_none());
+        // f64 too, sigmoid's f64 excepted
+        let x64 = crate::dispatch::cast(x.clone(), burn::backend::DType::F64);
+        for (op, flex_op) in [(UnaryOp::Sqrt, Dispatch::float_sqrt as fn(Prim) -> Prim), (UnaryOp::Erf, Dispatch::float_erf)] {
+            let ours = crate::dispatch::into_data(unary(op, &x64).expect("large contiguous f64 takes the kernel")).unwrap().try_to_vec::<f64>().unwrap();
+            let theirs = crate::dispatch::into_data(flex_op(x64.clone())).unwrap().try_to_vec::<f64>().unwrap();
+            assert_eq!(ours.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), theirs.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), "{op:?}");
+        }
+        assert!(unary(UnaryOp::Sigmoid, &x64).is_none());
     }
 
     /// pow: any exponent but 2 gives flex's powf bits (one-element and full-shape exponents);
