@@ -65,7 +65,9 @@ if Code.ensure_loaded?(Nx) do
         # Replies crossed the node boundary as host tensors.
         assert row.data.__struct__ == Nx.BinaryBackend
         assert Nx.shape(row) == {2}
-        for {g, e} <- Enum.zip(Nx.to_flat_list(row), exp), do: assert_in_delta(g, e, product_tolerance(1.0e-5))
+
+        for {g, e} <- Enum.zip(Nx.to_flat_list(row), exp),
+            do: assert_in_delta(g, e, product_tolerance(1.0e-5))
       end
     end
 
