@@ -815,7 +815,7 @@ mod tests {
     /// bits (the rule every other device runs) over NaN, ±0, ±inf, ties and ordinary values,
     /// full, scalar, row and column operands alike; ties keep the first operand's zero.
     #[test]
-    fn float_min_max_equal_the_composition_at_any_size() {
+    fn float_min_max_kernel_equals_the_composition() {
         let specials = [f64::NAN, 0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, 1.5, -2.25, 1.5];
         let value = |i: usize, salt: usize| if (i * 7 + salt) % 5 == 0 { specials[(i + salt) % specials.len()] } else { (((i * 31 + salt) % 97) as f64 - 48.0) * 0.25 };
         let (rows, cols) = (96, 64);
