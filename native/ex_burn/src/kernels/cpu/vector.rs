@@ -1097,9 +1097,10 @@ pub(crate) fn exp_slice(xs: &[f32], out: &mut [f32]) {
     exp_f32_into(simd(), xs, out)
 }
 
-/// A float unary op of `std_unary`'s list over a large contiguous f32/f64 flex tensor, split
-/// over rayon's pool. Small tensors stay on flex's own (single-threaded) loop, but for f32 exp,
-/// whose vectorised kernel gives the same bits and pays at any length.
+/// A float unary op of `std_unary`'s list (or f32 sigmoid, `sigmoid`) over a large contiguous
+/// f32/f64 flex tensor, split over rayon's pool, with flex's bits. Small tensors stay on flex's
+/// own (single-threaded) loop, but for f32 exp, whose vectorised kernel gives the same bits and
+/// pays at any length.
 pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
     if op == UnaryOp::Sigmoid {
         return sigmoid(x);
