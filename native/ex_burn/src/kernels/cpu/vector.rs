@@ -858,7 +858,6 @@ fn std_unary(op: UnaryOp) -> Option<(fn(f32) -> f32, fn(f64) -> f64)> {
     Some(match op {
         UnaryOp::Exp => (f32::exp, f64::exp),
         UnaryOp::Log => (f32::ln, f64::ln),
-        UnaryOp::Sqrt => (f32::sqrt, f64::sqrt),
         UnaryOp::Sin => (f32::sin, f64::sin),
         UnaryOp::Cos => (f32::cos, f64::cos),
         UnaryOp::Tan => (f32::tan, f64::tan),
@@ -1105,20 +1104,24 @@ pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
     if op == UnaryOp::Sigmoid {
         return sigmoid(x);
     }
-    let (f32_op, f64_op) = std_unary(op)?;
-    let shape = dispatch::dims(x);
-    // inlined, so the loop becomes vector square roots (the same correctly rounded values)
+    // passed as function items, not `std_unary`'s pointers, so the loop inlines them and becomes
+    // vector square roots (the same correctly rounded values)
     if op == UnaryOp::Sqrt {
-        if let Some(xs) = flex_f32(x).filter(|xs| xs.len() >= 2 * PAR_MIN) {
-            return Some(par_map(xs, shape, |x: f32| x.sqrt()));
-        }
-        return flex_f64(x).filter(|xs| xs.len() >= 2 * PAR_MIN).map(|xs| par_map(xs, shape, |x: f64| x.sqrt()));
+        return par_map_large(x, f32::sqrt, f64::sqrt);
     }
+    let (f32_op, f64_op) = std_unary(op)?;
     if matches!(op, UnaryOp::Exp) && exp_replica_ok() {
         if let Some(xs) = flex_f32(x) {
-            return Some(dispatch::from_data(TensorData::new(exp_f32(simd(), xs), shape), &burn::tensor::Device::flex()));
+            return Some(dispatch::from_data(TensorData::new(exp_f32(simd(), xs), dispatch::dims(x)), &burn::tensor::Device::flex()));
         }
     }
+    par_map_large(x, f32_op, f64_op)
+}
+
+/// `f32_op` or `f64_op` over a contiguous f32/f64 flex tensor of at least `2 * PAR_MIN` values
+/// on rayon's pool; `None` for other tensors.
+fn par_map_large(x: &Prim, f32_op: impl Fn(f32) -> f32 + Sync, f64_op: impl Fn(f64) -> f64 + Sync) -> Option<Prim> {
+    let shape = dispatch::dims(x);
     if let Some(xs) = flex_f32(x).filter(|xs| xs.len() >= 2 * PAR_MIN) {
         Some(par_map(xs, shape, f32_op))
     } else {
