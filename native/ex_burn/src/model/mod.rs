@@ -2,9 +2,11 @@
 //! and optimizers.
 
 pub mod fused_adam;
+pub mod gates;
 pub mod init;
 pub mod loss;
 pub mod net;
+pub mod recurrent;
 pub mod spec;
 pub mod train;
 

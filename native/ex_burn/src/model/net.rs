@@ -12,6 +12,7 @@ use burn::tensor::activation as act;
 use burn::tensor::{Device, Int, Tensor};
 
 use super::init::SeededRng;
+use super::recurrent::{self, Hidden};
 use super::spec::{Activation, LayerSpec, Padding};
 use crate::error::{ExError, ExResult};
 
@@ -259,11 +260,11 @@ impl Layer {
                 other => return Err(rank_error(name, &other)),
             },
             Layer::Lstm(r) => match x {
-                Act::F3(t) => last_or_all(r.cell.forward(t, None).0, r.return_sequences),
+                Act::F3(t) => hidden(recurrent::lstm(&r.cell, t, r.return_sequences)),
                 other => return Err(rank_error(name, &other)),
             },
             Layer::Gru(r) => match x {
-                Act::F3(t) => last_or_all(r.cell.forward(t, None), r.return_sequences),
+                Act::F3(t) => hidden(recurrent::gru(&r.cell, t, r.return_sequences)),
                 other => return Err(rank_error(name, &other)),
             },
         })
@@ -280,12 +281,11 @@ fn dropout<const D: usize>(l: &Dropout, t: Tensor<D>, rng: &mut SeededRng) -> Te
     t * mask * (1.0 / keep)
 }
 
-fn last_or_all(seq: Tensor<3>, all: bool) -> Act {
-    if all {
-        return Act::F3(seq);
+fn hidden(h: Hidden) -> Act {
+    match h {
+        Hidden::All(seq) => Act::F3(seq),
+        Hidden::Last(last) => Act::F2(last),
     }
-    let [b, t, h] = seq.dims();
-    Act::F2(seq.slice([0..b, t - 1..t, 0..h]).reshape([b, h]))
 }
 
 impl Net {

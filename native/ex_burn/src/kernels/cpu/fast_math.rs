@@ -220,6 +220,20 @@ fn kernel(op: UnaryOp) -> Option<fn(Simd, &[f32], &mut [MaybeUninit<f32>])> {
     })
 }
 
+/// `out = sigmoid(xs)` and `out = tanh(xs)` on the calling thread.
+pub(crate) fn sigmoid_slice(xs: &[f32], out: &mut [f32]) {
+    map_wide::<Sigmoid>(simd(), xs, as_uninit(out))
+}
+
+pub(crate) fn tanh_slice(xs: &[f32], out: &mut [f32]) {
+    map_wide::<Tanh>(simd(), xs, as_uninit(out))
+}
+
+fn as_uninit(out: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: f32 and MaybeUninit<f32> share their layout, and only f32 values are written.
+    unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) }
+}
+
 /// `op` over a contiguous f32 flex tensor, on rayon's pool for long ones; `None` for other ops,
 /// dtypes, devices and strided views.
 pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {

@@ -4,6 +4,7 @@
 pub(crate) mod bf16_gemm;
 pub(crate) mod conv;
 pub(crate) mod fast_math;
+pub(crate) mod gates;
 pub(crate) mod gather;
 pub(crate) mod layer_norm;
 pub(crate) mod linear;

@@ -1354,6 +1354,20 @@ fn sigmoid_f32_slice<S: Isa>(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
 
 wide!(fn sigmoid_f32_into(xs: &[f32], out: &mut [MaybeUninit<f32>]) = sigmoid_f32_slice;);
 
+/// `out = sigmoid(xs)` on the calling thread with flex's f32 bits: the vectorised replica where
+/// the exp replica holds (`exp_replica_ok`), else flex's formula on std's exp.
+pub(crate) fn sigmoid_slice(xs: &[f32], out: &mut [f32]) {
+    assert_eq!(xs.len(), out.len(), "sigmoid_slice: {} inputs, {} outputs", xs.len(), out.len());
+    if !exp_replica_ok() {
+        let flex = |x: f32| if x >= 0.0 { 1.0 / (1.0 + (-x).exp()) } else { x.exp() / (1.0 + x.exp()) };
+        out.iter_mut().zip(xs).for_each(|(o, &x)| *o = flex(x));
+        return;
+    }
+    // SAFETY: f32 and MaybeUninit<f32> share their layout, and only f32 values are written.
+    let out = unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) };
+    sigmoid_f32_into(simd(), xs, out)
+}
+
 /// `sigmoid_f32_slice` over a contiguous f32 flex tensor on rayon's pool; `None` for other
 /// tensors, small ones, or where the exp replica is not this process's f32::exp.
 fn sigmoid(x: &Prim) -> Option<Prim> {

@@ -1,0 +1,224 @@
+//! LSTM and GRU forward passes over Burn's own modules (their parameters, names and records), with
+//! the gates stacked: the input's projection for every time step is one product before the loop,
+//! and each step is one product of the hidden state with the gates' stacked hidden weights.
+//! Burn's `forward` runs two products a gate a step and copies the whole output sequence at each
+//! step, which makes a step's kernel count (and its backward graph) several times larger.
+//!
+//! The arithmetic is Burn's with the gate biases added together before the loop, and each step's
+//! activations in one op (`gates`): layers are built with Burn's defaults (batch first, forward
+//! order, no clipping, sigmoid gates, tanh cell).
+
+use burn::nn::{GateController, Gru, Lstm};
+use burn::tensor::Tensor;
+
+use super::gates::activate;
+
+/// The gates' input weights side by side (`[d_input, n·h]`), their hidden weights
+/// (`[h, n·h]`), and their input and hidden biases summed (`[n·h]`, `None` without biases).
+fn stacked(gates: &[&GateController]) -> (Tensor<2>, Tensor<2>, Option<Tensor<1>>) {
+    let w_in = Tensor::cat(gates.iter().map(|g| g.input_transform.weight.val()).collect(), 1);
+    let w_h = Tensor::cat(gates.iter().map(|g| g.hidden_transform.weight.val()).collect(), 1);
+    let biases: Option<Vec<Tensor<1>>> = gates
+        .iter()
+        .map(|g| Some(g.input_transform.bias.as_ref()?.val() + g.hidden_transform.bias.as_ref()?.val()))
+        .collect();
+    (w_in, w_h, biases.map(|b| Tensor::cat(b, 0)))
+}
+
+/// `x @ w + bias` for every time step of `x` (`[batch, steps, d]`): `[batch, steps, w's columns]`.
+fn project(x: Tensor<3>, w: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<3> {
+    let [b, t, d] = x.dims();
+    let p = x.reshape([b * t, d]).matmul(w);
+    let p = match bias {
+        Some(bias) => p + bias.unsqueeze(),
+        None => p,
+    };
+    let n = p.dims()[1];
+    p.reshape([b, t, n])
+}
+
+/// Step `s` of a projection: `[batch, columns]`.
+fn at_step(p: &Tensor<3>, s: usize) -> Tensor<2> {
+    let [b, _, n] = p.dims();
+    p.clone().slice([0..b, s..s + 1, 0..n]).reshape([b, n])
+}
+
+/// Columns `from..to` of `t`.
+fn columns(t: &Tensor<2>, from: usize, to: usize) -> Tensor<2> {
+    let b = t.dims()[0];
+    t.clone().slice([0..b, from..to])
+}
+
+/// The hidden states: every step's (`[batch, steps, h]`) when `all`, else the last one's
+/// (`[batch, h]`).
+pub enum Hidden {
+    All(Tensor<3>),
+    Last(Tensor<2>),
+}
+
+fn collect(states: Vec<Tensor<2>>, last: Tensor<2>, all: bool) -> Hidden {
+    if all {
+        Hidden::All(Tensor::stack(states, 1))
+    } else {
+        Hidden::Last(last)
+    }
+}
+
+/// Burn's `Lstm::forward` from zero states (gates in the order input, forget, output, cell).
+pub fn lstm(cell: &Lstm, x: Tensor<3>, all: bool) -> Hidden {
+    debug_assert!(cell.batch_first && !cell.reverse && cell.clip.is_none() && !cell.input_forget);
+    let forget = cell.forget_gate.as_ref().expect("layers are built with a forget gate");
+    let (w_in, w_h, bias) = stacked(&[&cell.input_gate, forget, &cell.output_gate, &cell.cell_gate]);
+    let [b, t, _] = x.dims();
+    let h = cell.d_hidden;
+    let p = project(x, w_in, bias);
+    let device = p.device();
+    let (mut c, mut hidden) = (Tensor::zeros([b, h], &device), Tensor::zeros([b, h], &device));
+    let mut states = Vec::with_capacity(if all { t } else { 0 });
+    for s in 0..t {
+        let g = activate(at_step(&p, s) + hidden.matmul(w_h.clone()), 3 * h);
+        c = columns(&g, h, 2 * h) * c + columns(&g, 0, h) * columns(&g, 3 * h, 4 * h);
+        hidden = columns(&g, 2 * h, 3 * h) * activate(c.clone(), 0);
+        if all {
+            states.push(hidden.clone());
+        }
+    }
+    collect(states, hidden, all)
+}
+
+/// Burn's `Gru::forward` (reset after the hidden product) from a zero state (gates in the order
+/// update, reset, new).
+pub fn gru(cell: &Gru, x: Tensor<3>, all: bool) -> Hidden {
+    debug_assert!(cell.reset_after && cell.clip.is_none());
+    let gates = [&cell.update_gate, &cell.reset_gate, &cell.new_gate];
+    let w_in = Tensor::cat(gates.iter().map(|g| g.input_transform.weight.val()).collect(), 1);
+    let w_h = Tensor::cat(gates.iter().map(|g| g.hidden_transform.weight.val()).collect(), 1);
+    let bias = |f: fn(&GateController) -> Option<Tensor<1>>| gates.iter().map(|g| f(g)).collect::<Option<Vec<_>>>().map(|b| Tensor::cat(b, 0));
+    // the new gate's hidden bias is scaled by the reset values, so it stays with its product
+    let (b_in, b_h) = (bias(|g| Some(g.input_transform.bias.as_ref()?.val())), bias(|g| Some(g.hidden_transform.bias.as_ref()?.val())));
+    let [b, t, _] = x.dims();
+    let h = cell.d_hidden;
+    let p = project(x, w_in, b_in);
+    let mut hidden = Tensor::zeros([b, h], &p.device());
+    let mut states = Vec::with_capacity(if all { t } else { 0 });
+    for s in 0..t {
+        let (xp, hp) = (at_step(&p, s), hidden.clone().matmul(w_h.clone()));
+        let hp = match &b_h {
+            Some(bias) => hp + bias.clone().unsqueeze(),
+            None => hp,
+        };
+        let zr = activate(columns(&xp, 0, 2 * h) + columns(&hp, 0, 2 * h), 2 * h);
+        let (z, r) = (columns(&zr, 0, h), columns(&zr, h, 2 * h));
+        let n = activate(columns(&xp, 2 * h, 3 * h) + r * columns(&hp, 2 * h, 3 * h), 0);
+        hidden = n * z.clone().neg().add_scalar(1.0) + z * hidden;
+        if all {
+            states.push(hidden.clone());
+        }
+    }
+    collect(states, hidden, all)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::nn::{GruConfig, LstmConfig};
+    use burn::tensor::{Device, Distribution, Tensor};
+
+    use super::*;
+
+    fn device() -> Device {
+        Device::flex().autodiff()
+    }
+
+    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().try_to_vec::<f32>().unwrap()
+    }
+
+    fn assert_near(got: &[f32], want: &[f32], tol: f32, what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}: lengths");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}[{i}]: {g} against Burn's {w}");
+        }
+    }
+
+    /// Every float parameter's gradient, in visiting order.
+    struct Grads<'a>(&'a burn::tensor::Gradients, Vec<Vec<f32>>);
+    impl ModuleVisitor for Grads<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.1.push(param.val().grad(self.0).map(values).expect("every parameter takes part"));
+        }
+    }
+
+    fn grads<M: Module>(m: &M, loss: Tensor<1>) -> (Vec<Vec<f32>>, burn::tensor::Gradients) {
+        let g = loss.backward();
+        let mut v = Grads(&g, Vec::new());
+        m.visit(&mut v);
+        (v.1, g)
+    }
+
+    /// Output, input gradient and parameter gradients of `ours` and Burn's `reference` forward,
+    /// under the loss `sum(out · r)`.
+    fn compare<M: Module>(m: &M, ours: impl Fn(Tensor<3>) -> Tensor<3>, reference: impl Fn(Tensor<3>) -> Tensor<3>, what: &str) {
+        let d = device();
+        let x = Tensor::<3>::random([3, 5, 4], Distribution::Normal(0.0, 1.5), &d).require_grad();
+        let r = Tensor::<3>::random([3, 5, 6], Distribution::Uniform(-1.0, 1.0), &d);
+        let run = |f: &dyn Fn(Tensor<3>) -> Tensor<3>| {
+            let out = f(x.clone());
+            let (params, g) = grads(m, (out.clone() * r.clone()).sum());
+            (values(out), values(x.grad(&g).unwrap()), params)
+        };
+        let (out, dx, dp) = run(&ours);
+        let (want, want_dx, want_dp) = run(&reference);
+        assert_near(&out, &want, 1e-6, &format!("{what} output"));
+        assert_near(&dx, &want_dx, 1e-5, &format!("{what} input gradient"));
+        assert_eq!(dp.len(), want_dp.len());
+        for (k, (g, w)) in dp.iter().zip(&want_dp).enumerate() {
+            assert_near(g, w, 1e-5, &format!("{what} parameter {k} gradient"));
+        }
+    }
+
+    fn all(h: Hidden) -> Tensor<3> {
+        match h {
+            Hidden::All(t) => t,
+            Hidden::Last(_) => unreachable!("asked for every step"),
+        }
+    }
+
+    fn last(h: Hidden) -> Tensor<2> {
+        match h {
+            Hidden::Last(t) => t,
+            Hidden::All(_) => unreachable!("asked for the last step"),
+        }
+    }
+
+    #[test]
+    fn lstm_matches_burns_forward_and_gradients() {
+        for bias in [true, false] {
+            let cell = LstmConfig::new(4, 6, bias).init(&device());
+            compare(&cell, |x| all(lstm(&cell, x, true)), |x| cell.forward(x, None).0, &format!("lstm bias {bias}"));
+        }
+    }
+
+    #[test]
+    fn gru_matches_burns_forward_and_gradients() {
+        for bias in [true, false] {
+            let cell = GruConfig::new(4, 6, bias).init(&device());
+            compare(&cell, |x| all(gru(&cell, x, true)), |x| cell.forward(x, None), &format!("gru bias {bias}"));
+        }
+    }
+
+    #[test]
+    fn the_last_state_is_the_last_step_of_the_sequence() {
+        let d = device();
+        let x = Tensor::<3>::random([2, 7, 4], Distribution::Normal(0.0, 1.0), &d);
+        let l = LstmConfig::new(4, 3, true).init(&d);
+        let g = GruConfig::new(4, 3, true).init(&d);
+        for (seq, end) in [
+            (all(lstm(&l, x.clone(), true)), last(lstm(&l, x.clone(), false))),
+            (all(gru(&g, x.clone(), true)), last(gru(&g, x.clone(), false))),
+        ] {
+            assert_eq!(end.dims(), [2, 3]);
+            assert_eq!(values(seq.slice([0..2, 6..7, 0..3]).reshape([2, 3])), values(end));
+        }
+    }
+}
