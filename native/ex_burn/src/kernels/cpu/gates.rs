@@ -5,10 +5,10 @@
 //! autodiff computes it again for the backward pass; here the backward pass reads the output.
 //!
 //! The values follow the math mode (`MathMode`): exact gives flex's bits (the vectorised
-//! logistic replica, std's tanh), fast gives `fast_math`'s lanes (within 2 ulps). The gradients
-//! are the expressions Burn's backward passes evaluate, in the same order.
+//! replicas of its logistic function and of std's tanh), fast gives `fast_math`'s lanes (within
+//! 2 ulps). The gradients are the expressions Burn's backward passes evaluate, in the same order.
 
-use super::fast_math;
+use super::{fast_math, tanh};
 use super::vector::{par_chunks_for, sigmoid_slice};
 use crate::ops::precision::MathMode;
 
@@ -40,7 +40,7 @@ pub fn activate(xs: &[f32], cols: usize, split: usize) -> Vec<f32> {
                 fast_math::tanh_slice(xt, ot);
             } else {
                 sigmoid_slice(xs, os);
-                ot.iter_mut().zip(xt).for_each(|(o, x)| *o = x.tanh());
+                tanh::exact_slice(xt, ot);
             }
         }
     });

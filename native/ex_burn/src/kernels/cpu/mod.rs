@@ -13,5 +13,6 @@ pub mod quant;
 pub(crate) mod row_split;
 pub(crate) mod sort;
 pub(crate) mod strided;
+pub(crate) mod tanh;
 pub(crate) mod vector;
 pub(crate) mod winograd;

@@ -1,0 +1,172 @@
+//! f32 tanh with the bits of glibc's `tanhf` up to 2.40 (fdlibm's, on fdlibm's `expm1f`), in f32
+//! lanes: flex's tanh is std's, which is that function, one value at a time and several times
+//! slower than the same arithmetic written branch-free for vector registers. Every branch of
+//! the originals is computed and the lane picks its own, so each value goes through the same
+//! roundings as in glibc (no fused multiply-adds, no reassociation).
+//!
+//! Other libms compute other bits (glibc 2.41 took a correctly rounded tanhf from CORE-MATH):
+//! `replica_ok` compares the replica with this process's `f32::tanh` once, and callers keep std's
+//! function where it differs.
+
+use std::mem::MaybeUninit;
+use std::sync::OnceLock;
+
+#[cfg(target_arch = "x86_64")]
+use super::vector::{IsaAvx2, IsaAvx512};
+use super::vector::{simd, wide, Isa, IsaBase, Simd};
+
+const LN2_HI: f32 = f32::from_bits(0x3f317180);
+const LN2_LO: f32 = f32::from_bits(0x3717f7d1);
+const INV_LN2: f32 = f32::from_bits(0x3fb8aa3b);
+const O_THRESHOLD: f32 = f32::from_bits(0x42b17180);
+const Q: [f32; 5] = [f32::from_bits(0xbd088889), f32::from_bits(0x3ad00d01), f32::from_bits(0xb8a670cd), f32::from_bits(0x36867e54), f32::from_bits(0xb457edbb)];
+
+/// fdlibm's `expm1f`: every case of its branches, each lane taking its own.
+#[inline(always)]
+fn expm1_lane(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let (hx, negative) = (bits & 0x7fff_ffff, bits >> 31 != 0);
+    // argument reduction: x = k ln2 + r, r = hi - lo, `c` the error of that subtraction
+    let half = if negative { -0.5 } else { 0.5 };
+    let reduced = hx > 0x3eb1_7218;
+    // within 1.5 ln2, k is ±1 by fdlibm's test, not by the rounding below (they differ at 0.5 ln2)
+    let near = if negative { -1 } else { 1 };
+    let k = if !reduced { 0 } else if hx < 0x3f85_1592 { near } else { (INV_LN2 * x + half) as i32 };
+    let kf = k as f32;
+    let (hi, lo) = (x - kf * LN2_HI, kf * LN2_LO);
+    let r = if reduced { hi - lo } else { x };
+    let c = if reduced { (hi - r) - lo } else { 0.0 };
+    let hfx = 0.5 * r;
+    let hxs = r * hfx;
+    let r1 = 1.0 + hxs * (Q[0] + hxs * (Q[1] + hxs * (Q[2] + hxs * (Q[3] + hxs * Q[4]))));
+    let t = 3.0 - r1 * hfx;
+    let e = hxs * ((r1 - t) / (6.0 - r * t));
+    let unreduced = r - (r * e - hxs);
+    let e = (r * (e - c) - c) - hxs;
+    // k's exponent added to y's bits (wrapping: lanes that take another branch may hold any k)
+    let scale = |y: f32| f32::from_bits(y.to_bits().wrapping_add((k as u32).wrapping_shl(23)));
+    let k_minus_one = 0.5 * (r - e) - 0.5;
+    let k_one = if r < -0.25 { -2.0 * (e - (r + 0.5)) } else { 1.0 + 2.0 * (r - e) };
+    let far = scale(1.0 - (e - r)) - 1.0;
+    let small_k = scale(f32::from_bits(0x3f80_0000u32.wrapping_sub(0x0100_0000u32.wrapping_shr(k as u32))) - (e - r));
+    let large_k = scale((r - (e + f32::from_bits((0x7f - k as u32).wrapping_shl(23)))) + 1.0);
+    let y = if k < 23 { small_k } else { large_k };
+    let y = if k <= -2 || k > 56 { far } else { y };
+    let y = if k == 1 { k_one } else { y };
+    let y = if k == -1 { k_minus_one } else { y };
+    let y = if k == 0 { unreduced } else { y };
+    // tiny, huge and non-finite arguments
+    let y = if !reduced && hx < 0x3300_0000 { x } else { y };
+    let y = if hx >= 0x4195_b844 && negative { -1.0 } else { y };
+    // past 88.72 (the test on the bits comes first there, then the one on the value)
+    let y = if !negative && hx >= 0x42b1_7218 && x > O_THRESHOLD { f32::INFINITY } else { y };
+    if hx > 0x7f80_0000 {
+        x + x
+    } else if hx == 0x7f80_0000 {
+        if negative { -1.0 } else { x }
+    } else {
+        y
+    }
+}
+
+/// fdlibm's `tanhf`.
+#[inline(always)]
+fn tanh_lane(x: f32) -> f32 {
+    let jx = x.to_bits();
+    let ix = jx & 0x7fff_ffff;
+    let a = x.abs();
+    let big = ix >= 0x3f80_0000;
+    let t = expm1_lane(if big { 2.0 * a } else { -2.0 * a });
+    let z = if big { 1.0 - 2.0 / (t + 2.0) } else { -t / (t + 2.0) };
+    // from 22 on (and at ±inf) 1 - 1e-30, which rounds to 1
+    let z = if ix >= 0x41b0_0000 { 1.0 } else { z };
+    let z = if jx >> 31 == 0 { z } else { -z };
+    if ix > 0x7f80_0000 {
+        x + x
+    } else if ix < 0x2400_0000 {
+        // ±0 as they are; below 2^-55, x (1 + x), which is x
+        if ix == 0 { x } else { x * (1.0 + x) }
+    } else {
+        z
+    }
+}
+
+#[inline(always)]
+fn tanh_lanes<S: Isa>(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
+    for (o, &x) in out.iter_mut().zip(xs) {
+        o.write(tanh_lane(x));
+    }
+}
+
+wide!(fn tanh_wide(xs: &[f32], out: &mut [MaybeUninit<f32>]) = tanh_lanes;);
+
+/// Whether the replica gives this process's `f32::tanh` bit for bit: a sweep of the range and
+/// every branch's edges, once.
+pub(crate) fn replica_ok() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        let mut xs: Vec<f32> = (0..8192u32).map(|i| -24.0 + 48.0 * i as f32 / 8192.0).collect();
+        xs.extend((0..200).map(|i| f32::from_bits(0x2300_0000 + i * 0x0080_0000)));
+        xs.extend([0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.0, -1.0, 22.0, -22.0, 0.3465736, 1e-20, 5.0e-39]);
+        let mut out = vec![0f32; xs.len()];
+        slice(&xs, &mut out);
+        xs.iter().zip(&out).all(|(x, y)| x.tanh().to_bits() == y.to_bits())
+    })
+}
+
+/// `out = tanh(xs)` with the replica, on the calling thread.
+pub(super) fn into(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
+    assert_eq!(xs.len(), out.len(), "tanh: {} inputs, {} outputs", xs.len(), out.len());
+    tanh_wide(simd(), xs, out)
+}
+
+fn slice(xs: &[f32], out: &mut [f32]) {
+    // SAFETY: f32 and MaybeUninit<f32> share their layout, and only f32 values are written.
+    into(xs, unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) })
+}
+
+/// `out = tanh(xs)` with std's bits on the calling thread: the replica where it holds.
+pub(crate) fn exact_slice(xs: &[f32], out: &mut [f32]) {
+    if replica_ok() {
+        slice(xs, out)
+    } else {
+        out.iter_mut().zip(xs).for_each(|(o, x)| *o = x.tanh());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The replica against this process's expm1f and tanhf on every `stride`-th f32 bit pattern.
+    fn sweep(stride: usize) {
+        let bits: Vec<u32> = (0..=u32::MAX).step_by(stride).collect();
+        for chunk in bits.chunks(1 << 20) {
+            let xs: Vec<f32> = chunk.iter().map(|&b| f32::from_bits(b)).collect();
+            for &x in &xs {
+                let (e, want) = (expm1_lane(x), x.exp_m1());
+                assert!(e.to_bits() == want.to_bits() || (e.is_nan() && want.is_nan()), "expm1({x:e}) = {e:e}, glibc {want:e}");
+            }
+            let mut out = vec![0f32; xs.len()];
+            slice(&xs, &mut out);
+            for (x, y) in xs.iter().zip(&out) {
+                assert_eq!(y.to_bits(), x.tanh().to_bits(), "tanh({x:e}) = {y:e}, glibc {:e}", x.tanh());
+            }
+        }
+    }
+
+    #[test]
+    fn same_bits_as_this_libm_on_a_sweep() {
+        if !replica_ok() {
+            eprintln!("this libm's tanhf is not fdlibm's: the replica is not used here");
+            return;
+        }
+        sweep(97);
+    }
+
+    #[test]
+    #[ignore]
+    fn same_bits_as_this_libm_on_every_f32() {
+        sweep(1);
+    }
+}
