@@ -60,6 +60,11 @@ fn float_unary(op: UnaryOp, t: Prim) -> ExResult<Prim> {
             return Ok(p);
         }
     }
+    if op == UnaryOp::Tanh {
+        if let Some(p) = crate::kernels::cpu::tanh::unary(&t) {
+            return Ok(p);
+        }
+    }
     if let Some(p) = crate::kernels::cpu::vector::unary(op, &t) {
         return Ok(p);
     }

@@ -8,12 +8,14 @@
 //! `replica_ok` compares the replica with this process's `f32::tanh` once, and callers keep std's
 //! function where it differs.
 
+use burn::backend::TensorData;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
 use super::vector::{IsaAvx2, IsaAvx512};
-use super::vector::{simd, wide, Isa, IsaBase, Simd};
+use super::vector::{flex_f32, par_map_slices, simd, wide, Isa, IsaBase, Simd};
+use crate::dispatch::{self, Prim};
 
 const LN2_HI: f32 = f32::from_bits(0x3f317180);
 const LN2_LO: f32 = f32::from_bits(0x3717f7d1);
@@ -114,8 +116,16 @@ pub(crate) fn replica_ok() -> bool {
     })
 }
 
+/// f32 tanh of a contiguous flex tensor with std's bits, on the pool: `None` for other tensors,
+/// or where the replica is not this process's tanh.
+pub fn unary(x: &Prim) -> Option<Prim> {
+    let xs = flex_f32(x).filter(|_| replica_ok())?;
+    let out = par_map_slices(xs, into);
+    Some(dispatch::from_data(TensorData::new(out, dispatch::dims(x)), &burn::tensor::Device::flex()))
+}
+
 /// `out = tanh(xs)` with the replica, on the calling thread.
-pub(super) fn into(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
+fn into(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
     assert_eq!(xs.len(), out.len(), "tanh: {} inputs, {} outputs", xs.len(), out.len());
     tanh_wide(simd(), xs, out)
 }
@@ -151,6 +161,22 @@ mod tests {
             slice(&xs, &mut out);
             for (x, y) in xs.iter().zip(&out) {
                 assert_eq!(y.to_bits(), x.tanh().to_bits(), "tanh({x:e}) = {y:e}, glibc {:e}", x.tanh());
+            }
+        }
+    }
+
+    #[test]
+    fn eager_tanh_is_flexs_on_and_off_the_pool() {
+        use burn::backend::ops::FloatTensorOps;
+        use burn::backend::Dispatch;
+        for n in [10, 3 * super::super::vector::PAR_MIN + 5] {
+            let mut xs: Vec<f32> = (0..n).map(|i| ((i as f32) * 1.3e-3).sin() * 30.0).collect();
+            xs[..6].copy_from_slice(&[0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -9.0]);
+            let x = dispatch::from_data(TensorData::new(xs, [n]), &burn::tensor::Device::flex());
+            let bits = |p: Prim| dispatch::into_data(p).unwrap().try_to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            match unary(&x) {
+                Some(ours) => assert_eq!(bits(ours), bits(Dispatch::float_tanh(x.clone()))),
+                None => assert!(!replica_ok()),
             }
         }
     }

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::dispatch::{self, Prim};
 use crate::ops::vocab::UnaryOp;
-use super::tanh;
 
 /// Below this many elements one thread does the work: splitting costs more than it saves.
 pub(super) const PAR_MIN: usize = 1 << 15;
@@ -1099,8 +1098,8 @@ pub(crate) fn exp_slice(xs: &[f32], out: &mut [f32]) {
 
 /// A float unary op of `std_unary`'s list (or f32 sigmoid, `sigmoid`) over a large contiguous
 /// f32/f64 flex tensor, split over rayon's pool, with flex's bits. Small tensors stay on flex's
-/// own (single-threaded) loop, but for f32 exp and tanh, whose vectorised replicas give the same
-/// bits and pay at any length.
+/// own (single-threaded) loop, but for f32 exp, whose vectorised kernel gives the same bits and
+/// pays at any length (f32 tanh has its replica in `tanh`).
 pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
     if op == UnaryOp::Sigmoid {
         return sigmoid(x);
@@ -1114,12 +1113,6 @@ pub fn unary(op: UnaryOp, x: &Prim) -> Option<Prim> {
     if matches!(op, UnaryOp::Exp) && exp_replica_ok() {
         if let Some(xs) = flex_f32(x) {
             return Some(dispatch::from_data(TensorData::new(exp_f32(simd(), xs), dispatch::dims(x)), &burn::tensor::Device::flex()));
-        }
-    }
-    if matches!(op, UnaryOp::Tanh) && tanh::replica_ok() {
-        if let Some(xs) = flex_f32(x) {
-            let out = par_map_slices(xs, tanh::into);
-            return Some(dispatch::from_data(TensorData::new(out, dispatch::dims(x)), &burn::tensor::Device::flex()));
         }
     }
     par_map_large(x, f32_op, f64_op)
@@ -1452,10 +1445,8 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&ours), bits(&theirs), "{op:?}");
         }
-        // small tensors (but exp's and tanh's, where the replicas hold) and unlisted ops stay on flex
-        assert!(unary(UnaryOp::Sin, &flex(vec![1.0; 10], &[10])).is_none());
-        let small = flex(specials(10), &[10]);
-        assert_eq!(unary(UnaryOp::Tanh, &small).map(values), tanh::replica_ok().then(|| values(Dispatch::float_tanh(small.clone()))));
+        // small tensors (but exp's) and unlisted ops stay on flex
+        assert!(unary(UnaryOp::Tanh, &flex(vec![1.0; 10], &[10])).is_none());
         assert!(unary(UnaryOp::Abs, &x).is_none());
         // f64 too, sigmoid's f64 excepted
         let x64 = crate::dispatch::cast(x.clone(), burn::backend::DType::F64);
