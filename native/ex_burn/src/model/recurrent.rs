@@ -1,12 +1,15 @@
 //! LSTM and GRU forward passes over Burn's own modules (their parameters, names and records), with
-//! the gates stacked: the input's projection for every time step is one product before the loop,
-//! and each step is one product of the hidden state with the gates' stacked hidden weights.
-//! Burn's `forward` runs two products a gate a step and copies the whole output sequence at each
-//! step, which makes a step's kernel count (and its backward graph) several times larger.
+//! the gates stacked: an LSTM step is one product of the step's input beside the hidden state
+//! with the gates' weights stacked the same way, a GRU step two (its new gate scales the hidden
+//! part alone), and a step's activations are one op (`gates`). Burn's `forward` runs two
+//! products a gate a step and copies the whole output sequence at each step, which makes a
+//! step's kernel count (and its backward graph) several times larger. The step's input is sliced
+//! from the input sequence, not from a projection of it made before the loop: Burn's slice
+//! backward writes each step's gradient into zeros the size of the sliced tensor, and the input
+//! is several times narrower than its projection.
 //!
-//! The arithmetic is Burn's with the gate biases added together before the loop, and each step's
-//! activations in one op (`gates`): layers are built with Burn's defaults (batch first, forward
-//! order, no clipping, sigmoid gates, tanh cell).
+//! The arithmetic is Burn's, with an LSTM gate's two biases added together first: layers are
+//! built with Burn's defaults (batch first, forward order, no clipping, sigmoid gates, tanh cell).
 
 use burn::nn::{GateController, Gru, Lstm};
 use burn::tensor::Tensor;
@@ -25,19 +28,16 @@ fn stacked(gates: &[&GateController]) -> (Tensor<2>, Tensor<2>, Option<Tensor<1>
     (w_in, w_h, biases.map(|b| Tensor::cat(b, 0)))
 }
 
-/// `x @ w + bias` for every time step of `x` (`[batch, steps, d]`): `[batch, steps, w's columns]`.
-fn project(x: Tensor<3>, w: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<3> {
-    let [b, t, d] = x.dims();
-    let p = x.reshape([b * t, d]).matmul(w);
-    let p = match bias {
-        Some(bias) => p + bias.unsqueeze(),
+/// `x @ w + bias`.
+fn affine(x: Tensor<2>, w: Tensor<2>, bias: &Option<Tensor<1>>) -> Tensor<2> {
+    let p = x.matmul(w);
+    match bias {
+        Some(bias) => p + bias.clone().unsqueeze(),
         None => p,
-    };
-    let n = p.dims()[1];
-    p.reshape([b, t, n])
+    }
 }
 
-/// Step `s` of a projection: `[batch, columns]`.
+/// Step `s` of a sequence: `[batch, features]`.
 fn at_step(p: &Tensor<3>, s: usize) -> Tensor<2> {
     let [b, _, n] = p.dims();
     p.clone().slice([0..b, s..s + 1, 0..n]).reshape([b, n])
@@ -71,12 +71,13 @@ pub fn lstm(cell: &Lstm, x: Tensor<3>, all: bool) -> Hidden {
     let (w_in, w_h, bias) = stacked(&[&cell.input_gate, forget, &cell.output_gate, &cell.cell_gate]);
     let [b, t, _] = x.dims();
     let h = cell.d_hidden;
-    let p = project(x, w_in, bias);
-    let device = p.device();
+    // `[x_t, h] @ [w_in; w_h]`
+    let w = Tensor::cat(vec![w_in, w_h], 0);
+    let device = x.device();
     let (mut c, mut hidden) = (Tensor::zeros([b, h], &device), Tensor::zeros([b, h], &device));
     let mut states = Vec::with_capacity(if all { t } else { 0 });
     for s in 0..t {
-        let g = activate(at_step(&p, s) + hidden.matmul(w_h.clone()), 3 * h);
+        let g = activate(affine(Tensor::cat(vec![at_step(&x, s), hidden], 1), w.clone(), &bias), 3 * h);
         c = columns(&g, h, 2 * h) * c + columns(&g, 0, h) * columns(&g, 3 * h, 4 * h);
         hidden = columns(&g, 2 * h, 3 * h) * activate(c.clone(), 0);
         if all {
@@ -98,15 +99,10 @@ pub fn gru(cell: &Gru, x: Tensor<3>, all: bool) -> Hidden {
     let (b_in, b_h) = (bias(|g| Some(g.input_transform.bias.as_ref()?.val())), bias(|g| Some(g.hidden_transform.bias.as_ref()?.val())));
     let [b, t, _] = x.dims();
     let h = cell.d_hidden;
-    let p = project(x, w_in, b_in);
-    let mut hidden = Tensor::zeros([b, h], &p.device());
+    let mut hidden = Tensor::zeros([b, h], &x.device());
     let mut states = Vec::with_capacity(if all { t } else { 0 });
     for s in 0..t {
-        let (xp, hp) = (at_step(&p, s), hidden.clone().matmul(w_h.clone()));
-        let hp = match &b_h {
-            Some(bias) => hp + bias.clone().unsqueeze(),
-            None => hp,
-        };
+        let (xp, hp) = (affine(at_step(&x, s), w_in.clone(), &b_in), affine(hidden.clone(), w_h.clone(), &b_h));
         let zr = activate(columns(&xp, 0, 2 * h) + columns(&hp, 0, 2 * h), 2 * h);
         let (z, r) = (columns(&zr, 0, h), columns(&zr, h, 2 * h));
         let n = activate(columns(&xp, 2 * h, 3 * h) + r * columns(&hp, 2 * h, 3 * h), 0);
