@@ -16,16 +16,16 @@ use burn::tensor::Tensor;
 
 use super::gates::activate;
 
-/// The gates' input weights side by side (`[d_input, n·h]`), their hidden weights
-/// (`[h, n·h]`), and their input and hidden biases summed (`[n·h]`, `None` without biases).
-fn stacked(gates: &[&GateController]) -> (Tensor<2>, Tensor<2>, Option<Tensor<1>>) {
-    let w_in = Tensor::cat(gates.iter().map(|g| g.input_transform.weight.val()).collect(), 1);
-    let w_h = Tensor::cat(gates.iter().map(|g| g.hidden_transform.weight.val()).collect(), 1);
-    let biases: Option<Vec<Tensor<1>>> = gates
-        .iter()
-        .map(|g| Some(g.input_transform.bias.as_ref()?.val() + g.hidden_transform.bias.as_ref()?.val()))
-        .collect();
-    (w_in, w_h, biases.map(|b| Tensor::cat(b, 0)))
+/// The gates' input weights side by side (`[d_input, n·h]`) and their hidden weights (`[h, n·h]`).
+fn weights(gates: &[&GateController]) -> (Tensor<2>, Tensor<2>) {
+    let side_by_side = |w: fn(&GateController) -> Tensor<2>| Tensor::cat(gates.iter().map(|g| w(g)).collect(), 1);
+    (side_by_side(|g| g.input_transform.weight.val()), side_by_side(|g| g.hidden_transform.weight.val()))
+}
+
+/// The gates' input biases side by side (`[n·h]`) and their hidden biases; `None` without biases.
+fn biases(gates: &[&GateController]) -> (Option<Tensor<1>>, Option<Tensor<1>>) {
+    let side_by_side = |b: fn(&GateController) -> Option<Tensor<1>>| gates.iter().map(|g| b(g)).collect::<Option<Vec<_>>>().map(|b| Tensor::cat(b, 0));
+    (side_by_side(|g| Some(g.input_transform.bias.as_ref()?.val())), side_by_side(|g| Some(g.hidden_transform.bias.as_ref()?.val())))
 }
 
 /// `x @ w + bias`.
@@ -68,7 +68,12 @@ fn collect(states: Vec<Tensor<2>>, last: Tensor<2>, all: bool) -> Hidden {
 pub fn lstm(cell: &Lstm, x: Tensor<3>, all: bool) -> Hidden {
     debug_assert!(cell.batch_first && !cell.reverse && cell.clip.is_none() && !cell.input_forget);
     let forget = cell.forget_gate.as_ref().expect("layers are built with a forget gate");
-    let (w_in, w_h, bias) = stacked(&[&cell.input_gate, forget, &cell.output_gate, &cell.cell_gate]);
+    let gates = [&cell.input_gate, forget, &cell.output_gate, &cell.cell_gate];
+    let (w_in, w_h) = weights(&gates);
+    let bias = match biases(&gates) {
+        (Some(b_in), Some(b_h)) => Some(b_in + b_h),
+        _ => None,
+    };
     let [b, t, _] = x.dims();
     let h = cell.d_hidden;
     // `[x_t, h] @ [w_in; w_h]`
@@ -92,11 +97,9 @@ pub fn lstm(cell: &Lstm, x: Tensor<3>, all: bool) -> Hidden {
 pub fn gru(cell: &Gru, x: Tensor<3>, all: bool) -> Hidden {
     debug_assert!(cell.reset_after && cell.clip.is_none());
     let gates = [&cell.update_gate, &cell.reset_gate, &cell.new_gate];
-    let w_in = Tensor::cat(gates.iter().map(|g| g.input_transform.weight.val()).collect(), 1);
-    let w_h = Tensor::cat(gates.iter().map(|g| g.hidden_transform.weight.val()).collect(), 1);
-    let bias = |f: fn(&GateController) -> Option<Tensor<1>>| gates.iter().map(|g| f(g)).collect::<Option<Vec<_>>>().map(|b| Tensor::cat(b, 0));
+    let (w_in, w_h) = weights(&gates);
     // the new gate's hidden bias is scaled by the reset values, so it stays with its product
-    let (b_in, b_h) = (bias(|g| Some(g.input_transform.bias.as_ref()?.val())), bias(|g| Some(g.hidden_transform.bias.as_ref()?.val())));
+    let (b_in, b_h) = biases(&gates);
     let [b, t, _] = x.dims();
     let h = cell.d_hidden;
     let mut hidden = Tensor::zeros([b, h], &x.device());
