@@ -1359,7 +1359,10 @@ wide!(fn sigmoid_f32_into(xs: &[f32], out: &mut [MaybeUninit<f32>]) = sigmoid_f3
 pub(crate) fn sigmoid_slice(xs: &[f32], out: &mut [f32]) {
     assert_eq!(xs.len(), out.len(), "sigmoid_slice: {} inputs, {} outputs", xs.len(), out.len());
     if !exp_replica_ok() {
-        let flex = |x: f32| if x >= 0.0 { 1.0 / (1.0 + (-x).exp()) } else { x.exp() / (1.0 + x.exp()) };
+        let flex = |x: f32| {
+            let e = if x >= 0.0 { (-x).exp() } else { x.exp() };
+            if x >= 0.0 { 1.0 / (1.0 + e) } else { e / (1.0 + e) }
+        };
         out.iter_mut().zip(xs).for_each(|(o, &x)| *o = flex(x));
         return;
     }
