@@ -13,7 +13,7 @@
 use burn::backend::TensorData;
 use std::mem::MaybeUninit;
 
-use super::vector::{flex_f32, max_wide, par_chunks_for, par_map_slices, simd, sum_lanes, wide, Isa, Simd, PAR_MIN};
+use super::vector::{as_uninit, flex_f32, max_wide, par_chunks_for, par_map_slices, simd, sum_lanes, wide, Isa, Simd, PAR_MIN};
 #[cfg(target_arch = "x86_64")]
 use super::vector::{IsaAvx2, IsaAvx512};
 use super::vector::IsaBase;
@@ -227,11 +227,6 @@ pub(crate) fn sigmoid_slice(xs: &[f32], out: &mut [f32]) {
 
 pub(crate) fn tanh_slice(xs: &[f32], out: &mut [f32]) {
     map_wide::<Tanh>(simd(), xs, as_uninit(out))
-}
-
-fn as_uninit(out: &mut [f32]) -> &mut [MaybeUninit<f32>] {
-    // SAFETY: f32 and MaybeUninit<f32> share their layout, and only f32 values are written.
-    unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }
 
 /// `op` over a contiguous f32 flex tensor, on rayon's pool for long ones; `None` for other ops,

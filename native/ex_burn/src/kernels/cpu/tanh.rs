@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
 use super::vector::{IsaAvx2, IsaAvx512};
-use super::vector::{flex_f32, par_map_slices, simd, wide, Isa, IsaBase, Simd};
+use super::vector::{as_uninit, flex_f32, par_map_slices, simd, wide, Isa, IsaBase, Simd};
 use crate::dispatch::{self, Prim};
 
 const LN2_HI: f32 = f32::from_bits(0x3f317180);
@@ -131,8 +131,7 @@ fn into(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
 }
 
 fn slice(xs: &[f32], out: &mut [f32]) {
-    // SAFETY: f32 and MaybeUninit<f32> share their layout, and only f32 values are written.
-    into(xs, unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) })
+    into(xs, as_uninit(out))
 }
 
 /// `out = tanh(xs)` with std's bits on the calling thread: the replica where it holds.

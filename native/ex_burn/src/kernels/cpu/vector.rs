@@ -1083,6 +1083,12 @@ fn exp_replica_ok() -> bool {
     })
 }
 
+/// `out` for the kernels that write uninitialised outputs.
+pub(super) fn as_uninit(out: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: f32 and MaybeUninit<f32> share their layout, and the kernels write only f32 values.
+    unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) }
+}
+
 /// `out = exp(xs)` on the calling thread with f32::exp's bits: the vectorised replica where it
 /// gives them (`exp_replica_ok`), else std's exp.
 pub(crate) fn exp_slice(xs: &[f32], out: &mut [f32]) {
@@ -1091,9 +1097,7 @@ pub(crate) fn exp_slice(xs: &[f32], out: &mut [f32]) {
         out.iter_mut().zip(xs).for_each(|(o, x)| *o = x.exp());
         return;
     }
-    // SAFETY: f32 and MaybeUninit<f32> share their layout, and only f32 values are written.
-    let out = unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) };
-    exp_f32_into(simd(), xs, out)
+    exp_f32_into(simd(), xs, as_uninit(out))
 }
 
 /// A float unary op of `std_unary`'s list (or f32 sigmoid, `sigmoid`) over a large contiguous
@@ -1366,9 +1370,7 @@ pub(crate) fn sigmoid_slice(xs: &[f32], out: &mut [f32]) {
         out.iter_mut().zip(xs).for_each(|(o, &x)| *o = flex(x));
         return;
     }
-    // SAFETY: f32 and MaybeUninit<f32> share their layout, and only f32 values are written.
-    let out = unsafe { &mut *(out as *mut [f32] as *mut [MaybeUninit<f32>]) };
-    sigmoid_f32_into(simd(), xs, out)
+    sigmoid_f32_into(simd(), xs, as_uninit(out))
 }
 
 /// `sigmoid_f32_slice` over a contiguous f32 flex tensor on rayon's pool; `None` for other
