@@ -1,10 +1,13 @@
 //! Glue between the cube GPU backends and the rest of the crate: when queued work reaches the
 //! device (`flush`, any cube backend), kernels of a decoding step (`rows`, `rope_cache`,
-//! `paged_attention`) and the quantised weights they read (`blocks`), and, on CUDA, vendor
+//! `paged_attention`) and the quantised weights they read (`blocks`), a recurrent step of
+//! `model::cells` (`cells`), and, on CUDA, vendor
 //! libraries on cubecl's tensors (`cuda`), and where compiled kernels outlive the process
 //! (`kernel_cache`).
 
 pub mod blocks;
+#[cfg(cube)]
+pub mod cells;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod flush;

@@ -51,19 +51,20 @@ pub fn activate(x: Tensor<2>, split: usize) -> Tensor<2> {
     }
 }
 
-fn f32_values(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+pub(super) fn f32_values(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
     match t.as_slice::<f32>() {
         Some(v) => v.into(),
         None => t.to_contiguous().into_data().try_to_vec::<f32>().expect("an f32 tensor").into(),
     }
 }
 
-fn flex(values: Vec<f32>, like: &FlexTensor) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, like.layout().shape().clone()))
+/// A flex tensor of `values` in `shape`.
+pub(super) fn flex(values: Vec<f32>, shape: impl Into<burn::tensor::Shape>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape.into()))
 }
 
 fn forward(t: &FlexTensor, cols: usize, split: usize) -> FlexTensor {
-    flex(gates::activate(&f32_values(t), cols, split), t)
+    flex(gates::activate(&f32_values(t), cols, split), t.layout().shape().clone())
 }
 
 #[derive(Debug)]
@@ -79,7 +80,7 @@ impl Backward<Flex, 1> for Gates {
     fn backward(self, ops: Ops<FlexTensor, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let (cols, split) = (self.cols, self.split);
         let out = ops.state.clone();
-        unary::<Flex, _>(ops.parents, ops.node, grads, |grad| flex(gates::backward(&f32_values(&out), &f32_values(&grad), cols, split), &out));
+        unary::<Flex, _>(ops.parents, ops.node, grads, |grad| flex(gates::backward(&f32_values(&out), &f32_values(&grad), cols, split), out.layout().shape().clone()));
     }
 }
 

@@ -1,12 +1,9 @@
 //! LSTM and GRU forward passes over Burn's own modules (their parameters, names and records), with
-//! the gates stacked: an LSTM step is one product of the step's input beside the hidden state
-//! with the gates' weights stacked the same way, a GRU step two (its new gate scales the hidden
-//! part alone), and a step's activations are one op (`gates`). Burn's `forward` runs two
+//! the gates stacked: the input's product with every gate's input weights for every step at once
+//! (one product), then the layer's time loop as one op (`cells`), which takes the hidden state's
+//! product with the gates' stacked hidden weights at each step. Burn's `forward` runs two
 //! products a gate a step and copies the whole output sequence at each step, which makes a
-//! step's kernel count (and its backward graph) several times larger. The step's input is sliced
-//! from the input sequence, not from a projection of it made before the loop: Burn's slice
-//! backward writes each step's gradient into zeros the size of the sliced tensor, and the input
-//! is several times narrower than its projection.
+//! step's kernel count (and its backward graph) several times larger.
 //!
 //! The arithmetic is Burn's, with an LSTM gate's two biases added together first: layers are
 //! built with Burn's defaults (batch first, forward order, no clipping, sigmoid gates, tanh cell).
@@ -14,7 +11,7 @@
 use burn::nn::{GateController, Gru, Lstm};
 use burn::tensor::Tensor;
 
-use super::gates::activate;
+use super::cells;
 
 /// The gates' input weights side by side (`[d_input, n·h]`) and their hidden weights (`[h, n·h]`).
 fn weights(gates: &[&GateController]) -> (Tensor<2>, Tensor<2>) {
@@ -37,16 +34,12 @@ fn affine(x: Tensor<2>, w: Tensor<2>, bias: &Option<Tensor<1>>) -> Tensor<2> {
     }
 }
 
-/// Step `s` of a sequence: `[batch, features]`.
-fn at_step(p: &Tensor<3>, s: usize) -> Tensor<2> {
-    let [b, _, n] = p.dims();
-    p.clone().slice([0..b, s..s + 1, 0..n]).reshape([b, n])
-}
-
-/// Columns `from..to` of `t`.
-fn columns(t: &Tensor<2>, from: usize, to: usize) -> Tensor<2> {
-    let b = t.dims()[0];
-    t.clone().slice([0..b, from..to])
+/// The input sequence `[batch, steps, features]`'s product with `w` plus `bias`, for every step
+/// at once, time-major: `[steps, batch, w's columns]`.
+fn projected(x: Tensor<3>, w: Tensor<2>, bias: &Option<Tensor<1>>) -> Tensor<3> {
+    let [b, t, f] = x.dims();
+    let n = w.dims()[1];
+    affine(x.swap_dims(0, 1).reshape([t * b, f]), w, bias).reshape([t, b, n])
 }
 
 /// The hidden states: every step's (`[batch, steps, h]`) when `all`, else the last one's
@@ -56,11 +49,13 @@ pub enum Hidden {
     Last(Tensor<2>),
 }
 
-fn collect(states: Vec<Tensor<2>>, last: Tensor<2>, all: bool) -> Hidden {
+/// `Hidden` from every step's state, time-major.
+fn collect(hs: Tensor<3>, all: bool) -> Hidden {
+    let [t, b, h] = hs.dims();
     if all {
-        Hidden::All(Tensor::stack(states, 1))
+        Hidden::All(hs.swap_dims(0, 1))
     } else {
-        Hidden::Last(last)
+        Hidden::Last(hs.slice([t - 1..t, 0..b, 0..h]).reshape([b, h]))
     }
 }
 
@@ -74,22 +69,7 @@ pub fn lstm(cell: &Lstm, x: Tensor<3>, all: bool) -> Hidden {
         (Some(b_in), Some(b_h)) => Some(b_in + b_h),
         _ => None,
     };
-    let [b, t, _] = x.dims();
-    let h = cell.d_hidden;
-    // `[x_t, h] @ [w_in; w_h]`
-    let w = Tensor::cat(vec![w_in, w_h], 0);
-    let device = x.device();
-    let (mut c, mut hidden) = (Tensor::zeros([b, h], &device), Tensor::zeros([b, h], &device));
-    let mut states = Vec::with_capacity(if all { t } else { 0 });
-    for s in 0..t {
-        let g = activate(affine(Tensor::cat(vec![at_step(&x, s), hidden], 1), w.clone(), &bias), 3 * h);
-        c = columns(&g, h, 2 * h) * c + columns(&g, 0, h) * columns(&g, 3 * h, 4 * h);
-        hidden = columns(&g, 2 * h, 3 * h) * activate(c.clone(), 0);
-        if all {
-            states.push(hidden.clone());
-        }
-    }
-    collect(states, hidden, all)
+    collect(cells::lstm_layer(projected(x, w_in, &bias), w_h), all)
 }
 
 /// Burn's `Gru::forward` (reset after the hidden product) from a zero state (gates in the order
@@ -100,21 +80,7 @@ pub fn gru(cell: &Gru, x: Tensor<3>, all: bool) -> Hidden {
     let (w_in, w_h) = weights(&gates);
     // the new gate's hidden bias is scaled by the reset values, so it stays with its product
     let (b_in, b_h) = biases(&gates);
-    let [b, t, _] = x.dims();
-    let h = cell.d_hidden;
-    let mut hidden = Tensor::zeros([b, h], &x.device());
-    let mut states = Vec::with_capacity(if all { t } else { 0 });
-    for s in 0..t {
-        let (xp, hp) = (affine(at_step(&x, s), w_in.clone(), &b_in), affine(hidden.clone(), w_h.clone(), &b_h));
-        let zr = activate(columns(&xp, 0, 2 * h) + columns(&hp, 0, 2 * h), 2 * h);
-        let (z, r) = (columns(&zr, 0, h), columns(&zr, h, 2 * h));
-        let n = activate(columns(&xp, 2 * h, 3 * h) + r * columns(&hp, 2 * h, 3 * h), 0);
-        hidden = n * z.clone().neg().add_scalar(1.0) + z * hidden;
-        if all {
-            states.push(hidden.clone());
-        }
-    }
-    collect(states, hidden, all)
+    collect(cells::gru_layer(projected(x, w_in, &b_in), w_h, b_h), all)
 }
 
 #[cfg(test)]
@@ -126,7 +92,7 @@ mod tests {
     use super::*;
 
     fn device() -> Device {
-        Device::flex().autodiff()
+        crate::testing::device().burn().unwrap().autodiff()
     }
 
     fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {

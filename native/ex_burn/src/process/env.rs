@@ -71,6 +71,12 @@ pub const ROWS_KERNEL: Var = Var {
     reader: Reader::Library,
     about: "a GPU decoding step's weight products, RoPE with the KV pool's writes, and single-query attention on the crate's kernels; off keeps Burn's ops (gpu/rows.rs, gpu/rope_cache.rs, gpu/paged_attention.rs)",
 };
+pub const CELL_KERNEL: Var = Var {
+    name: "EXBURN_CELL_KERNEL",
+    kind: Kind::Switch { default: true },
+    reader: Reader::Library,
+    about: "an LSTM or GRU step's activations and state update as one op with a kernel each way, on the CPU and the cube GPUs; off composes Burn ops (model/cells.rs)",
+};
 pub const CUBLAS_EXCLUSIVE: Var = Var {
     name: "EXBURN_CUBLAS_EXCLUSIVE",
     kind: Kind::Switch { default: true },
@@ -140,8 +146,8 @@ pub const CPUID_MASK: Var = Var {
 };
 
 /// Every variable the crate reads.
-pub const ALL: [&Var; 15] = [
-    &MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &ROWS_KERNEL, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE, &TEST_CANDLE_DEVICE, &KERNEL_CACHE, &CPUID_MASK,
+pub const ALL: [&Var; 16] = [
+    &MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &ROWS_KERNEL, &CELL_KERNEL, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE, &TEST_CANDLE_DEVICE, &KERNEL_CACHE, &CPUID_MASK,
 ];
 
 /// `$e`, computed the first time this call site runs and remembered for the process.
@@ -167,6 +173,10 @@ pub fn cublas() -> bool {
 
 pub fn rows_kernel() -> bool {
     once!(bool, switch(&ROWS_KERNEL))
+}
+
+pub fn cell_kernel() -> bool {
+    once!(bool, switch(&CELL_KERNEL))
 }
 
 pub fn cublas_exclusive() -> bool {

@@ -17,7 +17,7 @@ const TASK: usize = 4096;
 
 /// `out` (rows of `cols` values) split over the pool, `f(start, run)` per run of whole rows that
 /// starts at value `start`.
-fn by_rows(out: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+pub(super) fn by_rows(out: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     assert!(cols > 0 && out.len() % cols == 0, "gates: {} values in rows of {cols}", out.len());
     let chunk = TASK.div_ceil(cols) * cols;
     // a transcendental costs several passes over memory
@@ -34,17 +34,22 @@ pub fn activate(xs: &[f32], cols: usize, split: usize) -> Vec<f32> {
     by_rows(&mut out, cols, |start, run| {
         let x = &xs[start..start + run.len()];
         for (x, o) in x.chunks_exact(cols).zip(run.chunks_exact_mut(cols)) {
-            let ((xs, xt), (os, ot)) = (x.split_at(split), o.split_at_mut(split));
-            if fast {
-                fast_math::sigmoid_slice(xs, os);
-                fast_math::tanh_slice(xt, ot);
-            } else {
-                sigmoid_slice(xs, os);
-                tanh::exact_slice(xt, ot);
-            }
+            activate_row(x, o, split, fast);
         }
     });
     out
+}
+
+/// `activate` on one row `x` into `o`, in the fast mode's lanes when `fast`.
+pub(super) fn activate_row(x: &[f32], o: &mut [f32], split: usize, fast: bool) {
+    let ((xs, xt), (os, ot)) = (x.split_at(split), o.split_at_mut(split));
+    if fast {
+        fast_math::sigmoid_slice(xs, os);
+        fast_math::tanh_slice(xt, ot);
+    } else {
+        sigmoid_slice(xs, os);
+        tanh::exact_slice(xt, ot);
+    }
 }
 
 /// The gradient of `activate`'s input from its output `a` and the output's gradient `g`:

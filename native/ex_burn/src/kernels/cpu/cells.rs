@@ -1,0 +1,179 @@
+//! LSTM and GRU cells on the CPU: a step's activations, state update and output in one pass over
+//! its rows, and the backward pass in another, each split over the pool. In Burn ops a step is a
+//! dozen tensors (column slices of the gates, products, sums), each slice's backward pass writing
+//! a gradient the size of all the gates.
+//!
+//! The forward values are those of the composition in `model::cells` (the activations of
+//! `gates`, then the products and sums in its order), so exact mode gives flex's bits. The
+//! backward pass evaluates the chain rule per value: the same expressions as Burn's backward
+//! ops, summed in one order where Burn's graph sums a value's gradients in its own.
+
+use super::gates::{activate_row, by_rows};
+use crate::ops::precision::MathMode;
+
+fn fast() -> bool {
+    MathMode::global() == MathMode::Fast
+}
+
+/// The rows of `buf` (rows of `widths.iter().sum()` values) cut into one buffer per column block.
+fn split_columns<const N: usize>(buf: &[f32], widths: [usize; N]) -> [Vec<f32>; N] {
+    let cols: usize = widths.iter().sum();
+    let rows = buf.len() / cols;
+    let mut out = widths.map(|w| Vec::with_capacity(rows * w));
+    for row in buf.chunks_exact(cols) {
+        let mut at = 0;
+        for (o, w) in out.iter_mut().zip(widths) {
+            o.extend_from_slice(&row[at..at + w]);
+            at += w;
+        }
+    }
+    out
+}
+
+/// Values saved per row by `lstm` for `lstm_backward`, in units of the hidden size: the input,
+/// forget and output gates, the candidate cell, the new cell and its tanh.
+pub const LSTM_SAVED: usize = 6;
+
+/// One LSTM step for `pre` (rows of `4h` pre-activations: input, forget, output gate, candidate
+/// cell) and `state` (rows of `[h, c]`, `2h`): the new state `[h', c']` with `c' = f·c + i·g`
+/// and `h' = o·tanh(c')`, and the values the backward pass reads (`LSTM_SAVED · h` a row).
+pub fn lstm(pre: &[f32], state: &[f32], h: usize) -> (Vec<f32>, Vec<f32>) {
+    let rows = pre.len() / (4 * h).max(1);
+    assert!(h > 0 && pre.len() == rows * 4 * h && state.len() == rows * 2 * h, "lstm cell: {} gate values and {} state values for {h} units", pre.len(), state.len());
+    let fast = fast();
+    let w = LSTM_SAVED * h;
+    let mut saved = vec![0f32; rows * w];
+    by_rows(&mut saved, w, |start, run| {
+        for (r, s) in run.chunks_exact_mut(w).enumerate() {
+            let row = start / w + r;
+            let (acts, rest) = s.split_at_mut(4 * h);
+            activate_row(&pre[row * 4 * h..][..4 * h], acts, 3 * h, fast);
+            let (c_new, tc) = rest.split_at_mut(h);
+            let c = &state[row * 2 * h + h..][..h];
+            for j in 0..h {
+                c_new[j] = acts[h + j] * c[j] + acts[j] * acts[3 * h + j];
+            }
+            activate_row(c_new, tc, 0, fast);
+        }
+    });
+    let mut out = vec![0f32; rows * 2 * h];
+    for (o, s) in out.chunks_exact_mut(2 * h).zip(saved.chunks_exact(w)) {
+        for j in 0..h {
+            o[j] = s[2 * h + j] * s[5 * h + j];
+            o[h + j] = s[4 * h + j];
+        }
+    }
+    (out, saved)
+}
+
+/// The gradients of `lstm`'s pre-activations (rows of `4h`) and of its input cell state `c`
+/// (rows of `h`) from its saved values, that input cell state, and the gradients of the new
+/// state's `h'` and `c'` (`dh`, `dc`; rows of `h` each).
+pub fn lstm_backward(saved: &[f32], c: &[f32], dh: &[f32], dc: &[f32], h: usize) -> (Vec<f32>, Vec<f32>) {
+    let rows = c.len() / h.max(1);
+    assert!(
+        h > 0 && saved.len() == rows * LSTM_SAVED * h && dh.len() == c.len() && dc.len() == c.len(),
+        "lstm cell backward: {} saved, {} cell, {} and {} gradient values for {h} units",
+        saved.len(),
+        c.len(),
+        dh.len(),
+        dc.len()
+    );
+    let mut both = vec![0f32; rows * 5 * h];
+    by_rows(&mut both, 5 * h, |start, run| {
+        for (r, o) in run.chunks_exact_mut(5 * h).enumerate() {
+            let row = start / (5 * h) + r;
+            let s = &saved[row * LSTM_SAVED * h..][..LSTM_SAVED * h];
+            let (c, dh, dc) = (&c[row * h..][..h], &dh[row * h..][..h], &dc[row * h..][..h]);
+            for j in 0..h {
+                let (i, f, og, cand, tc) = (s[j], s[h + j], s[2 * h + j], s[3 * h + j], s[5 * h + j]);
+                let dct = dc[j] + dh[j] * og * (-(tc * tc) + 1.0);
+                o[j] = dct * cand * i * (1.0 - i);
+                o[h + j] = dct * c[j] * f * (1.0 - f);
+                o[2 * h + j] = dh[j] * tc * og * (1.0 - og);
+                o[3 * h + j] = dct * i * (-(cand * cand) + 1.0);
+                o[4 * h + j] = dct * f;
+            }
+        }
+    });
+    let [d_pre, d_c] = split_columns(&both, [4 * h, h]);
+    (d_pre, d_c)
+}
+
+/// Values saved per row by `gru` for `gru_backward`, in units of the hidden size: the update
+/// and reset gates and the candidate state.
+pub const GRU_SAVED: usize = 3;
+
+/// One GRU step (reset after the hidden product) for the input's and the hidden state's
+/// products `xp` and `hp` (rows of `3h`: update, reset, new) and the state `hidden` (rows of
+/// `h`): `h' = n·(1 − z) + z·h` with `[z, r] = σ(xp + hp)` and `n = tanh(xp_n + r·hp_n)`, and
+/// the values the backward pass reads (`GRU_SAVED · h` a row).
+pub fn gru(xp: &[f32], hp: &[f32], hidden: &[f32], h: usize) -> (Vec<f32>, Vec<f32>) {
+    let rows = hidden.len() / h.max(1);
+    assert!(h > 0 && xp.len() == rows * 3 * h && hp.len() == xp.len(), "gru cell: {} and {} gate values and {} state values for {h} units", xp.len(), hp.len(), hidden.len());
+    let fast = fast();
+    let w = GRU_SAVED * h;
+    let mut saved = vec![0f32; rows * w];
+    by_rows(&mut saved, w, |start, run| {
+        let mut pre = vec![0f32; 2 * h];
+        for (r, s) in run.chunks_exact_mut(w).enumerate() {
+            let row = start / w + r;
+            let (x, p) = (&xp[row * 3 * h..][..3 * h], &hp[row * 3 * h..][..3 * h]);
+            for j in 0..2 * h {
+                pre[j] = x[j] + p[j];
+            }
+            let (zr, n) = s.split_at_mut(2 * h);
+            activate_row(&pre, zr, 2 * h, fast);
+            for j in 0..h {
+                pre[j] = x[2 * h + j] + zr[h + j] * p[2 * h + j];
+            }
+            activate_row(&pre[..h], n, 0, fast);
+        }
+    });
+    let mut out = vec![0f32; rows * h];
+    for ((o, s), prev) in out.chunks_exact_mut(h).zip(saved.chunks_exact(w)).zip(hidden.chunks_exact(h)) {
+        for j in 0..h {
+            let (z, n) = (s[j], s[2 * h + j]);
+            o[j] = n * (-z + 1.0) + z * prev[j];
+        }
+    }
+    (out, saved)
+}
+
+/// The gradients of `gru`'s products `xp` and `hp` (rows of `3h`) and its state (rows of `h`)
+/// from its saved values, the hidden product `hp`, the state and the new state's gradient.
+pub fn gru_backward(saved: &[f32], hp: &[f32], hidden: &[f32], grad: &[f32], h: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let rows = hidden.len() / h.max(1);
+    assert!(
+        h > 0 && saved.len() == rows * GRU_SAVED * h && hp.len() == rows * 3 * h && grad.len() == hidden.len(),
+        "gru cell backward: {} saved, {} product, {} state, {} gradient values for {h} units",
+        saved.len(),
+        hp.len(),
+        hidden.len(),
+        grad.len()
+    );
+    let mut all = vec![0f32; rows * 7 * h];
+    by_rows(&mut all, 7 * h, |start, run| {
+        for (r, o) in run.chunks_exact_mut(7 * h).enumerate() {
+            let row = start / (7 * h) + r;
+            let s = &saved[row * GRU_SAVED * h..][..GRU_SAVED * h];
+            let (p, prev, g) = (&hp[row * 3 * h..][..3 * h], &hidden[row * h..][..h], &grad[row * h..][..h]);
+            for j in 0..h {
+                let (z, rs, n) = (s[j], s[h + j], s[2 * h + j]);
+                let dn = g[j] * (-z + 1.0) * (-(n * n) + 1.0);
+                let dz = g[j] * (prev[j] - n) * z * (1.0 - z);
+                let dr = dn * p[2 * h + j] * rs * (1.0 - rs);
+                // d xp, d hp (the same for the update and reset gates), d h
+                o[j] = dz;
+                o[h + j] = dr;
+                o[2 * h + j] = dn;
+                o[3 * h + j] = dz;
+                o[4 * h + j] = dr;
+                o[5 * h + j] = dn * rs;
+                o[6 * h + j] = g[j] * z;
+            }
+        }
+    });
+    let [dxp, dhp, dh] = split_columns(&all, [3 * h, 3 * h, h]);
+    (dxp, dhp, dh)
+}
