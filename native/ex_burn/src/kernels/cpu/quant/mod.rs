@@ -322,8 +322,16 @@ pub fn matmul_units<'a>(n: usize, k: usize, x: &[f32], m: usize, quantised: bool
     let put = |i: usize, col: usize, vals: &[f32]| {
         debug_assert!(i < m && col + vals.len() <= n);
         // SAFETY: inside `out` (checked above), which outlives the tasks; each unit owns its
-        // columns, and each unit is run by one task.
-        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), base.get().add(i * n + col), vals.len()) }
+        // columns, and each unit is run by one task. A whole group's lanes are one fixed-size
+        // store (a copy of a length known at run time is a call to `memcpy`, once per group and
+        // row).
+        unsafe {
+            let dst = base.get().add(i * n + col);
+            match <&[f32; LANES]>::try_from(vals) {
+                Ok(lanes) => std::ptr::write_unaligned(dst as *mut [f32; LANES], *lanes),
+                Err(_) => std::ptr::copy_nonoverlapping(vals.as_ptr(), dst, vals.len()),
+            }
+        }
     };
     // each task owns a run of units. Tasks of about 128K multiply-adds: fewer hand-offs between
     // the threads than smaller ones, and larger ones gain nothing (guides/pretrained.md)
