@@ -93,9 +93,116 @@ fn tanh_lane(x: f32) -> f32 {
     }
 }
 
+/// fdlibm's `expm1f` for `y` in (-2, 0] (`tanh_lane`'s argument below 1): k is 0, -1, -2 or -3,
+/// so only those cases are computed, with `expm1_lane`'s roundings.
+#[inline(always)]
+fn expm1_small(y: f32) -> f32 {
+    let hx = y.to_bits() & 0x7fff_ffff;
+    let reduced = hx > 0x3eb1_7218;
+    let k = if !reduced { 0 } else if hx < 0x3f85_1592 { -1 } else { (INV_LN2 * y - 0.5) as i32 };
+    let kf = k as f32;
+    let (hi, lo) = (y - kf * LN2_HI, kf * LN2_LO);
+    let r = if reduced { hi - lo } else { y };
+    let c = if reduced { (hi - r) - lo } else { 0.0 };
+    let hfx = 0.5 * r;
+    let hxs = r * hfx;
+    let r1 = 1.0 + hxs * (Q[0] + hxs * (Q[1] + hxs * (Q[2] + hxs * (Q[3] + hxs * Q[4]))));
+    let t = 3.0 - r1 * hfx;
+    let e = hxs * ((r1 - t) / (6.0 - r * t));
+    let unreduced = r - (r * e - hxs);
+    let e = (r * (e - c) - c) - hxs;
+    let far = f32::from_bits((1.0 - (e - r)).to_bits().wrapping_add((k as u32).wrapping_shl(23))) - 1.0;
+    let v = if k == 0 { unreduced } else if k == -1 { 0.5 * (r - e) - 0.5 } else { far };
+    if !reduced && hx < 0x3300_0000 {
+        y
+    } else {
+        v
+    }
+}
+
+/// fdlibm's `expm1f` for `y` in [2, 38) (`tanh_lane`'s argument from 1 to 19): k is 3 to 55, so
+/// only the cases of k below 23 and from 23 to 56 are computed, with `expm1_lane`'s roundings.
+#[inline(always)]
+fn expm1_big(y: f32) -> f32 {
+    let k = (INV_LN2 * y + 0.5) as i32;
+    let kf = k as f32;
+    let (hi, lo) = (y - kf * LN2_HI, kf * LN2_LO);
+    let r = hi - lo;
+    let c = (hi - r) - lo;
+    let hfx = 0.5 * r;
+    let hxs = r * hfx;
+    let r1 = 1.0 + hxs * (Q[0] + hxs * (Q[1] + hxs * (Q[2] + hxs * (Q[3] + hxs * Q[4]))));
+    let t = 3.0 - r1 * hfx;
+    let e = hxs * ((r1 - t) / (6.0 - r * t));
+    let e = (r * (e - c) - c) - hxs;
+    let scale = |v: f32| f32::from_bits(v.to_bits().wrapping_add((k as u32).wrapping_shl(23)));
+    let small_k = scale(f32::from_bits(0x3f80_0000u32.wrapping_sub(0x0100_0000u32.wrapping_shr(k as u32))) - (e - r));
+    let large_k = scale((r - (e + f32::from_bits((0x7f - k as u32).wrapping_shl(23)))) + 1.0);
+    if k < 23 {
+        small_k
+    } else {
+        large_k
+    }
+}
+
+/// Bits of |x| from which `tanh_small` takes x (below, `tanh_lane` returns x or x (1 + x)), and
+/// where `tanh_big` starts and ends.
+const SMALL_FROM: u32 = 0x2400_0000;
+const BIG_FROM: u32 = 0x3f80_0000;
+const BIG_TO: u32 = 0x4198_0000;
+
+/// `tanh_lane` for 2^-55 <= |x| < 1.
+#[inline(always)]
+fn tanh_small(x: f32) -> f32 {
+    let t = expm1_small(-2.0 * x.abs());
+    let z = -t / (t + 2.0);
+    if x.to_bits() >> 31 == 0 {
+        z
+    } else {
+        -z
+    }
+}
+
+/// `tanh_lane` for 1 <= |x| < 19.
+#[inline(always)]
+fn tanh_big(x: f32) -> f32 {
+    let t = expm1_big(2.0 * x.abs());
+    let z = 1.0 - 2.0 / (t + 2.0);
+    if x.to_bits() >> 31 == 0 {
+        z
+    } else {
+        -z
+    }
+}
+
+/// Values a block whose lanes all take one of `tanh_lane`'s two common branches computes only
+/// that branch (`tanh_small`, `tanh_big`); other blocks compute every branch in every lane.
+const BLOCK: usize = 16;
+
 #[inline(always)]
 fn tanh_lanes<S: Isa>(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
-    for (o, &x) in out.iter_mut().zip(xs) {
+    let (mut xb, mut ob) = (xs.chunks_exact(BLOCK), out.chunks_exact_mut(BLOCK));
+    for (x, o) in (&mut xb).zip(&mut ob) {
+        let x: &[f32; BLOCK] = x.try_into().unwrap();
+        let (small, big) = x.iter().fold((true, true), |(s, b), v| {
+            let ix = v.to_bits() & 0x7fff_ffff;
+            (s & (SMALL_FROM..BIG_FROM).contains(&ix), b & (BIG_FROM..BIG_TO).contains(&ix))
+        });
+        if small {
+            o.iter_mut().zip(x).for_each(|(o, &x)| {
+                o.write(tanh_small(x));
+            });
+        } else if big {
+            o.iter_mut().zip(x).for_each(|(o, &x)| {
+                o.write(tanh_big(x));
+            });
+        } else {
+            o.iter_mut().zip(x).for_each(|(o, &x)| {
+                o.write(tanh_lane(x));
+            });
+        }
+    }
+    for (o, &x) in ob.into_remainder().iter_mut().zip(xb.remainder()) {
         o.write(tanh_lane(x));
     }
 }
