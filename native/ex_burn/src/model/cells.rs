@@ -21,6 +21,7 @@ use burn::tensor::{Slice, Tensor};
 
 use super::gates::{activate, f32_values, flex};
 use crate::kernels::cpu::cells as cpu;
+use crate::kernels::cpu::lstm_layer;
 
 #[backend_extension(Flex, Cube: cfg(cube), Fusion: cfg(cube), Autodiff)]
 pub trait Cells: Backend {
@@ -145,6 +146,20 @@ impl Cells for Flex {
         let [rows, h] = dims(&hidden);
         let (dxp, dhp, dh) = cpu::gru_backward(&f32_values(&saved), &f32_values(&hp), &f32_values(&hidden), &f32_values(&grad), h);
         (flex(dxp, [rows, 3 * h]), flex(dhp, [rows, 3 * h]), flex(dh, [rows, h]))
+    }
+
+    fn lstm_layer(p: FloatTensor<Self>, w_h: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let s = p.layout().shape();
+        let [t, b, h] = [s[0], s[1], s[2] / 4];
+        let (hs, saved) = lstm_layer::forward(&f32_values(&p), &f32_values(&w_h), [t, b, h]);
+        (flex(hs, [t, b, h]), flex(saved, [t * b, cpu::LSTM_SAVED * h]))
+    }
+
+    fn lstm_layer_backward(w_h: FloatTensor<Self>, hs: FloatTensor<Self>, saved: FloatTensor<Self>, grad: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let s = hs.layout().shape();
+        let [t, b, h] = [s[0], s[1], s[2]];
+        let (dp, dw) = lstm_layer::backward(&f32_values(&w_h), &f32_values(&hs), &f32_values(&saved), &f32_values(&grad), [t, b, h]);
+        (flex(dp, [t, b, 4 * h]), flex(dw, [h, 4 * h]))
     }
 }
 

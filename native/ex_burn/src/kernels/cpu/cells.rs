@@ -11,7 +11,7 @@
 use super::gates::{activate_row, by_rows};
 use crate::ops::precision::MathMode;
 
-fn fast() -> bool {
+pub(super) fn fast() -> bool {
     MathMode::global() == MathMode::Fast
 }
 
@@ -46,14 +46,7 @@ pub fn lstm(pre: &[f32], state: &[f32], h: usize) -> (Vec<f32>, Vec<f32>) {
     by_rows(&mut saved, w, |start, run| {
         for (r, s) in run.chunks_exact_mut(w).enumerate() {
             let row = start / w + r;
-            let (acts, rest) = s.split_at_mut(4 * h);
-            activate_row(&pre[row * 4 * h..][..4 * h], acts, 3 * h, fast);
-            let (c_new, tc) = rest.split_at_mut(h);
-            let c = &state[row * 2 * h + h..][..h];
-            for j in 0..h {
-                c_new[j] = acts[h + j] * c[j] + acts[j] * acts[3 * h + j];
-            }
-            activate_row(c_new, tc, 0, fast);
+            lstm_row(&pre[row * 4 * h..][..4 * h], &state[row * 2 * h + h..][..h], s, fast);
         }
     });
     let mut out = vec![0f32; rows * 2 * h];
@@ -64,6 +57,19 @@ pub fn lstm(pre: &[f32], state: &[f32], h: usize) -> (Vec<f32>, Vec<f32>) {
         }
     }
     (out, saved)
+}
+
+/// One row of `lstm`: the pre-activations `pre` (`4h`) and cell state `c` (`h`) to the row's
+/// saved values (`LSTM_SAVED · h`), of which `h' = o·tanh(c')` is the product of blocks 2 and 5.
+pub(super) fn lstm_row(pre: &[f32], c: &[f32], saved: &mut [f32], fast: bool) {
+    let h = c.len();
+    let (acts, rest) = saved.split_at_mut(4 * h);
+    activate_row(pre, acts, 3 * h, fast);
+    let (c_new, tc) = rest.split_at_mut(h);
+    for j in 0..h {
+        c_new[j] = acts[h + j] * c[j] + acts[j] * acts[3 * h + j];
+    }
+    activate_row(c_new, tc, 0, fast);
 }
 
 /// The gradients of `lstm`'s pre-activations (rows of `4h`) and of its input cell state `c`
@@ -83,21 +89,28 @@ pub fn lstm_backward(saved: &[f32], c: &[f32], dh: &[f32], dc: &[f32], h: usize)
     by_rows(&mut both, 5 * h, |start, run| {
         for (r, o) in run.chunks_exact_mut(5 * h).enumerate() {
             let row = start / (5 * h) + r;
-            let s = &saved[row * LSTM_SAVED * h..][..LSTM_SAVED * h];
-            let (c, dh, dc) = (&c[row * h..][..h], &dh[row * h..][..h], &dc[row * h..][..h]);
-            for j in 0..h {
-                let (i, f, og, cand, tc) = (s[j], s[h + j], s[2 * h + j], s[3 * h + j], s[5 * h + j]);
-                let dct = dc[j] + dh[j] * og * (-(tc * tc) + 1.0);
-                o[j] = dct * cand * i * (1.0 - i);
-                o[h + j] = dct * c[j] * f * (1.0 - f);
-                o[2 * h + j] = dh[j] * tc * og * (1.0 - og);
-                o[3 * h + j] = dct * i * (-(cand * cand) + 1.0);
-                o[4 * h + j] = dct * f;
-            }
+            let (d_pre, d_c) = o.split_at_mut(4 * h);
+            let at = row * h..(row + 1) * h;
+            lstm_row_backward(&saved[row * LSTM_SAVED * h..][..LSTM_SAVED * h], &c[at.clone()], &dh[at.clone()], &dc[at], d_pre, d_c);
         }
     });
     let [d_pre, d_c] = split_columns(&both, [4 * h, h]);
     (d_pre, d_c)
+}
+
+/// One row of `lstm_backward`: its saved values, input cell state `c` and the gradients `dh`, `dc`
+/// of its new state to the gradients of its pre-activations (`4h`) and of `c` (`h`).
+pub(super) fn lstm_row_backward(s: &[f32], c: &[f32], dh: &[f32], dc: &[f32], d_pre: &mut [f32], d_c: &mut [f32]) {
+    let h = c.len();
+    for j in 0..h {
+        let (i, f, og, cand, tc) = (s[j], s[h + j], s[2 * h + j], s[3 * h + j], s[5 * h + j]);
+        let dct = dc[j] + dh[j] * og * (-(tc * tc) + 1.0);
+        d_pre[j] = dct * cand * i * (1.0 - i);
+        d_pre[h + j] = dct * c[j] * f * (1.0 - f);
+        d_pre[2 * h + j] = dh[j] * tc * og * (1.0 - og);
+        d_pre[3 * h + j] = dct * i * (-(cand * cand) + 1.0);
+        d_c[j] = dct * f;
+    }
 }
 
 /// Values saved per row by `gru` for `gru_backward`, in units of the hidden size: the update

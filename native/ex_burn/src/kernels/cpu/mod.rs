@@ -10,6 +10,7 @@ pub(crate) mod gather;
 pub(crate) mod layer_norm;
 pub(crate) mod linear;
 pub(crate) mod linear_packed;
+pub(crate) mod lstm_layer;
 pub mod quant;
 pub(crate) mod row_split;
 pub(crate) mod sort;
