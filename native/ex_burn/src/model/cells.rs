@@ -21,7 +21,7 @@ use burn::tensor::{Slice, Tensor};
 
 use super::gates::{activate, f32_values, flex};
 use crate::kernels::cpu::cells as cpu;
-use crate::kernels::cpu::lstm_layer;
+use crate::kernels::cpu::rnn_layers;
 
 #[backend_extension(Flex, Cube: cfg(cube), Fusion: cfg(cube), Autodiff)]
 pub trait Cells: Backend {
@@ -151,15 +151,35 @@ impl Cells for Flex {
     fn lstm_layer(p: FloatTensor<Self>, w_h: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let s = p.layout().shape();
         let [t, b, h] = [s[0], s[1], s[2] / 4];
-        let (hs, saved) = lstm_layer::forward(&f32_values(&p), &f32_values(&w_h), [t, b, h]);
+        let (hs, saved) = rnn_layers::lstm_forward(&f32_values(&p), &f32_values(&w_h), [t, b, h]);
         (flex(hs, [t, b, h]), flex(saved, [t * b, cpu::LSTM_SAVED * h]))
     }
 
     fn lstm_layer_backward(w_h: FloatTensor<Self>, hs: FloatTensor<Self>, saved: FloatTensor<Self>, grad: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let s = hs.layout().shape();
         let [t, b, h] = [s[0], s[1], s[2]];
-        let (dp, dw) = lstm_layer::backward(&f32_values(&w_h), &f32_values(&hs), &f32_values(&saved), &f32_values(&grad), [t, b, h]);
+        let (dp, dw) = rnn_layers::lstm_backward(&f32_values(&w_h), &f32_values(&hs), &f32_values(&saved), &f32_values(&grad), [t, b, h]);
         (flex(dp, [t, b, 4 * h]), flex(dw, [h, 4 * h]))
+    }
+
+    fn gru_layer(xp: FloatTensor<Self>, w_h: FloatTensor<Self>, b_h: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let s = xp.layout().shape();
+        let [t, b, h] = [s[0], s[1], s[2] / 3];
+        let (hs, saved, hps) = rnn_layers::gru_forward(&f32_values(&xp), &f32_values(&w_h), &f32_values(&b_h), [t, b, h]);
+        (flex(hs, [t, b, h]), flex(saved, [t * b, cpu::GRU_SAVED * h]), flex(hps, [t * b, 3 * h]))
+    }
+
+    fn gru_layer_backward(
+        w_h: FloatTensor<Self>,
+        hs: FloatTensor<Self>,
+        saved: FloatTensor<Self>,
+        hps: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let s = hs.layout().shape();
+        let [t, b, h] = [s[0], s[1], s[2]];
+        let (dxp, dw, db) = rnn_layers::gru_backward(&f32_values(&w_h), &f32_values(&hs), &f32_values(&saved), &f32_values(&hps), &f32_values(&grad), [t, b, h]);
+        (flex(dxp, [t, b, 3 * h]), flex(dw, [h, 3 * h]), flex(db, [3 * h]))
     }
 }
 

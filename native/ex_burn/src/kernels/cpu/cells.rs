@@ -131,26 +131,38 @@ pub fn gru(xp: &[f32], hp: &[f32], hidden: &[f32], h: usize) -> (Vec<f32>, Vec<f
         let mut pre = vec![0f32; 2 * h];
         for (r, s) in run.chunks_exact_mut(w).enumerate() {
             let row = start / w + r;
-            let (x, p) = (&xp[row * 3 * h..][..3 * h], &hp[row * 3 * h..][..3 * h]);
-            for j in 0..2 * h {
-                pre[j] = x[j] + p[j];
-            }
-            let (zr, n) = s.split_at_mut(2 * h);
-            activate_row(&pre, zr, 2 * h, fast);
-            for j in 0..h {
-                pre[j] = x[2 * h + j] + zr[h + j] * p[2 * h + j];
-            }
-            activate_row(&pre[..h], n, 0, fast);
+            gru_row(&xp[row * 3 * h..][..3 * h], &hp[row * 3 * h..][..3 * h], s, &mut pre, fast);
         }
     });
     let mut out = vec![0f32; rows * h];
     for ((o, s), prev) in out.chunks_exact_mut(h).zip(saved.chunks_exact(w)).zip(hidden.chunks_exact(h)) {
-        for j in 0..h {
-            let (z, n) = (s[j], s[2 * h + j]);
-            o[j] = n * (-z + 1.0) + z * prev[j];
-        }
+        gru_output(s, prev, o);
     }
     (out, saved)
+}
+
+/// One row of `gru`: the products `x` and `p` (`3h` each) to the row's saved values (`[z, r, n]`),
+/// with `pre` a scratch row of `2h`.
+pub(super) fn gru_row(x: &[f32], p: &[f32], saved: &mut [f32], pre: &mut [f32], fast: bool) {
+    let h = saved.len() / GRU_SAVED;
+    for j in 0..2 * h {
+        pre[j] = x[j] + p[j];
+    }
+    let (zr, n) = saved.split_at_mut(2 * h);
+    activate_row(pre, zr, 2 * h, fast);
+    for j in 0..h {
+        pre[j] = x[2 * h + j] + zr[h + j] * p[2 * h + j];
+    }
+    activate_row(&pre[..h], n, 0, fast);
+}
+
+/// A row's new state `h' = n·(1 − z) + z·h` from its saved values and its state `prev`.
+pub(super) fn gru_output(s: &[f32], prev: &[f32], out: &mut [f32]) {
+    let h = prev.len();
+    for j in 0..h {
+        let (z, n) = (s[j], s[2 * h + j]);
+        out[j] = n * (-z + 1.0) + z * prev[j];
+    }
 }
 
 /// The gradients of `gru`'s products `xp` and `hp` (rows of `3h`) and its state (rows of `h`)
@@ -169,24 +181,32 @@ pub fn gru_backward(saved: &[f32], hp: &[f32], hidden: &[f32], grad: &[f32], h: 
     by_rows(&mut all, 7 * h, |start, run| {
         for (r, o) in run.chunks_exact_mut(7 * h).enumerate() {
             let row = start / (7 * h) + r;
-            let s = &saved[row * GRU_SAVED * h..][..GRU_SAVED * h];
-            let (p, prev, g) = (&hp[row * 3 * h..][..3 * h], &hidden[row * h..][..h], &grad[row * h..][..h]);
-            for j in 0..h {
-                let (z, rs, n) = (s[j], s[h + j], s[2 * h + j]);
-                let dn = g[j] * (-z + 1.0) * (-(n * n) + 1.0);
-                let dz = g[j] * (prev[j] - n) * z * (1.0 - z);
-                let dr = dn * p[2 * h + j] * rs * (1.0 - rs);
-                // d xp, d hp (the same for the update and reset gates), d h
-                o[j] = dz;
-                o[h + j] = dr;
-                o[2 * h + j] = dn;
-                o[3 * h + j] = dz;
-                o[4 * h + j] = dr;
-                o[5 * h + j] = dn * rs;
-                o[6 * h + j] = g[j] * z;
-            }
+            let (dxp, rest) = o.split_at_mut(3 * h);
+            let (dhp, dh) = rest.split_at_mut(3 * h);
+            let at = row * h..(row + 1) * h;
+            gru_row_backward(&saved[row * GRU_SAVED * h..][..GRU_SAVED * h], &hp[row * 3 * h..][..3 * h], &hidden[at.clone()], &grad[at], dxp, dhp, dh);
         }
     });
     let [dxp, dhp, dh] = split_columns(&all, [3 * h, 3 * h, h]);
     (dxp, dhp, dh)
+}
+
+/// One row of `gru_backward`: its saved values, hidden product `p`, state `prev` and the new
+/// state's gradient `g` to the gradients of its products (`3h` each) and of its state (`h`).
+pub(super) fn gru_row_backward(s: &[f32], p: &[f32], prev: &[f32], g: &[f32], dxp: &mut [f32], dhp: &mut [f32], dh: &mut [f32]) {
+    let h = prev.len();
+    for j in 0..h {
+        let (z, rs, n) = (s[j], s[h + j], s[2 * h + j]);
+        let dn = g[j] * (-z + 1.0) * (-(n * n) + 1.0);
+        let dz = g[j] * (prev[j] - n) * z * (1.0 - z);
+        let dr = dn * p[2 * h + j] * rs * (1.0 - rs);
+        // the update and reset gates take the same gradient through both products
+        dxp[j] = dz;
+        dxp[h + j] = dr;
+        dxp[2 * h + j] = dn;
+        dhp[j] = dz;
+        dhp[h + j] = dr;
+        dhp[2 * h + j] = dn * rs;
+        dh[j] = g[j] * z;
+    }
 }
