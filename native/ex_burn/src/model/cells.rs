@@ -537,8 +537,13 @@ mod tests {
             assert_near(g, w, 1e-5, &format!("{what} gradient of input {k}"));
         }
         // untracked, the op gives the tracked values
-        let plain = op(inputs.to_vec());
-        assert_eq!(values(plain), out, "{what}: untracked forward");
+        let plain = values(op(inputs.to_vec()));
+        if on_cpu() {
+            assert_eq!(plain, out, "{what}: untracked forward");
+        } else {
+            // a GPU may pick other product kernels (autotuning) for another graph
+            assert_near(&plain, &out, 1e-4, &format!("{what} untracked forward"));
+        }
     }
 
     #[test]
@@ -619,7 +624,12 @@ mod tests {
             assert_near(g, w, grad_tol, &format!("{what} gradient of input {k}"));
         }
         let (x, m, v) = inputs;
-        assert_eq!(values(op(x, m, v)), out, "{what}: untracked forward");
+        let plain = values(op(x, m, v));
+        if on_cpu() {
+            assert_eq!(plain, out, "{what}: untracked forward");
+        } else {
+            assert_near(&plain, &out, out_tol, &format!("{what} untracked forward"));
+        }
     }
 
     #[test]

@@ -134,11 +134,14 @@ mod tests {
         };
         let (out, dx, dp) = run(&ours);
         let (want, want_dx, want_dp) = run(&reference);
-        assert_near(&out, &want, 1e-6, &format!("{what} output"));
-        assert_near(&dx, &want_dx, 1e-5, &format!("{what} input gradient"));
+        // Burn's f32 products round their inputs to TF32 on tensor-core GPUs, in another order
+        // of products here than in Burn's forward
+        let (out_tol, grad_tol) = if crate::testing::device().kind == crate::device::DeviceKind::Cpu { (1e-6, 1e-5) } else { (1e-4, 2e-3) };
+        assert_near(&out, &want, out_tol, &format!("{what} output"));
+        assert_near(&dx, &want_dx, grad_tol, &format!("{what} input gradient"));
         assert_eq!(dp.len(), want_dp.len());
         for (k, (g, w)) in dp.iter().zip(&want_dp).enumerate() {
-            assert_near(g, w, 1e-5, &format!("{what} parameter {k} gradient"));
+            assert_near(g, w, grad_tol, &format!("{what} parameter {k} gradient"));
         }
     }
 
