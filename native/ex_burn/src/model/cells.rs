@@ -52,19 +52,19 @@ pub trait Cells: Backend {
     /// `steps::lstm`: every step's `h` and the steps' saved values.
     #[fusion(default)]
     fn lstm_layer(p: FloatTensor<Self>, w_h: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        super::steps::lstm::<Self>(p, w_h)
+        super::steps::lstm::<Self>(p, w_h, Self::lstm_cell)
     }
 
     /// `steps::lstm_backward`.
     #[fusion(default)]
     fn lstm_layer_backward(w_h: FloatTensor<Self>, hs: FloatTensor<Self>, saved: FloatTensor<Self>, grad: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        super::steps::lstm_backward::<Self>(w_h, hs, saved, grad)
+        super::steps::lstm_backward::<Self>(w_h, hs, saved, grad, Self::lstm_cell_backward)
     }
 
     /// `steps::gru`: every step's `h`, the steps' saved values and hidden products.
     #[fusion(default)]
     fn gru_layer(xp: FloatTensor<Self>, w_h: FloatTensor<Self>, b_h: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        super::steps::gru::<Self>(xp, w_h, b_h)
+        super::steps::gru::<Self>(xp, w_h, b_h, Self::gru_cell)
     }
 
     /// `steps::gru_backward`.
@@ -76,7 +76,7 @@ pub trait Cells: Backend {
         hps: FloatTensor<Self>,
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        super::steps::gru_backward::<Self>(w_h, hs, saved, hps, grad)
+        super::steps::gru_backward::<Self>(w_h, hs, saved, hps, grad, Self::gru_cell_backward)
     }
 }
 
