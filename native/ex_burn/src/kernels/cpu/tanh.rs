@@ -23,6 +23,17 @@ const INV_LN2: f32 = f32::from_bits(0x3fb8aa3b);
 const O_THRESHOLD: f32 = f32::from_bits(0x42b17180);
 const Q: [f32; 5] = [f32::from_bits(0xbd088889), f32::from_bits(0x3ad00d01), f32::from_bits(0xb8a670cd), f32::from_bits(0x36867e54), f32::from_bits(0xb457edbb)];
 
+/// fdlibm's `expm1f` on its reduced argument `r`: `r²/2` and the correction term `e` that every
+/// case of its branches starts from.
+#[inline(always)]
+fn reduced_poly(r: f32) -> (f32, f32) {
+    let hfx = 0.5 * r;
+    let hxs = r * hfx;
+    let r1 = 1.0 + hxs * (Q[0] + hxs * (Q[1] + hxs * (Q[2] + hxs * (Q[3] + hxs * Q[4]))));
+    let t = 3.0 - r1 * hfx;
+    (hxs, hxs * ((r1 - t) / (6.0 - r * t)))
+}
+
 /// fdlibm's `expm1f`: every case of its branches, each lane taking its own.
 #[inline(always)]
 fn expm1_lane(x: f32) -> f32 {
@@ -38,11 +49,7 @@ fn expm1_lane(x: f32) -> f32 {
     let (hi, lo) = (x - kf * LN2_HI, kf * LN2_LO);
     let r = if reduced { hi - lo } else { x };
     let c = if reduced { (hi - r) - lo } else { 0.0 };
-    let hfx = 0.5 * r;
-    let hxs = r * hfx;
-    let r1 = 1.0 + hxs * (Q[0] + hxs * (Q[1] + hxs * (Q[2] + hxs * (Q[3] + hxs * Q[4]))));
-    let t = 3.0 - r1 * hfx;
-    let e = hxs * ((r1 - t) / (6.0 - r * t));
+    let (hxs, e) = reduced_poly(r);
     let unreduced = r - (r * e - hxs);
     let e = (r * (e - c) - c) - hxs;
     // k's exponent added to y's bits (wrapping: lanes that take another branch may hold any k)
@@ -104,11 +111,7 @@ fn expm1_small(y: f32) -> f32 {
     let (hi, lo) = (y - kf * LN2_HI, kf * LN2_LO);
     let r = if reduced { hi - lo } else { y };
     let c = if reduced { (hi - r) - lo } else { 0.0 };
-    let hfx = 0.5 * r;
-    let hxs = r * hfx;
-    let r1 = 1.0 + hxs * (Q[0] + hxs * (Q[1] + hxs * (Q[2] + hxs * (Q[3] + hxs * Q[4]))));
-    let t = 3.0 - r1 * hfx;
-    let e = hxs * ((r1 - t) / (6.0 - r * t));
+    let (hxs, e) = reduced_poly(r);
     let unreduced = r - (r * e - hxs);
     let e = (r * (e - c) - c) - hxs;
     let far = f32::from_bits((1.0 - (e - r)).to_bits().wrapping_add((k as u32).wrapping_shl(23))) - 1.0;
@@ -129,11 +132,7 @@ fn expm1_big(y: f32) -> f32 {
     let (hi, lo) = (y - kf * LN2_HI, kf * LN2_LO);
     let r = hi - lo;
     let c = (hi - r) - lo;
-    let hfx = 0.5 * r;
-    let hxs = r * hfx;
-    let r1 = 1.0 + hxs * (Q[0] + hxs * (Q[1] + hxs * (Q[2] + hxs * (Q[3] + hxs * Q[4]))));
-    let t = 3.0 - r1 * hfx;
-    let e = hxs * ((r1 - t) / (6.0 - r * t));
+    let (hxs, e) = reduced_poly(r);
     let e = (r * (e - c) - c) - hxs;
     let scale = |v: f32| f32::from_bits(v.to_bits().wrapping_add((k as u32).wrapping_shl(23)));
     let small_k = scale(f32::from_bits(0x3f80_0000u32.wrapping_sub(0x0100_0000u32.wrapping_shr(k as u32))) - (e - r));
