@@ -2,7 +2,8 @@
 //! one autodiff node whose backward pass runs the steps back in time (`steps`), and a step after
 //! its products (the gates' activations, the state update, the output) is one kernel each way:
 //! the CPU's (`kernels::cpu::cells`, flex f32) and the cube GPUs' (`gpu::cells`), behind a
-//! backend extension. Composed of Burn ops, a step is a dozen tensors forwards (column slices of
+//! backend extension; on flex the layer's loop is split by rows (`kernels::cpu::rnn_layers`).
+//! Composed of Burn ops, a step is a dozen tensors forwards (column slices of
 //! the gates, products, sums) and more backwards, each slice's gradient the size of all the gates,
 //! and each step's input slice has a gradient the size of the whole sequence; on a GPU each op is
 //! a kernel launch, and a small model's step is launch-bound. Other tensors (f64) take that

@@ -14,10 +14,16 @@ use super::vector::{par_tasks, SharedMut};
 /// Rows below which a block is not worth a thread of its own.
 const MIN_ROWS: usize = 8;
 
-/// The blocks `b` rows are cut into, and the rows of each.
-fn blocks(b: usize) -> (usize, usize) {
+/// `task(r0, r1)` for the blocks rows `0..b` are cut into, one block a task on the pool.
+fn by_blocks(b: usize, task: impl Fn(usize, usize) + Sync) {
     let n = rayon::current_num_threads().min(b.div_ceil(MIN_ROWS)).max(1);
-    (n, b.div_ceil(n))
+    let per = b.div_ceil(n);
+    par_tasks(n, &|i| {
+        let (r0, r1) = (i * per, b.min((i + 1) * per));
+        if r0 < r1 {
+            task(r0, r1);
+        }
+    });
 }
 
 /// `dst = dst·alpha + lhs·rhs` on the calling thread for `[m, k]` and `[k, n]` operands given by
@@ -40,12 +46,7 @@ pub fn lstm_forward(p: &[f32], w_h: &[f32], [t, b, h]: [usize; 3]) -> (Vec<f32>,
     let (mut hs, mut saved) = (vec![0f32; t * b * h], vec![0f32; t * b * w]);
     let (hs_at, saved_at) = (SharedMut(hs.as_mut_ptr()), SharedMut(saved.as_mut_ptr()));
     let fast = fast();
-    let (n, per) = blocks(b);
-    par_tasks(n, &|i| {
-        let (r0, r1) = (i * per, b.min((i + 1) * per));
-        if r0 >= r1 {
-            return;
-        }
+    by_blocks(b, |r0, r1| {
         let rows = r1 - r0;
         let (mut pre, mut c, mut hidden) = (vec![0f32; rows * g], vec![0f32; rows * h], vec![0f32; rows * h]);
         for s in 0..t {
@@ -86,12 +87,7 @@ pub fn lstm_backward(w_h: &[f32], hs: &[f32], saved: &[f32], grad: &[f32], [t, b
     );
     let mut dp = vec![0f32; t * b * g];
     let dp_at = SharedMut(dp.as_mut_ptr());
-    let (n, per) = blocks(b);
-    par_tasks(n, &|i| {
-        let (r0, r1) = (i * per, b.min((i + 1) * per));
-        if r0 >= r1 {
-            return;
-        }
+    by_blocks(b, |r0, r1| {
         let rows = r1 - r0;
         let (mut dh_next, mut dh, mut dc, mut dc_prev) = (vec![0f32; rows * h], vec![0f32; rows * h], vec![0f32; rows * h], vec![0f32; rows * h]);
         let no_cell = vec![0f32; h];
@@ -129,15 +125,11 @@ fn hidden_weights_gradient(hs: &[f32], d: &[f32], [t, b, h]: [usize; 3], g: usiz
     let mut dw = vec![0f32; h * g];
     let dw_at = SharedMut(dw.as_mut_ptr());
     let k = (t - 1) * b;
-    let (n, per) = blocks(h);
     if k > 0 {
-        par_tasks(n, &|i| {
-            let (u0, u1) = (i * per, h.min((i + 1) * per));
-            if u0 < u1 {
-                // SAFETY: rows u0..u1 of `dw` are this task's; `hs` read as `[h, k]` (unit `u`,
-                // row `r` at `r·h + u`) and `d` from step 1 as `[k, g]`.
-                unsafe { product(dw_at.get().add(u0 * g), 0.0, [u1 - u0, k, g], hs.as_ptr().add(u0), [h as isize, 1], d.as_ptr().add(b * g), [1, g as isize]) };
-            }
+        by_blocks(h, |u0, u1| {
+            // SAFETY: rows u0..u1 of `dw` are this task's; `hs` read as `[h, k]` (unit `u`, row
+            // `r` at `r·h + u`) and `d` from step 1 as `[k, g]`.
+            unsafe { product(dw_at.get().add(u0 * g), 0.0, [u1 - u0, k, g], hs.as_ptr().add(u0), [h as isize, 1], d.as_ptr().add(b * g), [1, g as isize]) };
         });
     }
     dw
@@ -153,12 +145,7 @@ pub fn gru_forward(xp: &[f32], w_h: &[f32], b_h: &[f32], [t, b, h]: [usize; 3]) 
     let (mut hs, mut saved, mut hps) = (vec![0f32; t * b * h], vec![0f32; t * b * w], vec![0f32; t * b * g]);
     let (hs_at, saved_at, hps_at) = (SharedMut(hs.as_mut_ptr()), SharedMut(saved.as_mut_ptr()), SharedMut(hps.as_mut_ptr()));
     let fast = fast();
-    let (n, per) = blocks(b);
-    par_tasks(n, &|i| {
-        let (r0, r1) = (i * per, b.min((i + 1) * per));
-        if r0 >= r1 {
-            return;
-        }
+    by_blocks(b, |r0, r1| {
         let rows = r1 - r0;
         let (mut hp, mut hidden, mut pre) = (vec![0f32; rows * g], vec![0f32; rows * h], vec![0f32; 2 * h]);
         for s in 0..t {
@@ -205,12 +192,7 @@ pub fn gru_backward(w_h: &[f32], hs: &[f32], saved: &[f32], hps: &[f32], grad: &
     );
     let (mut dxp, mut dhp) = (vec![0f32; t * b * g], vec![0f32; t * b * g]);
     let (dxp_at, dhp_at) = (SharedMut(dxp.as_mut_ptr()), SharedMut(dhp.as_mut_ptr()));
-    let (n, per) = blocks(b);
-    par_tasks(n, &|i| {
-        let (r0, r1) = (i * per, b.min((i + 1) * per));
-        if r0 >= r1 {
-            return;
-        }
+    by_blocks(b, |r0, r1| {
         let rows = r1 - r0;
         let (mut dh_next, mut dh) = (vec![0f32; rows * h], vec![0f32; rows * h]);
         let no_state = vec![0f32; h];
