@@ -362,20 +362,9 @@ fn columns(t: &Tensor<2>, from: usize, to: usize) -> Tensor<2> {
     t.clone().slice([0..b, from..to])
 }
 
-/// One LSTM step: `pre` holds the gates' pre-activations (`[batch, 4·hidden]`: input, forget,
-/// output, candidate cell), `state` is `[h, c]`; returns the new `[h', c']` with `c' = f·c + i·g`,
-/// `h' = o·tanh(c')`.
-pub fn lstm(pre: Tensor<2>, state: Tensor<2>) -> Tensor<2> {
-    let [b, h2] = state.dims();
-    assert_eq!(pre.dims(), [b, 2 * h2], "lstm step: pre-activations {:?} for state {:?}", pre.dims(), state.dims());
-    if applies(&pre) {
-        let (out, _) = Dispatch::lstm_cell(pre.into_dispatch(), state.into_dispatch());
-        return Tensor::from_dispatch(out);
-    }
-    composed_lstm(pre, state)
-}
-
-/// `lstm` in Burn ops.
+/// One LSTM step in Burn ops: `pre` holds the gates' pre-activations (`[batch, 4·hidden]`:
+/// input, forget, output, candidate cell), `state` is `[h, c]`; returns the new `[h', c']` with
+/// `c' = f·c + i·g`, `h' = o·tanh(c')`. `Cells::lstm_cell` is this step as one op.
 fn composed_lstm(pre: Tensor<2>, state: Tensor<2>) -> Tensor<2> {
     let h2 = state.dims()[1];
     let h = h2 / 2;
@@ -385,20 +374,10 @@ fn composed_lstm(pre: Tensor<2>, state: Tensor<2>) -> Tensor<2> {
     Tensor::cat(vec![hidden, c], 1)
 }
 
-/// One GRU step (reset after the hidden product): `xp` and `hp` are the input's and the state's
-/// products (`[batch, 3·hidden]`: update, reset, new), `hidden` the state; returns
+/// One GRU step (reset after the hidden product) in Burn ops: `xp` and `hp` are the input's and
+/// the state's products (`[batch, 3·hidden]`: update, reset, new), `hidden` the state; returns
 /// `h' = n·(1 − z) + z·h` with `[z, r] = σ(xp + hp)` and `n = tanh(xp_n + r·hp_n)`.
-pub fn gru(xp: Tensor<2>, hp: Tensor<2>, hidden: Tensor<2>) -> Tensor<2> {
-    let [b, h] = hidden.dims();
-    assert!(xp.dims() == [b, 3 * h] && hp.dims() == [b, 3 * h], "gru step: products {:?} and {:?} for state {:?}", xp.dims(), hp.dims(), hidden.dims());
-    if applies(&xp) {
-        let (out, _) = Dispatch::gru_cell(xp.into_dispatch(), hp.into_dispatch(), hidden.into_dispatch());
-        return Tensor::from_dispatch(out);
-    }
-    composed_gru(xp, hp, hidden)
-}
-
-/// `gru` in Burn ops.
+/// `Cells::gru_cell` is this step as one op.
 fn composed_gru(xp: Tensor<2>, hp: Tensor<2>, hidden: Tensor<2>) -> Tensor<2> {
     let h = hidden.dims()[1];
     let zr = activate(columns(&xp, 0, 2 * h) + columns(&hp, 0, 2 * h), 2 * h);
@@ -433,7 +412,9 @@ fn composed_lstm_layer(p: Tensor<3>, w_h: Tensor<2>) -> Tensor<3> {
     let [t, b, g] = p.dims();
     let h = g / 4;
     let device = p.device();
-    let (mut state, mut hidden) = (Tensor::zeros([b, 2 * h], &device), Tensor::zeros([b, h], &device));
+    // zero states of the sequence's dtype (the device's default may be another)
+    let zeros = |n: usize| Tensor::<2>::zeros([b, n], &device).cast(p.dtype());
+    let (mut state, mut hidden) = (zeros(2 * h), zeros(h));
     let mut hs = Vec::with_capacity(t);
     for s in 0..t {
         state = composed_lstm(step(&p, s) + hidden.matmul(w_h.clone()), state);
@@ -464,7 +445,7 @@ pub fn gru_layer(xp: Tensor<3>, w_h: Tensor<2>, b_h: Option<Tensor<1>>) -> Tenso
 fn composed_gru_layer(xp: Tensor<3>, w_h: Tensor<2>, b_h: Option<Tensor<1>>) -> Tensor<3> {
     let [t, b, g] = xp.dims();
     let h = g / 3;
-    let mut hidden = Tensor::zeros([b, h], &xp.device());
+    let mut hidden = Tensor::<2>::zeros([b, h], &xp.device()).cast(xp.dtype());
     let mut hs = Vec::with_capacity(t);
     for s in 0..t {
         let hp = hidden.clone().matmul(w_h.clone());
@@ -484,6 +465,19 @@ mod tests {
 
     use super::*;
     use crate::device::DeviceKind;
+
+    /// `Cells::lstm_cell` on tensors: the step op itself, which the layers run on the inner
+    /// backend and which is held to `composed_lstm` here.
+    fn lstm(pre: Tensor<2>, state: Tensor<2>) -> Tensor<2> {
+        let (out, _) = Dispatch::lstm_cell(pre.into_dispatch(), state.into_dispatch());
+        Tensor::from_dispatch(out)
+    }
+
+    /// `Cells::gru_cell` on tensors, held to `composed_gru`.
+    fn gru(xp: Tensor<2>, hp: Tensor<2>, hidden: Tensor<2>) -> Tensor<2> {
+        let (out, _) = Dispatch::gru_cell(xp.into_dispatch(), hp.into_dispatch(), hidden.into_dispatch());
+        Tensor::from_dispatch(out)
+    }
 
     fn device() -> Device {
         crate::testing::device().burn().unwrap()
@@ -575,12 +569,15 @@ mod tests {
     }
 
     #[test]
-    fn f64_steps_take_the_composition() {
+    fn f64_layers_take_the_composition() {
         let d = device();
-        let t = Tensor::<2>::zeros([2, 8], &d).cast(burn::tensor::DType::F64);
-        assert!(!applies(&t));
-        let state = Tensor::<2>::zeros([2, 4], &d).cast(burn::tensor::DType::F64);
-        assert_eq!(lstm(t, state).dims(), [2, 4]);
+        let f64s = |t: Tensor<3>| t.cast(DType::F64);
+        let p = f64s(sequence(3, 2, 8, 13, &d));
+        assert!(!applies(&p));
+        let hs = lstm_layer(p, weights(2, 8, 14, &d).cast(DType::F64));
+        assert_eq!((hs.dims(), hs.dtype()), ([3, 2, 2], DType::F64));
+        let hs = gru_layer(f64s(sequence(3, 2, 6, 15, &d)), weights(2, 6, 16, &d).cast(DType::F64), None);
+        assert_eq!((hs.dims(), hs.dtype()), ([3, 2, 2], DType::F64));
     }
 
     /// Pre-activations of a time-major sequence over the functions' range.
