@@ -216,16 +216,38 @@ defmodule Mix.Tasks.Test.All do
   end
 
   def failures(:exunit, output, limit) do
-    ~r/^ +\d+\) (.+)\n +(\S+:\d+)\n((?: {5}.*\n){0,6})/m
-    |> Regex.scan(output, capture: :all_but_first)
-    |> Enum.take(limit)
-    |> Enum.map(fn [name, at, detail] ->
-      detail = detail |> String.split("\n", trim: true) |> Enum.map_join(" | ", &String.trim/1)
-      "#{name} at #{at}: #{String.slice(detail, 0, 400)}"
-    end)
+    output |> exunit_failures() |> Enum.take(limit) |> Enum.map(&elem(&1, 1))
   end
 
-  def failures(_suite, _output, _limit), do: []
+  # A suite's unexplained failures, as its verdict names them, each with its ExUnit detail.
+  def failures(_suite, output, limit) do
+    case Regex.run(~r/^ +\d+ unexplained: .*\n((?: {6}\S.*(?:\n|$))*)/m, output, capture: :all_but_first) do
+      [listed] ->
+        details = Map.new(exunit_failures(output))
+
+        listed
+        |> String.split("\n", trim: true)
+        |> Enum.take(limit)
+        |> Enum.map(fn line ->
+          [module, name] = line |> String.trim() |> String.split(": ", parts: 2)
+          test = "#{name} (#{module})"
+          Map.get(details, test, test)
+        end)
+
+      nil ->
+        []
+    end
+  end
+
+  # `{name, "name at file:line: detail"}` for each failure ExUnit printed
+  defp exunit_failures(output) do
+    ~r/^ +\d+\) (.+)\n +(\S+:\d+)\n((?: {5}.*\n){0,6})/m
+    |> Regex.scan(output, capture: :all_but_first)
+    |> Enum.map(fn [name, at, detail] ->
+      detail = detail |> String.split("\n", trim: true) |> Enum.map_join(" | ", &String.trim/1)
+      {name, "#{name} at #{at}: #{String.slice(detail, 0, 400)}"}
+    end)
+  end
 
   defp last_match(regex, output, group \\ 0) do
     case Regex.scan(regex, output) do

@@ -88,5 +88,20 @@ defmodule ExBurn.Scripts.TestAllTest do
 
     assert All.failures(:exunit, "3 tests, 0 failures\n") == []
     assert All.failures(:nx_suite, exunit) == []
+
+    suite =
+      exunit <>
+        """
+
+        Nx's own tests through ExBurn (backend): 3 run, 1 pass, 2 fail
+          1 literal_on_backend: Nx.Defn.Expr inlines tensors
+          1 unexplained: not explained: a fault to look at
+              ExBurn.ServerTest: test a served request streams
+        """
+
+    assert All.failures(:nx_suite, suite) == [
+             "test a served request streams (ExBurn.ServerTest) at test/ex_burn/server/server_test.exs:120: " <>
+               "Assertion failed, no matching message after 100ms | code: assert_receive {:done, _}"
+           ]
   end
 end
