@@ -4,7 +4,7 @@
 //! step, the subtraction), and flex runs element-wise ops on one thread, each a pass over memory:
 //! Adam's update weighed heavily on a small MLP's step (guides/training.md). Here the same
 //! arithmetic, operation for operation in f32 (so the same bits: `tests` compares with Burn's
-//! Adam), runs as one pass over each parameter on `par_tasks`.
+//! Adam), runs as one pass over each parameter (`kernels::cpu::adam`).
 //!
 //! Only contiguous f32 flex tensors with a state already (Burn's step makes the first one) take
 //! it, for Adam only without weight decay (AdamW's decoupled decay is part of its pass; we never
@@ -16,10 +16,8 @@ use burn::optim::{Adam, AdamConfig, AdamState, AdamW, AdamWConfig, AdamWState, A
 use burn::tensor::{Device, Tensor};
 
 use crate::dispatch;
-use crate::kernels::cpu::vector::{flex_f32, par_tasks, SharedMut};
-
-/// Elements a parallel task updates.
-const CHUNK: usize = 1 << 14;
+use crate::kernels::cpu::adam::adam_pass;
+use crate::kernels::cpu::vector::flex_f32;
 
 #[derive(Clone)]
 pub struct FusedAdam {
@@ -78,30 +76,7 @@ fn fused_pass<const D: usize>(
     if g.len() != n || m.len() != n || v.len() != n {
         return None;
     }
-    let (f1, f2) = (1.0 - b1, 1.0 - b2);
-    let (mut np, mut nm, mut nv): (Vec<f32>, Vec<f32>, Vec<f32>) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-    let (op, om, ov) = (SharedMut(np.as_mut_ptr()), SharedMut(nm.as_mut_ptr()), SharedMut(nv.as_mut_ptr()));
-    par_tasks(n.div_ceil(CHUNK), &|t| {
-        let (lo, hi) = (t * CHUNK, n.min((t + 1) * CHUNK));
-        for i in lo..hi {
-            let gi = g[i];
-            let m1 = m[i] * b1 + gi * f1;
-            let m2 = v[i] * b2 + (gi * gi) * f2;
-            // SAFETY: each index is written by the one task whose range holds it, inside the
-            // capacity reserved above; set_len follows once par_tasks has returned.
-            unsafe {
-                op.get().add(i).write(update(p[i], m1, m2));
-                om.get().add(i).write(m1);
-                ov.get().add(i).write(m2);
-            }
-        }
-    });
-    // SAFETY: the tasks wrote all n elements of each
-    unsafe {
-        np.set_len(n);
-        nm.set_len(n);
-        nv.set_len(n);
-    }
+    let [np, nm, nv] = adam_pass(p, g, m, v, (b1, b2), update);
     let device = Device::flex();
     let shape = dispatch::dims(&pp);
     let make = |values: Vec<f32>| Tensor::<D>::from_dispatch(dispatch::from_data(TensorData::new(values, shape.clone()), &device));

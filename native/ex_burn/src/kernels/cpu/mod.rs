@@ -1,6 +1,7 @@
 //! CPU kernels on Burn's flex storage: each reads contiguous flex tensors directly and returns
 //! `None` for anything it does not cover (another device, a strided view, another dtype).
 
+pub(crate) mod adam;
 pub(crate) mod bf16_gemm;
 pub(crate) mod cells;
 pub(crate) mod conv;
