@@ -13,7 +13,7 @@
 use burn::backend::TensorData;
 use std::mem::MaybeUninit;
 
-use super::vector::{as_uninit, flex_f32, max_wide, par_chunks_for, par_map_slices, simd, sum_lanes, wide, Isa, Simd, PAR_MIN};
+use super::vector::{as_uninit, flex_f32, max_min_blind, par_chunks_for, par_map_slices, simd, sum_lanes, wide, Isa, Simd, PAR_MIN};
 #[cfg(target_arch = "x86_64")]
 use super::vector::{IsaAvx2, IsaAvx512};
 use super::vector::IsaBase;
@@ -249,11 +249,13 @@ fn exp_nonpositive<S: Isa>(x: f32) -> f32 {
     if x < EXP_UNDER { 0.0 } else { y }
 }
 
-/// One softmax row: `out = e^(row - m)`, summed in f64 (`sum_lanes`: the sum's rounding is the
-/// row's only one), then scaled by the f32 reciprocal of the sum. Three passes over a row in L1
-/// cache; summing in the exp's loop was slower.
+/// One softmax row: `out = e^(row - m)` for `m` the row's maximum, summed in f64 (`sum_lanes`:
+/// the sum's rounding is the row's only one), then scaled by the f32 reciprocal of the sum. Four
+/// passes over a row in L1 cache; summing in the exp's loop was slower. The maximum ignores NaN
+/// (one instruction a vector): a NaN in the row makes its sum, and so the whole row, NaN either way.
 #[inline(always)]
-fn softmax_row<S: Isa>(row: &[f32], m: f32, out: &mut [MaybeUninit<f32>]) {
+fn softmax_row<S: Isa>(row: &[f32], out: &mut [MaybeUninit<f32>]) {
+    let m = max_min_blind::<S>(row).0;
     for (o, &x) in out.iter_mut().zip(row) {
         o.write(exp_nonpositive::<S>(x - m));
     }
@@ -263,7 +265,7 @@ fn softmax_row<S: Isa>(row: &[f32], m: f32, out: &mut [MaybeUninit<f32>]) {
     e.iter_mut().for_each(|v| *v *= r);
 }
 
-wide!(fn softmax_row_wide(row: &[f32], m: f32, out: &mut [MaybeUninit<f32>]) = softmax_row;);
+wide!(fn softmax_row_wide(row: &[f32], out: &mut [MaybeUninit<f32>]) = softmax_row;);
 
 /// Softmax over the last axis of a contiguous f32 flex tensor, row by row on rayon's pool, with
 /// the fast exp and a multiplication by the reciprocal of the sum (whichever of Nx's two forms
@@ -280,7 +282,7 @@ pub fn softmax_last(x: &Prim) -> Option<Prim> {
     let mut out: Vec<f32> = Vec::with_capacity(xs.len());
     par_chunks_for(&mut out.spare_capacity_mut()[..xs.len()], per_task * cols, xs.len(), |t, o| {
         for (row, o) in xs[t * per_task * cols..].chunks(cols).zip(o.chunks_mut(cols)) {
-            softmax_row_wide(level, row, max_wide(level, row), o);
+            softmax_row_wide(level, row, o);
         }
     });
     // SAFETY: the tasks wrote all xs.len() elements (each row of each chunk).

@@ -1151,7 +1151,7 @@ wide!(pub(super) fn row_sum_as_sum(row: &[f32], total: usize) -> f64 = row_sum_l
 /// none) in one pass, one `max` and one `min` instruction a vector, where `max_step`'s NaN rule
 /// takes three. Without a NaN the maximum is `max_lanes`' value up to the sign of a zero.
 #[inline(always)]
-fn max_min_blind<S: Isa>(xs: &[f32]) -> (f32, f32) {
+pub(super) fn max_min_blind<S: Isa>(xs: &[f32]) -> (f32, f32) {
     let (mut hi, mut lo) = ([f32::NEG_INFINITY; LANES], [f32::INFINITY; LANES]);
     let mut take = |c: &[f32; LANES]| {
         for ((h, l), &x) in hi.iter_mut().zip(lo.iter_mut()).zip(c) {
