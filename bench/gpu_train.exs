@@ -13,6 +13,9 @@
 #         LSTM 64 (last step) -> dense 2; Adam 1e-3, batch 64, 8 192 samples
 #   gru   the same with GRU layers
 #
+# EXBURN_BENCH_PROBE="1 2 8 32" first fits each model on that many batches, printing each fit's
+# time as it ends (the probe's steps train the model the epochs then time).
+#
 # Each model runs EXBURN_BENCH_EPOCHS (default 4) epochs in this process and prints every
 # epoch's seconds: the first one includes compiling the device's kernels, unless the kernel
 # cache (EXBURN_KERNEL_CACHE, CUDA builds) already holds them from an earlier process, so run it
@@ -69,7 +72,7 @@ defmodule GpuTrain do
   end
 
   def run(name) do
-    {spec, {x, _y} = data, batch} = model(name)
+    {data_us, {spec, {x, _y} = data, batch}} = :timer.tc(fn -> model(name) |> synced() end)
     {n, _} = Tensor.shape(x)
     steps = div(n + batch - 1, batch)
 
@@ -77,6 +80,9 @@ defmodule GpuTrain do
       :timer.tc(fn ->
         Model.compile(spec, loss: :cross_entropy, optimizer: :adam, learning_rate: 1.0e-3, device: device())
       end)
+
+    IO.puts("#{name}: data made in #{fmt(data_us / 1.0e6)} s")
+    model = probe(name, model, data, batch)
 
     {secs, _model} =
       Enum.map_reduce(1..epochs(), model, fn _, m ->
@@ -99,6 +105,34 @@ defmodule GpuTrain do
   end
 
   def fmt(f), do: :erlang.float_to_binary(f / 1, decimals: 3)
+
+  # the data's last label read back, so its time is the data's and not the first step's
+  defp synced({_spec, {_x, y}, _batch} = made) do
+    {n} = Tensor.shape(y)
+    _ = y |> Tensor.slice([n - 1], [1]) |> Tensor.to_binary()
+    made
+  end
+
+  # With EXBURN_BENCH_PROBE="1 2 8 32" (batch counts), fits on the first that many batches before
+  # the epochs, each timed and printed as it ends: where a first epoch's time goes (kernels
+  # compiled for the first batch, or every batch) shows before the epoch ends, or times out.
+  defp probe(name, model, {x, y}, batch) do
+    counts = System.get_env("EXBURN_BENCH_PROBE", "") |> String.split() |> Enum.map(&String.to_integer/1)
+    {n, _} = Tensor.shape(x)
+
+    Enum.reduce(counts, model, fn k, m ->
+      rows = min(k * batch, n)
+
+      part =
+        {Tensor.slice(x, [0, 0], [rows | tl(Tuple.to_list(Tensor.shape(x)))]), Tensor.slice(y, [0], [rows])}
+
+      {us, {m, _}} =
+        :timer.tc(fn -> Model.fit_with_history(m, part, epochs: 1, batch_size: batch, shuffle: false) end)
+
+      IO.puts("#{name} probe: #{div(rows + batch - 1, batch)} batches in #{fmt(us / 1.0e6)} s")
+      m
+    end)
+  end
 end
 
 names =
