@@ -308,7 +308,8 @@ mod tests {
     use super::*;
     use rayon::prelude::*;
 
-    /// The replica against this process's expm1f and tanhf on every `stride`-th f32 bit pattern.
+    /// The replica against this process's expm1f and tanhf on every `stride`-th f32 bit pattern,
+    /// then in mixed blocks (`mixed_sweep`).
     fn sweep(stride: usize) {
         let bits: Vec<u32> = (0..=u32::MAX).step_by(stride).collect();
         for chunk in bits.chunks(1 << 20) {
@@ -323,6 +324,7 @@ mod tests {
                 assert_eq!(y.to_bits(), x.tanh().to_bits(), "tanh({x:e}) = {y:e}, glibc {:e}", x.tanh());
             }
         }
+        mixed_sweep(stride);
     }
 
     /// Whether this libm's tanhf is fdlibm's, judged by the one-lane replica alone (so a fault in
@@ -340,7 +342,8 @@ mod tests {
 
     /// Every `stride`-th |x| of `tanh_either`'s range, both signs, at the even positions of
     /// blocks whose odd positions alternate 0.5 and 2.0, so each block mixes the two common
-    /// branches and takes `tanh_either`; against this process's tanhf.
+    /// branches and takes `tanh_either`; against this process's tanhf (`sweep`'s inputs lie in
+    /// blocks of neighbouring values, mixed ones only where a range ends).
     fn mixed_sweep(stride: usize) {
         let bits: Vec<u32> = (SMALL_FROM..BIG_TO).step_by(stride).flat_map(|b| [b, b | 0x8000_0000]).collect();
         bits.par_chunks(1 << 20).for_each(|chunk| {
@@ -351,20 +354,6 @@ mod tests {
                 assert_eq!(y.to_bits(), x.tanh().to_bits(), "tanh({x:e}) = {y:e} in a mixed block, glibc {:e}", x.tanh());
             }
         });
-    }
-
-    #[test]
-    fn mixed_blocks_same_bits_as_this_libm_on_a_sweep() {
-        if !libm_is_fdlibm() {
-            return;
-        }
-        mixed_sweep(97);
-    }
-
-    #[test]
-    #[ignore]
-    fn mixed_blocks_same_bits_as_this_libm_on_every_f32() {
-        mixed_sweep(1);
     }
 
     #[test]
