@@ -100,60 +100,17 @@ fn tanh_lane(x: f32) -> f32 {
     }
 }
 
-/// fdlibm's `expm1f` for `y` in (-2, 0] (`tanh_lane`'s argument below 1): k is 0, -1, -2 or -3,
-/// so only those cases are computed, with `expm1_lane`'s roundings.
+/// fdlibm's `expm1f` for `y` in (-2, 0] (`small`: `tanh_lane`'s argument below 1, where k is 0,
+/// -1, -2 or -3) or in [2, 38) (`!small`: its argument from 1 to 19, k from 3 to 55), with
+/// `expm1_lane`'s roundings: only those ranges' cases, on one reduction (one polynomial). A
+/// constant `small` leaves one range's cases; a lane's own lets a block mix the two.
 #[inline(always)]
-fn expm1_small(y: f32) -> f32 {
-    let hx = y.to_bits() & 0x7fff_ffff;
-    let reduced = hx > 0x3eb1_7218;
-    let k = if !reduced { 0 } else if hx < 0x3f85_1592 { -1 } else { (INV_LN2 * y - 0.5) as i32 };
-    let kf = k as f32;
-    let (hi, lo) = (y - kf * LN2_HI, kf * LN2_LO);
-    let r = if reduced { hi - lo } else { y };
-    let c = if reduced { (hi - r) - lo } else { 0.0 };
-    let (hxs, e) = reduced_poly(r);
-    let unreduced = r - (r * e - hxs);
-    let e = (r * (e - c) - c) - hxs;
-    let far = f32::from_bits((1.0 - (e - r)).to_bits().wrapping_add((k as u32).wrapping_shl(23))) - 1.0;
-    let v = if k == 0 { unreduced } else if k == -1 { 0.5 * (r - e) - 0.5 } else { far };
-    if !reduced && hx < 0x3300_0000 {
-        y
-    } else {
-        v
-    }
-}
-
-/// fdlibm's `expm1f` for `y` in [2, 38) (`tanh_lane`'s argument from 1 to 19): k is 3 to 55, so
-/// only the cases of k below 23 and from 23 to 56 are computed, with `expm1_lane`'s roundings.
-#[inline(always)]
-fn expm1_big(y: f32) -> f32 {
-    let k = (INV_LN2 * y + 0.5) as i32;
-    let kf = k as f32;
-    let (hi, lo) = (y - kf * LN2_HI, kf * LN2_LO);
-    let r = hi - lo;
-    let c = (hi - r) - lo;
-    let (hxs, e) = reduced_poly(r);
-    let e = (r * (e - c) - c) - hxs;
-    let scale = |v: f32| f32::from_bits(v.to_bits().wrapping_add((k as u32).wrapping_shl(23)));
-    let small_k = scale(f32::from_bits(0x3f80_0000u32.wrapping_sub(0x0100_0000u32.wrapping_shr(k as u32))) - (e - r));
-    let large_k = scale((r - (e + f32::from_bits((0x7f - k as u32).wrapping_shl(23)))) + 1.0);
-    if k < 23 {
-        small_k
-    } else {
-        large_k
-    }
-}
-
-/// fdlibm's `expm1f` for `y` in (-2, 0] (`small`) or in [2, 38) (`!small`), lane by lane: the
-/// cases of `expm1_small` and of `expm1_big` on one reduction (one polynomial), so a block that
-/// mixes the two ranges pays for little more than one of them.
-#[inline(always)]
-fn expm1_either(y: f32, small: bool) -> f32 {
+fn expm1_range(y: f32, small: bool) -> f32 {
     let hx = y.to_bits() & 0x7fff_ffff;
     // from 2 on (every `!small` lane) the argument is reduced with fdlibm's general k
-    let reduced = hx > 0x3eb1_7218;
+    let reduced = !small || hx > 0x3eb1_7218;
     let half = if small { -0.5 } else { 0.5 };
-    let k = if !reduced { 0 } else if hx < 0x3f85_1592 { -1 } else { (INV_LN2 * y + half) as i32 };
+    let k = if !reduced { 0 } else if small && hx < 0x3f85_1592 { -1 } else { (INV_LN2 * y + half) as i32 };
     let kf = k as f32;
     let (hi, lo) = (y - kf * LN2_HI, kf * LN2_LO);
     let r = if reduced { hi - lo } else { y };
@@ -162,11 +119,11 @@ fn expm1_either(y: f32, small: bool) -> f32 {
     let unreduced = r - (r * e - hxs);
     let e = (r * (e - c) - c) - hxs;
     let scale = |v: f32| f32::from_bits(v.to_bits().wrapping_add((k as u32).wrapping_shl(23)));
-    // expm1_small's cases
+    // the cases of k <= 0
     let far = scale(1.0 - (e - r)) - 1.0;
     let below = if k == 0 { unreduced } else if k == -1 { 0.5 * (r - e) - 0.5 } else { far };
     let below = if !reduced && hx < 0x3300_0000 { y } else { below };
-    // expm1_big's
+    // those of k from 3 to 55
     let small_k = scale(f32::from_bits(0x3f80_0000u32.wrapping_sub(0x0100_0000u32.wrapping_shr(k as u32))) - (e - r));
     let large_k = scale((r - (e + f32::from_bits((0x7f - k as u32).wrapping_shl(23)))) + 1.0);
     let above = if k < 23 { small_k } else { large_k };
@@ -177,13 +134,12 @@ fn expm1_either(y: f32, small: bool) -> f32 {
     }
 }
 
-/// `tanh_lane` for 2^-55 <= |x| < 19: `tanh_small`'s or `tanh_big`'s arithmetic, lane by lane,
-/// with one `expm1` reduction and one division (`-t / d` is `-(t / d)` in IEEE arithmetic).
+/// `tanh_lane` for 2^-55 <= |x| < 1 (`small`) or 1 <= |x| < 19 (`!small`), on `expm1_range`, with
+/// one division (`-t / d` is `-(t / d)` in IEEE arithmetic).
 #[inline(always)]
-fn tanh_either(x: f32) -> f32 {
+fn tanh_range(x: f32, small: bool) -> f32 {
     let a = x.abs();
-    let small = a.to_bits() < BIG_FROM;
-    let t = expm1_either(if small { -2.0 * a } else { 2.0 * a }, small);
+    let t = expm1_range(if small { -2.0 * a } else { 2.0 * a }, small);
     let q = (if small { t } else { 2.0 }) / (t + 2.0);
     let z = if small { -q } else { 1.0 - q };
     if x.to_bits() >> 31 == 0 {
@@ -193,39 +149,15 @@ fn tanh_either(x: f32) -> f32 {
     }
 }
 
-/// Bits of |x| from which `tanh_small` takes x (below, `tanh_lane` returns x or x (1 + x)), and
-/// where `tanh_big` starts and ends.
+/// Bits of |x| from which `tanh_range` takes x small (below, `tanh_lane` returns x or x (1 + x)),
+/// from which it takes x big, and where that ends.
 const SMALL_FROM: u32 = 0x2400_0000;
 const BIG_FROM: u32 = 0x3f80_0000;
 const BIG_TO: u32 = 0x4198_0000;
 
-/// `tanh_lane` for 2^-55 <= |x| < 1.
-#[inline(always)]
-fn tanh_small(x: f32) -> f32 {
-    let t = expm1_small(-2.0 * x.abs());
-    let z = -t / (t + 2.0);
-    if x.to_bits() >> 31 == 0 {
-        z
-    } else {
-        -z
-    }
-}
-
-/// `tanh_lane` for 1 <= |x| < 19.
-#[inline(always)]
-fn tanh_big(x: f32) -> f32 {
-    let t = expm1_big(2.0 * x.abs());
-    let z = 1.0 - 2.0 / (t + 2.0);
-    if x.to_bits() >> 31 == 0 {
-        z
-    } else {
-        -z
-    }
-}
-
 /// Values a block whose lanes all take one of `tanh_lane`'s two common branches computes only
-/// that branch (`tanh_small`, `tanh_big`), a block mixing those two both of them on one reduction
-/// (`tanh_either`); other blocks compute every branch in every lane.
+/// that branch (`tanh_range` with a constant range), a block mixing those two both of them on
+/// one reduction (each lane's range); other blocks compute every branch in every lane.
 const BLOCK: usize = 16;
 
 #[inline(always)]
@@ -239,15 +171,15 @@ fn tanh_lanes<S: Isa>(xs: &[f32], out: &mut [MaybeUninit<f32>]) {
         });
         if small {
             o.iter_mut().zip(x).for_each(|(o, &x)| {
-                o.write(tanh_small(x));
+                o.write(tanh_range(x, true));
             });
         } else if big {
             o.iter_mut().zip(x).for_each(|(o, &x)| {
-                o.write(tanh_big(x));
+                o.write(tanh_range(x, false));
             });
         } else if either {
             o.iter_mut().zip(x).for_each(|(o, &x)| {
-                o.write(tanh_either(x));
+                o.write(tanh_range(x, x.to_bits() & 0x7fff_ffff < BIG_FROM));
             });
         } else {
             o.iter_mut().zip(x).for_each(|(o, &x)| {
@@ -340,9 +272,9 @@ mod tests {
         ok
     }
 
-    /// Every `stride`-th |x| of `tanh_either`'s range, both signs, at the even positions of
+    /// Every `stride`-th |x| of `tanh_range`'s two ranges, both signs, at the even positions of
     /// blocks whose odd positions alternate 0.5 and 2.0, so each block mixes the two common
-    /// branches and takes `tanh_either`; against this process's tanhf (`sweep`'s inputs lie in
+    /// branches and takes each lane's range; against this process's tanhf (`sweep`'s inputs lie in
     /// blocks of neighbouring values, mixed ones only where a range ends).
     fn mixed_sweep(stride: usize) {
         let bits: Vec<u32> = (SMALL_FROM..BIG_TO).step_by(stride).flat_map(|b| [b, b | 0x8000_0000]).collect();
