@@ -7,8 +7,8 @@
 //! attention's small ops took a quarter of MiniLM's time on a batch of 32 texts, for arithmetic
 //! that is a few percent of the dense layers'.
 
-use super::llama_host::{dot, weighted_sum};
-use crate::kernels::cpu::vector::{par_tasks, SharedMut};
+use crate::kernels::cpu::attention::{scores as key_scores, weighted_sum};
+use crate::kernels::cpu::vector::{par_tasks, simd, SharedMut};
 
 /// The packed rows' texts and the extras some families add to the scores or the rows.
 pub struct Layout<'a> {
@@ -35,6 +35,7 @@ pub fn attend(qkv: &[f32], width: usize, l: &Layout) -> Vec<f32> {
     let mut out = vec![0f32; rows * width];
     let base = SharedMut(out.as_mut_ptr());
     let scale = 1.0 / (dh as f32).sqrt();
+    let level = simd();
     let task = |t: usize| {
         let (text, head) = (t / l.heads, t % l.heads);
         let (start, n) = (starts[text], l.lens[text]);
@@ -66,9 +67,9 @@ pub fn attend(qkv: &[f32], width: usize, l: &Layout) -> Vec<f32> {
         let mut ctx = vec![0f32; dh];
         for i in 0..n {
             let qi = &q[i * dh..][..dh];
-            for (j, s) in scores.iter_mut().enumerate() {
-                *s = dot(qi, &k[j * dh..][..dh]) * scale;
-                if let Some((bias, seq)) = l.bias {
+            key_scores(level, qi, &k, scale, &mut scores);
+            if let Some((bias, seq)) = l.bias {
+                for (j, s) in scores.iter_mut().enumerate() {
                     *s += bias[(head * seq + l.positions[start + i]) * seq + l.positions[start + j]];
                 }
             }
@@ -79,7 +80,7 @@ pub fn attend(qkv: &[f32], width: usize, l: &Layout) -> Vec<f32> {
                 total += *s;
             }
             ctx.iter_mut().for_each(|c| *c = 0.0);
-            weighted_sum(&mut ctx, &scores, &qkv[offset(2, 0)..], 3 * width);
+            weighted_sum(level, &mut ctx, &scores, &qkv[offset(2, 0)..], 3 * width);
             let at = (start + i) * width + head * dh;
             for (d, c) in ctx.iter().enumerate() {
                 // SAFETY: task (text, head) alone writes its rows' `head` columns of `out`, which

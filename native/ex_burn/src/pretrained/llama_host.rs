@@ -10,7 +10,8 @@
 
 use super::decoder_family::{gelu_tanh, HeadExtras, RopeStyle};
 use super::qmatmul::QStack;
-use crate::kernels::cpu::vector::{exp_slice, par_chunks_for};
+use crate::kernels::cpu::attention::{self, weighted_sum};
+use crate::kernels::cpu::vector::{exp_slice, par_chunks_for, simd};
 
 /// The sizes a layer needs (from the model's `LlamaConfig`).
 pub(super) struct Shape {
@@ -102,56 +103,6 @@ pub(super) fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
     }
 }
 
-/// `Σ a·b` in 16 lanes, so the compiler can keep it in vector registers (a sum in order is a
-/// chain of dependent additions, one element at a time): attention's query-key products, here
-/// and in `encoder_attention`.
-pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..16 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
-
-/// `out[j] += Σᵢ w[i] · rows[i · stride + j]` for the first `w.len()` rows, each element summed
-/// over the rows in order: attention's weighted values. Sixty-four columns at a time (a head of
-/// 64 values at once) stay in registers across every row: eight independent sums in flight, where
-/// one register's chain of additions would wait on each addition's latency, and a row at a time
-/// would load and store all of `out` for each.
-pub(super) fn weighted_sum(out: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
-    let n = out.len();
-    let wide = n - n % 64;
-    for (c, acc) in out[..wide].chunks_exact_mut(64).enumerate() {
-        weighted_columns::<64>(acc, w, rows, stride, 64 * c);
-    }
-    let narrow = wide + (n - wide) / 16 * 16;
-    for (c, acc) in out[wide..narrow].chunks_exact_mut(16).enumerate() {
-        weighted_columns::<16>(acc, w, rows, stride, wide + 16 * c);
-    }
-    for (i, wi) in w.iter().enumerate() {
-        for (o, v) in out[narrow..].iter_mut().zip(&rows[i * stride + narrow..][..n - narrow]) {
-            *o += wi * v;
-        }
-    }
-}
-
-/// `weighted_sum` for the `W` columns of `out` from column `start`.
-#[inline(always)]
-fn weighted_columns<const W: usize>(out: &mut [f32], w: &[f32], rows: &[f32], stride: usize, start: usize) {
-    let mut acc: [f32; W] = out.try_into().unwrap();
-    for (i, wi) in w.iter().enumerate() {
-        let v: &[f32; W] = rows[i * stride + start..][..W].try_into().unwrap();
-        for j in 0..W {
-            acc[j] += wi * v[j];
-        }
-    }
-    out.copy_from_slice(&acc);
-}
-
 /// Rotation of one head's first `2 · cos.len()` values by a table row (`rope_tables`), pairs
 /// taken in the family's style: the rotation both Llama paths apply on the host.
 pub(super) fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
@@ -183,16 +134,16 @@ pub(super) fn attend(cfg: &Shape, q: &[f32], at: &[(usize, usize)], kvs: &[&Host
     let (group, scale) = (nh / cfg.kv_heads, cfg.attn_scale);
     let mut ctx = vec![0f32; at.len() * nh * dh];
     let work = at.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * dh;
+    let level = simd();
     par_chunks_for(&mut ctx, nh * dh, work, |t, ctx_t| {
         let (i, p) = at[t];
         let (kv, first) = (kvs[i], window.map_or(0, |w| (p + 1).saturating_sub(w)));
         let seen = p + 1 - first;
-        let (mut scores, mut weights) = (Vec::with_capacity(seen), vec![0f32; seen]);
+        let (mut scores, mut weights) = (vec![0f32; seen], vec![0f32; seen]);
         for head in 0..nh {
             let (keys, values) = (&kv.k[head / group][first * dh..], &kv.v[head / group][first * dh..]);
             let qh = &q[(t * nh + head) * dh..(t * nh + head + 1) * dh];
-            scores.clear();
-            scores.extend(keys.chunks_exact(dh).take(seen).map(|k| dot(qh, k) * scale));
+            attention::scores(level, qh, keys, scale, &mut scores);
             if let Some(cap) = cfg.attn_softcap {
                 softcap(&mut scores, cap);
             }
@@ -201,7 +152,7 @@ pub(super) fn attend(cfg: &Shape, q: &[f32], at: &[(usize, usize)], kvs: &[&Host
             exp_slice(&scores, &mut weights);
             let total = weights.iter().fold(0f32, |t, v| t + v);
             weights.iter_mut().for_each(|p| *p /= total);
-            weighted_sum(&mut ctx_t[head * dh..(head + 1) * dh], &weights, values, dh);
+            weighted_sum(level, &mut ctx_t[head * dh..(head + 1) * dh], &weights, values, dh);
         }
     });
     ctx
@@ -285,6 +236,7 @@ pub(super) fn layer(cfg: &Shape, b: &HostBlock, cos: &[f32], sin: &[f32], window
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::cpu::attention::dot;
 
     /// SmolLM2's attention sizes (9 query heads over 3 K/V heads of 64 values).
     fn smol_shape() -> Shape {
@@ -391,33 +343,5 @@ mod tests {
         let plain = time(&|| (0..8).flat_map(|t| attend_plainly(&cfg, row(t), &at[t..t + 1], &kvs, None)).collect());
         let ours = time(&|| (0..8).flat_map(|t| attend(&cfg, row(t), &at[t..t + 1], &kvs, None)).collect());
         println!("host attention, one thread, 8 rows at positions {lens:?}, one layer: {ours:.0} us, the plain reading {plain:.0} us ({:.2}x)", plain / ours);
-    }
-
-    /// The weighted values equal a row-at-a-time sum bit for bit, for widths with and without a
-    /// tail past the sixteen-column chunks, rows packed or strided, and into a non-zero `out`.
-    #[test]
-    fn weighted_sum_adds_rows_in_order() {
-        let mut seed = 7u32;
-        let mut rand = || {
-            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
-        for (n, stride, rows) in [(64, 64, 37), (72, 72, 5), (8, 20, 9), (64, 3 * 64 + 5, 11), (16, 16, 0), (96, 96, 3), (149, 160, 6)] {
-            let values: Vec<f32> = (0..rows * stride).map(|_| rand()).collect();
-            let w: Vec<f32> = (0..rows).map(|_| rand()).collect();
-            let start: Vec<f32> = (0..n).map(|_| rand()).collect();
-            let mut want = start.clone();
-            for (i, wi) in w.iter().enumerate() {
-                for (j, o) in want.iter_mut().enumerate() {
-                    *o += wi * values[i * stride + j];
-                }
-            }
-            let mut got = start.clone();
-            weighted_sum(&mut got, &w, &values, stride);
-            assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "n {n}, stride {stride}, rows {rows}");
-            if rows > 0 {
-                assert_ne!(got, start, "n {n}: the rows were added");
-            }
-        }
     }
 }

@@ -2,6 +2,7 @@
 //! `None` for anything it does not cover (another device, a strided view, another dtype).
 
 pub(crate) mod adam;
+pub(crate) mod attention;
 pub(crate) mod bf16_gemm;
 pub(crate) mod cells;
 pub(crate) mod conv;
