@@ -8,7 +8,7 @@
 //! that is a few percent of the dense layers'.
 
 use crate::kernels::cpu::attention::{scores as key_scores, weighted_sum};
-use crate::kernels::cpu::vector::{par_tasks, simd, SharedMut};
+use crate::kernels::cpu::vector::{exp_slice, par_tasks, simd, SharedMut};
 
 /// The packed rows' texts and the extras some families add to the scores or the rows.
 pub struct Layout<'a> {
@@ -63,7 +63,7 @@ pub fn attend(qkv: &[f32], width: usize, l: &Layout) -> Vec<f32> {
             v
         };
         let (q, k) = (rotated(0), rotated(1));
-        let mut scores = vec![0f32; n];
+        let (mut scores, mut weights) = (vec![0f32; n], vec![0f32; n]);
         let mut ctx = vec![0f32; dh];
         for i in 0..n {
             let qi = &q[i * dh..][..dh];
@@ -74,13 +74,11 @@ pub fn attend(qkv: &[f32], width: usize, l: &Layout) -> Vec<f32> {
                 }
             }
             let top = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let mut total = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - top).exp();
-                total += *s;
-            }
+            scores.iter_mut().for_each(|s| *s -= top);
+            exp_slice(&scores, &mut weights);
+            let total = weights.iter().fold(0f32, |t, w| t + w);
             ctx.iter_mut().for_each(|c| *c = 0.0);
-            weighted_sum(level, &mut ctx, &scores, &qkv[offset(2, 0)..], 3 * width);
+            weighted_sum(level, &mut ctx, &weights, &qkv[offset(2, 0)..], 3 * width);
             let at = (start + i) * width + head * dh;
             for (d, c) in ctx.iter().enumerate() {
                 // SAFETY: task (text, head) alone writes its rows' `head` columns of `out`, which
