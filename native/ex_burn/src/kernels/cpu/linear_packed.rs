@@ -72,10 +72,11 @@ impl PackedLinear {
     fn matmul_at(&self, level: Simd, x: &[f32], m: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         assert_eq!(x.len(), m * k, "PackedLinear: x holds {} values, not {m} rows of {k}", x.len());
-        let mut out = vec![0f32; m * n];
         if m == 0 || n == 0 {
-            return out;
+            return vec![0f32; m * n];
         }
+        // every element is stored by a tile, so the buffer is not zeroed first
+        let mut out: Vec<f32> = Vec::with_capacity(m * n);
         let base = SharedMut(out.as_mut_ptr());
         let task = |p: usize| {
             let cols = (n - p * NR).min(NR);
@@ -100,6 +101,9 @@ impl PackedLinear {
         } else {
             par_tasks(panels, &task);
         }
+        // SAFETY: the panels' tiles stored all m·n values (each panel every row of its
+        // columns); a panicking task would have unwound out of `par_tasks` before this
+        unsafe { out.set_len(m * n) };
         out
     }
 }
