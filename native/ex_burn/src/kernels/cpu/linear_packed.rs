@@ -1,5 +1,6 @@
 //! `x @ Wᵀ` in f32 for a constant `W` (a model's dense layer), repacked once at load into panels
-//! of `NR` output columns (`[k][NR]` each), for CPUs with AVX2 and FMA. Each output is one
+//! of `NR` output columns, each three strips of 16 columns (`[k][16]` each), for CPUs with AVX2
+//! and FMA. Each output is one
 //! accumulator lane that adds `x[r][c]·W[j][c]` with FMA in increasing `c`, so a row of `x` gives
 //! the same bits alone and among any other rows, as `linear` guarantees, and AVX-512 and AVX2
 //! give the same bits.
@@ -14,6 +15,13 @@ use super::vector::{par_tasks, simd, SharedMut, Simd};
 /// Output columns a panel holds: three AVX-512 vectors.
 const NR: usize = 48;
 
+/// Output columns a strip holds: one AVX-512 vector, two AVX2 ones. A strip's weights are
+/// contiguous, so an AVX2 tile (one strip) reads only whole cache lines of it, and the strip
+/// (`k · 64` bytes: 24 KiB at 384 inputs) stays in L1 across the row tiles that reuse it; in
+/// `[k][NR]` rows a tile's 16 columns took a third of each line, and the lines it touched
+/// (three times that) streamed from L2 for every tile.
+const STRIP: usize = 16;
+
 /// Rows of `x` an AVX-512 tile holds: 8 x 3 accumulators, 3 weight vectors and a broadcast in
 /// the 32 registers. AVX2's tiles are 6 rows by 16 columns (`avx2`).
 const MR: usize = 8;
@@ -21,8 +29,9 @@ const MR: usize = 8;
 /// Multiply-adds below which one thread does it all.
 const PAR_WORK: usize = 1 << 16;
 
-/// `W` (`n` rows of `k` values) in panels: panel `p`, column `c` holds `W[p·NR + j][c]` at
-/// `(p·k + c)·NR + j`, zeros past `n`; and the bias, zeros past `n` too.
+/// `W` (`n` rows of `k` values) in panels of strips: strip `s` of panel `p`, column `c` holds
+/// `W[p·NR + s·STRIP + j][c]` at `((p·3 + s)·k + c)·STRIP + j`, zeros past `n`; and the bias,
+/// zeros past `n` too.
 pub struct PackedLinear {
     n: usize,
     k: usize,
@@ -42,9 +51,9 @@ impl PackedLinear {
         }
         let mut panels = vec![0f32; n.div_ceil(NR) * k * NR];
         for (j, row) in w.chunks_exact(k.max(1)).enumerate().take(n) {
-            let (p, lane) = (j / NR, j % NR);
+            let (strip, lane) = (j / STRIP, j % STRIP);
             for (c, &v) in row.iter().enumerate() {
-                panels[(p * k + c) * NR + lane] = v;
+                panels[(strip * k + c) * STRIP + lane] = v;
             }
         }
         if let Some(b) = b {
@@ -110,7 +119,7 @@ impl PackedLinear {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{MR, NR};
+    use super::{MR, STRIP};
     use std::arch::x86_64::*;
 
     /// Every row of `x` against one panel: tiles of `MR` rows, then one of the rows left.
@@ -144,8 +153,8 @@ mod avx512 {
         let mut acc = [[_mm512_setzero_ps(); 3]; M];
         let xs: [*const f32; M] = std::array::from_fn(|r| x.add((i + r) * k));
         for c in 0..k {
-            let wc = w.add(c * NR);
-            let wv = [_mm512_loadu_ps(wc), _mm512_loadu_ps(wc.add(16)), _mm512_loadu_ps(wc.add(32))];
+            let wc = w.add(c * STRIP);
+            let wv = [_mm512_loadu_ps(wc), _mm512_loadu_ps(wc.add(k * STRIP)), _mm512_loadu_ps(wc.add(2 * k * STRIP))];
             for r in 0..M {
                 let xb = _mm512_set1_ps(*xs[r].add(c));
                 for v in 0..3 {
@@ -177,19 +186,19 @@ mod avx512 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::NR;
+    use super::STRIP;
     use std::arch::x86_64::*;
 
     /// Rows of `x` a tile holds: 6 x 2 accumulators, 2 weight vectors and a broadcast in the 16
     /// registers.
     const MR: usize = 6;
 
-    /// Every row of `x` against one panel, a third of its columns at a time (16, two vectors).
+    /// Every row of `x` against one panel, a strip at a time (16 columns, two vectors).
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn panel(w: *const f32, bias: Option<*const f32>, x: *const f32, k: usize, m: usize, n: usize, j0: usize, cols: usize, out: *mut f32) {
-        for s in (0..cols).step_by(16) {
-            let (w, bias, cols) = (w.add(s), bias.map(|b| b.add(s)), (cols - s).min(16));
+        for s in (0..cols).step_by(STRIP) {
+            let (w, bias, cols) = (w.add(s * k), bias.map(|b| b.add(s)), (cols - s).min(STRIP));
             let mut i = 0;
             while i + MR <= m {
                 tile::<MR>(w, bias, x, k, i, n, j0 + s, cols, out);
@@ -207,8 +216,8 @@ mod avx2 {
         }
     }
 
-    /// Rows `i..i + M` of `x` by 16 columns of the panel (`w` at the first, `NR` apart), `cols`
-    /// of them stored, plus their bias: the AVX-512 tile's sums, lane for lane.
+    /// Rows `i..i + M` of `x` by one strip's 16 columns (`w` at its first), `cols` of them
+    /// stored, plus their bias: the AVX-512 tile's sums, lane for lane.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     #[allow(clippy::too_many_arguments)]
@@ -216,7 +225,7 @@ mod avx2 {
         let mut acc = [[_mm256_setzero_ps(); 2]; M];
         let xs: [*const f32; M] = std::array::from_fn(|r| x.add((i + r) * k));
         for c in 0..k {
-            let wc = w.add(c * NR);
+            let wc = w.add(c * STRIP);
             let wv = [_mm256_loadu_ps(wc), _mm256_loadu_ps(wc.add(8))];
             for r in 0..M {
                 let xb = _mm256_set1_ps(*xs[r].add(c));
