@@ -1,9 +1,8 @@
 //! `x @ Wᵀ` in f32 for a constant `W` (a model's dense layer), repacked once at load into panels
 //! of `NR` output columns, each three strips of 16 columns (`[k][16]` each), for CPUs with AVX2
-//! and FMA. Each output is one
-//! accumulator lane that adds `x[r][c]·W[j][c]` with FMA in increasing `c`, so a row of `x` gives
-//! the same bits alone and among any other rows, as `linear` guarantees, and AVX-512 and AVX2
-//! give the same bits.
+//! and FMA. Each output is one accumulator lane that adds `x[r][c]·W[j][c]` with FMA in
+//! increasing `c`, so a row of `x` gives the same bits alone and among any other rows, as
+//! `linear` guarantees, and AVX-512 and AVX2 give the same bits.
 //!
 //! Why: `linear` reads `W` in its stored `[out, in]` layout and sums each output across vector
 //! lanes, which ends every output with a horizontal reduction: at BERT's 384-wide inputs a sixth of
