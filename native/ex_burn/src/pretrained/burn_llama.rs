@@ -30,9 +30,8 @@ use super::{own_chunks, CausalLm, Chunk, LmSession, Next};
 use crate::device::{DeviceKind, DeviceRef};
 use crate::gpu::paged_attention::{self, Paged};
 use crate::gpu::rope_cache::{self, Rope};
-use crate::gpu::blocks::GpuBlocks;
+use crate::gpu::blocks::{read_runs, GpuBlocks};
 use crate::gpu::rows::{self, Input, RopeOut, Weight};
-use crate::kernels::cpu::quant::groups::Layout;
 use crate::error::{catch, ExError, ExResult};
 
 use super::decoder_family::{HeadExtras, RopeStyle};
@@ -67,7 +66,7 @@ impl HeadExtras {
 }
 
 /// `(name, rows)` pairs as `Linear::load` takes them.
-fn names(parts: &[(String, usize)]) -> Vec<(&str, usize)> {
+pub(crate) fn names(parts: &[(String, usize)]) -> Vec<(&str, usize)> {
     parts.iter().map(|(name, rows)| (name.as_str(), *rows)).collect()
 }
 
@@ -129,21 +128,8 @@ impl Linear {
     /// `parts` as GPU blocks, neighbours of one layout stacked together; `None` where a part's
     /// format has no layout.
     fn gpu_blocks(g: &mut DecoderSource, parts: &[(&str, usize)], cols: usize, dev: &Device) -> ExResult<Option<Vec<GpuBlocks>>> {
-        let mut read = Vec::with_capacity(parts.len());
-        for (name, rows) in parts {
-            match g.blocks(name, *rows, cols)? {
-                Some((format, data)) if Layout::of(format).is_some() => read.push((format, *rows, data)),
-                _ => return Ok(None),
-            }
-        }
-        let mut runs = vec![];
-        for run in read.chunk_by(|a, b| Layout::of(a.0) == Layout::of(b.0)) {
-            match GpuBlocks::stack(run, cols, dev) {
-                Some(b) => runs.push(b),
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(runs))
+        let Some(runs) = read_runs(g, parts, cols)? else { return Ok(None) };
+        Ok(Some(runs.into_iter().map(|(groups, rows)| GpuBlocks::new(groups, rows, cols, dev)).collect()))
     }
 
     fn forward(&self, x: Tensor<2>) -> Tensor<2> {
@@ -802,36 +788,12 @@ impl BurnLlamaSession {
 
     /// Whether `tokens` at `pos` may run next.
     fn check(&self, tokens: &[u32], pos: usize) -> ExResult<()> {
-        let cfg = &self.w.cfg;
-        if self.failed {
-            return Err(ExError::invalid("this session failed in an earlier step; start a new session"));
-        }
-        if self.w.host.is_none() {
+        if !self.failed && self.w.host.is_none() {
             if !self.w.pool.lock().unwrap_or_else(|e| e.into_inner()).holds(&self.pages) {
                 return Err(ExError::invalid("this session's cache was emptied after another session's step failed; start a new session"));
             }
         }
-        if tokens.is_empty() {
-            return Err(ExError::invalid("forward needs at least one token"));
-        }
-        if pos != self.len {
-            return Err(super::errors::out_of_order(self.len, pos));
-        }
-        if pos + tokens.len() > cfg.context_length {
-            return Err(ExError::invalid(format!(
-                "sequence of {} tokens exceeds the model's context length {}",
-                pos + tokens.len(),
-                cfg.context_length
-            )));
-        }
-        if let Some(t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            return Err(super::errors::err(
-                super::errors::kind::TOKEN_OUT_OF_RANGE,
-                format!("token id {t} is outside the vocabulary of {}", cfg.vocab_size),
-                vec![],
-            ));
-        }
-        Ok(())
+        check_chunk(&self.w.cfg, self.failed, self.len, tokens, pos)
     }
 
     /// After a step: `n` more tokens in the cache, or, when it failed part-way (some layers'
@@ -934,6 +896,35 @@ impl BurnLlamaSession {
             }
         }
     }
+}
+
+/// Whether `tokens` at `pos` may run next on a sequence of a model of `cfg` holding `len`
+/// tokens: not after a failed step, in order, within the context, each token in the vocabulary.
+pub(crate) fn check_chunk(cfg: &LlamaConfig, failed: bool, len: usize, tokens: &[u32], pos: usize) -> ExResult<()> {
+    if failed {
+        return Err(ExError::invalid("this session failed in an earlier step; start a new session"));
+    }
+    if tokens.is_empty() {
+        return Err(ExError::invalid("forward needs at least one token"));
+    }
+    if pos != len {
+        return Err(super::errors::out_of_order(len, pos));
+    }
+    if pos + tokens.len() > cfg.context_length {
+        return Err(ExError::invalid(format!(
+            "sequence of {} tokens exceeds the model's context length {}",
+            pos + tokens.len(),
+            cfg.context_length
+        )));
+    }
+    if let Some(t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(super::errors::err(
+            super::errors::kind::TOKEN_OUT_OF_RANGE,
+            format!("token id {t} is outside the vocabulary of {}", cfg.vocab_size),
+            vec![],
+        ));
+    }
+    Ok(())
 }
 
 impl Drop for BurnLlamaSession {
