@@ -34,7 +34,7 @@ defmodule ExBurn.EnvTest do
       rust =
         for [_, name] <- Regex.scan(~r/name: "(EXBURN_[A-Z0-9_]+)"/, rust_table), into: MapSet.new(), do: name
 
-      assert MapSet.size(rust) == 16
+      assert MapSet.size(rust) == 18
       assert read_by.("`process::env`") == rust
     end
   end

@@ -252,8 +252,18 @@ pub struct BurnLlama {
     w: Arc<Weights>,
 }
 
-/// Loads a Llama-family GGUF file or Hugging Face directory.
+/// Loads a Llama-family GGUF file or Hugging Face directory: on CUDA with `EXBURN_CUDA_DECODER`
+/// on, on the decoder's own step kernels where the model is theirs (`cuda_llama`), else on the
+/// tensor path.
 pub fn load(path: &Path, device: &DeviceRef) -> ExResult<Box<dyn CausalLm>> {
+    #[cfg(feature = "cuda")]
+    if device.kind == DeviceKind::Cuda && crate::process::env::cuda_decoder() {
+        match super::cuda_llama::load(path, device) {
+            Ok(Some(m)) => return Ok(Box::new(m)),
+            Ok(None) => {}
+            Err(e) => eprintln!("ex_burn: the CUDA decoder did not load ({e}); decoding on the tensor path"),
+        }
+    }
     Ok(Box::new(BurnLlama::load(path, device)?))
 }
 

@@ -15,6 +15,8 @@ pub mod candle_kv;
 pub mod candle_mpnet;
 pub mod candle_nomic;
 pub mod candle_llama;
+#[cfg(feature = "cuda")]
+pub mod cuda_llama;
 pub mod decoder_family;
 pub mod decoder_source;
 mod encoder_attention;

@@ -71,6 +71,18 @@ pub const ROWS_KERNEL: Var = Var {
     reader: Reader::Library,
     about: "a GPU decoding step's weight products, RoPE with the KV pool's writes, and single-query attention on the crate's kernels; off keeps Burn's ops (gpu/rows.rs, gpu/rope_cache.rs, gpu/paged_attention.rs)",
 };
+pub const CUDA_DECODER: Var = Var {
+    name: "EXBURN_CUDA_DECODER",
+    kind: Kind::Switch { default: false },
+    reader: Reader::Library,
+    about: "on: Llama-family GGUF models on CUDA decode on the crate's own step kernels, replayed as CUDA graphs, instead of the tensor path (gpu/cuda/decode.rs)",
+};
+pub const CUDA_GRAPHS: Var = Var {
+    name: "EXBURN_CUDA_GRAPHS",
+    kind: Kind::Switch { default: true },
+    reader: Reader::Library,
+    about: "the CUDA decoder records a step's launches once per row count and replays them as a CUDA graph; off launches every kernel of every step (gpu/cuda/decode.rs)",
+};
 pub const CELL_KERNEL: Var = Var {
     name: "EXBURN_CELL_KERNEL",
     kind: Kind::Switch { default: true },
@@ -146,8 +158,8 @@ pub const CPUID_MASK: Var = Var {
 };
 
 /// Every variable the crate reads.
-pub const ALL: [&Var; 16] = [
-    &MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &ROWS_KERNEL, &CELL_KERNEL, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE, &TEST_CANDLE_DEVICE, &KERNEL_CACHE, &CPUID_MASK,
+pub const ALL: [&Var; 18] = [
+    &MALLOC_TUNE, &FLUSH_ELEMS, &CUBLAS, &ROWS_KERNEL, &CUDA_DECODER, &CUDA_GRAPHS, &CELL_KERNEL, &CUBLAS_EXCLUSIVE, &CUBLAS_HOST_SYNC, &BF16_GEMM, &BF16_AMX, &MATH, &MODELS_DIR, &REFERENCE_DIR, &TEST_DEVICE, &TEST_CANDLE_DEVICE, &KERNEL_CACHE, &CPUID_MASK,
 ];
 
 /// `$e`, computed the first time this call site runs and remembered for the process.
@@ -173,6 +185,14 @@ pub fn cublas() -> bool {
 
 pub fn rows_kernel() -> bool {
     once!(bool, switch(&ROWS_KERNEL))
+}
+
+pub fn cuda_decoder() -> bool {
+    once!(bool, switch(&CUDA_DECODER))
+}
+
+pub fn cuda_graphs() -> bool {
+    once!(bool, switch(&CUDA_GRAPHS))
 }
 
 pub fn cell_kernel() -> bool {

@@ -1,8 +1,9 @@
 //! CUDA-only glue: cuBLAS products on cubecl's tensors (`cublas`) and the device-side ordering
-//! between cubecl's stream and the library's (`handoff`), and an exact float remainder kernel
-//! (`fmod`).
+//! between cubecl's stream and the library's (`handoff`), an exact float remainder kernel
+//! (`fmod`), and a decoder step of its own kernels replayed as CUDA graphs (`decode`).
 
 pub mod cublas;
+pub mod decode;
 pub mod fmod;
 pub mod handoff;
 
