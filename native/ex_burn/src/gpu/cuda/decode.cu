@@ -51,8 +51,11 @@ __device__ __forceinline__ float weight(float scale, unsigned code, float zero, 
     return __fadd_rn(__fmul_rn(scale, (float)code - zero), offset);
 }
 
-// out[r][n] (+)= input(x[r]) . W[n] for rows r < nrows and n < rows, one warp a row of W.
-// mode 0: x as it is; 1: RMS-normalised with `normw`; 2: silu(x[:cols]) * x[cols:2 cols].
+// out[r][n] (+)= input(x[r]) . W[n] for rows r < nrows and n < rows, one warp a row of W at a
+// time. mode 0: x as it is; 1: RMS-normalised with `normw`; 2: silu(x[:cols]) * x[cols:2 cols].
+// A lane takes whole words of codes; the block's copy of x is stored transposed by a word's
+// values (value c at (c % per_word) * words + c / per_word), so that the lanes of a warp, on
+// consecutive words, read consecutive floats of shared memory.
 template <int BITS>
 __device__ void matvec(const unsigned* __restrict__ codes, const float* __restrict__ scales,
                        const float* __restrict__ offsets, int rows, int cols, int group, float zero,
@@ -65,7 +68,6 @@ __device__ void matvec(const unsigned* __restrict__ codes, const float* __restri
     const unsigned mask = (1u << BITS) - 1u;
     const int words = cols / per_word;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    const int n = blockIdx.x * nwarps + warp;
     for (int r0 = 0; r0 < nrows; r0 += pass_rows) {
         const int pr = min(pass_rows, nrows - r0);
         __syncthreads();
@@ -74,20 +76,24 @@ __device__ void matvec(const unsigned* __restrict__ codes, const float* __restri
             const float* xr = x + (usize)(r0 + r) * x_stride;
             float v = xr[c];
             if (mode == 2) v = v / (1.0f + expf(-v)) * xr[cols + c];
-            xs[i] = v;
+            xs[r * cols + (c % per_word) * words + c / per_word] = v;
         }
         __syncthreads();
         if (mode == 1) {
             for (int r = 0; r < pr; r++) {
+                float* xr = xs + r * cols;
                 float s = 0.0f;
-                for (int c = threadIdx.x; c < cols; c += blockDim.x) s += xs[r * cols + c] * xs[r * cols + c];
+                for (int i = threadIdx.x; i < cols; i += blockDim.x) s += xr[i] * xr[i];
                 s = block_sum(s, red);
                 const float scale = 1.0f / sqrtf(s / (float)cols + eps);
-                for (int c = threadIdx.x; c < cols; c += blockDim.x) xs[r * cols + c] = xs[r * cols + c] * scale * normw[c];
+                for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+                    const int i = (c % per_word) * words + c / per_word;
+                    xr[i] = xr[i] * scale * normw[c];
+                }
             }
             __syncthreads();
         }
-        if (n < rows) {
+        for (int n = blockIdx.x * nwarps + warp; n < rows; n += gridDim.x * nwarps) {
             float acc[MAXR];
 #pragma unroll
             for (int r = 0; r < MAXR; r++) acc[r] = 0.0f;
@@ -97,13 +103,13 @@ __device__ void matvec(const unsigned* __restrict__ codes, const float* __restri
                 const unsigned word = wrow[w];
                 const usize g = (first + (usize)w * per_word) / group;
                 const float s = scales[g], o = offsets ? offsets[g] : 0.0f;
-                const float* xc = xs + w * per_word;
 #pragma unroll
                 for (int k = 0; k < per_word; k++) {
                     const float wv = weight(s, (word >> (BITS * k)) & mask, zero, o);
+                    const float* xk = xs + k * words + w;
 #pragma unroll
                     for (int r = 0; r < MAXR; r++)
-                        if (r < pr) acc[r] = fmaf(wv, xc[r * cols + k], acc[r]);
+                        if (r < pr) acc[r] = fmaf(wv, xk[r * cols], acc[r]);
                 }
             }
 #pragma unroll

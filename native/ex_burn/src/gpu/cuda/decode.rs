@@ -21,8 +21,11 @@ use crate::kernels::cpu::quant::groups::Groups;
 
 /// Rows a step takes at most; more rows run as several steps, in order.
 pub const MAX_ROWS: usize = 32;
-/// Threads of a matrix block: a warp an output.
-const MATVEC_THREADS: u32 = 128;
+/// Threads of a matrix block: a warp an output row at a time.
+const MATVEC_THREADS: u32 = 256;
+/// Matrix blocks an SM is given at most: a block's warps walk the rows beyond, so that each
+/// block's copy of the input (and its norm) serves several rows of the matrix.
+const BLOCKS_PER_SM: u32 = 4;
 /// The dynamic shared memory a matrix block may take without opting in (48 KiB), less its own.
 const SHARED_BYTES: usize = 48 * 1024 - 256;
 /// Activation rows a matrix pass holds (`MAXR` in decode.cu).
@@ -180,6 +183,8 @@ pub struct Decoder {
     cos: CudaSlice<f32>,
     sin: CudaSlice<f32>,
     graphs: bool,
+    /// The most matrix blocks a launch takes.
+    max_blocks: u32,
     state: Mutex<State>,
 }
 
@@ -239,6 +244,7 @@ impl Decoder {
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
+        let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let opts = cudarc::nvrtc::CompileOptions { options: vec![format!("--gpu-architecture=compute_{major}{minor}")], ..Default::default() };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(include_str!("decode.cu"), opts).map_err(|e| failed("compiling decode.cu", e))?;
         let module = ctx.load_module(ptx).map_err(|e| failed("loading decode.cu", e))?;
@@ -258,7 +264,7 @@ impl Decoder {
             scores: zeros(MAX_ROWS * s.heads * s.context)?,
         };
         let state = Mutex::new(State { bufs, graphs: HashMap::new() });
-        Ok(Decoder { stream, k, shape, layers: w.layers, embed: w.embed, out_norm: w.out_norm, output: w.output, cos: w.cos, sin: w.sin, graphs, state })
+        Ok(Decoder { stream, k, shape, layers: w.layers, embed: w.embed, out_norm: w.out_norm, output: w.output, cos: w.cos, sin: w.sin, graphs, max_blocks: BLOCKS_PER_SM * sms.max(1) as u32, state })
     }
 
     /// Kernel launches a step takes: the embedding, six a layer (one more for each further
@@ -431,7 +437,7 @@ impl Decoder {
             let at = out + 4 * first;
             let f = if m.bits == 4 { &self.k.matvec4 } else { &self.k.matvec8 };
             let warps = MATVEC_THREADS / 32;
-            let cfg = LaunchConfig { grid_dim: ((m.rows as u32).div_ceil(warps), 1, 1), block_dim: (MATVEC_THREADS, 1, 1), shared_mem_bytes: (pass as usize * m.cols * 4) as u32 };
+            let cfg = LaunchConfig { grid_dim: ((m.rows as u32).div_ceil(warps).min(self.max_blocks), 1, 1), block_dim: (MATVEC_THREADS, 1, 1), shared_mem_bytes: (pass as usize * m.cols * 4) as u32 };
             // SAFETY: as in `launch`
             unsafe {
                 s.launch_builder(f)
