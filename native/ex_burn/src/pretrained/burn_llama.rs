@@ -34,7 +34,7 @@ use crate::gpu::blocks::{read_runs, GpuBlocks};
 use crate::gpu::rows::{self, Input, RopeOut, Weight};
 use crate::error::{catch, ExError, ExResult};
 
-use super::decoder_family::{HeadExtras, RopeStyle};
+use super::decoder_family::{part_names, HeadExtras, RopeStyle};
 pub use super::llama_config::LlamaConfig;
 
 impl HeadExtras {
@@ -63,11 +63,6 @@ impl HeadExtras {
         };
         Ok(HeadExtras { qkv_bias, q_norm, k_norm, post_norms })
     }
-}
-
-/// `(name, rows)` pairs as `Linear::load` takes them.
-pub(crate) fn names(parts: &[(String, usize)]) -> Vec<(&str, usize)> {
-    parts.iter().map(|(name, rows)| (name.as_str(), *rows)).collect()
 }
 
 /// Where a model's matrices keep the file's blocks.
@@ -340,9 +335,9 @@ impl Weights {
         for l in 0..cfg.block_count {
             let n = |name: &str| format!("blk.{l}.{name}.weight");
             let [qkv_parts, gate_up_parts] = cfg.family.projections(l, q_rows, kv_rows, f);
-            let qkv = linear(g, &names(&qkv_parts), h)?;
+            let qkv = linear(g, &part_names(&qkv_parts), h)?;
             let out = linear(g, &[(&n("attn_output"), h)], q_rows)?;
-            let gate_up = linear(g, &names(&gate_up_parts), h)?;
+            let gate_up = linear(g, &part_names(&gate_up_parts), h)?;
             let down = linear(g, &[(&n("ffn_down"), h)], f)?;
             let (attn_norm, ffn_norm) = (g.tensor(&n("attn_norm"), [h], &dev)?, g.tensor(&n("ffn_norm"), [h], &dev)?);
             let extras = HeadExtras::read(g, &cfg, l)?;
@@ -803,7 +798,7 @@ impl BurnLlamaSession {
                 return Err(ExError::invalid("this session's cache was emptied after another session's step failed; start a new session"));
             }
         }
-        check_chunk(&self.w.cfg, self.failed, self.len, tokens, pos)
+        self.w.cfg.check_chunk(self.failed, self.len, tokens, pos)
     }
 
     /// After a step: `n` more tokens in the cache, or, when it failed part-way (some layers'
@@ -906,35 +901,6 @@ impl BurnLlamaSession {
             }
         }
     }
-}
-
-/// Whether `tokens` at `pos` may run next on a sequence of a model of `cfg` holding `len`
-/// tokens: not after a failed step, in order, within the context, each token in the vocabulary.
-pub(crate) fn check_chunk(cfg: &LlamaConfig, failed: bool, len: usize, tokens: &[u32], pos: usize) -> ExResult<()> {
-    if failed {
-        return Err(ExError::invalid("this session failed in an earlier step; start a new session"));
-    }
-    if tokens.is_empty() {
-        return Err(ExError::invalid("forward needs at least one token"));
-    }
-    if pos != len {
-        return Err(super::errors::out_of_order(len, pos));
-    }
-    if pos + tokens.len() > cfg.context_length {
-        return Err(ExError::invalid(format!(
-            "sequence of {} tokens exceeds the model's context length {}",
-            pos + tokens.len(),
-            cfg.context_length
-        )));
-    }
-    if let Some(t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-        return Err(super::errors::err(
-            super::errors::kind::TOKEN_OUT_OF_RANGE,
-            format!("token id {t} is outside the vocabulary of {}", cfg.vocab_size),
-            vec![],
-        ));
-    }
-    Ok(())
 }
 
 impl Drop for BurnLlamaSession {

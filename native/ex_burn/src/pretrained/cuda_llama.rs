@@ -9,8 +9,7 @@ use std::any::Any;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::burn_llama::{check_chunk, names};
-use super::decoder_family::{HeadExtras, RopeStyle};
+use super::decoder_family::{part_names, HeadExtras, RopeStyle};
 use super::decoder_source::DecoderSource;
 use super::llama_config::LlamaConfig;
 use super::prefix_cache::SavedKv;
@@ -79,9 +78,9 @@ pub(crate) fn load_with(path: &Path, device: &DeviceRef, graphs: bool) -> ExResu
         let n = |name: &str| format!("blk.{l}.{name}.weight");
         let [qkv_parts, gate_up_parts] = f.projections(l, nh * dh, nkv * dh, ffn);
         let (Some(qkv), Some(out), Some(gate_up), Some(down)) = (
-            stack(&mut g, &names(&qkv_parts), h)?,
+            stack(&mut g, &part_names(&qkv_parts), h)?,
             stack(&mut g, &[(&n("attn_output"), h)], nh * dh)?,
-            stack(&mut g, &names(&gate_up_parts), h)?,
+            stack(&mut g, &part_names(&gate_up_parts), h)?,
             stack(&mut g, &[(&n("ffn_down"), h)], ffn)?,
         ) else {
             return Ok(None);
@@ -119,7 +118,7 @@ pub struct CudaLlamaSession {
 
 impl CudaLlamaSession {
     fn check(&self, tokens: &[u32], pos: usize) -> ExResult<()> {
-        check_chunk(&self.m.cfg, self.failed, self.len, tokens, pos)
+        self.m.cfg.check_chunk(self.failed, self.len, tokens, pos)
     }
 
     /// Room for `need` positions: the cache doubled (at least `FIRST_CAP`, at most the context)

@@ -98,3 +98,8 @@ pub(crate) struct HeadExtras {
     /// Gemma's norms of the attention output and of the MLP output.
     pub post_norms: Option<(Vec<f32>, Vec<f32>)>,
 }
+
+/// `projections`' parts as `(name, rows)` pairs of borrowed names.
+pub fn part_names(parts: &[(String, usize)]) -> Vec<(&str, usize)> {
+    parts.iter().map(|(name, rows)| (name.as_str(), *rows)).collect()
+}

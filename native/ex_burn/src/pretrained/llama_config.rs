@@ -1,6 +1,7 @@
 //! The hyperparameters of a Llama-family decoder (`LlamaConfig`), read from GGUF metadata here and
 //! from a Hugging Face config.json by `hf_decoder`, and what they decide: the attention and
-//! rotary shapes the engines run, the rotary tables, the sliding-window layers.
+//! rotary shapes the engines run, the rotary tables, the sliding-window layers, which chunks a
+//! session may run next.
 
 use std::path::Path;
 
@@ -72,6 +73,35 @@ impl LlamaConfig {
         let inv: Vec<f64> = (0..half).map(|i| base.powf(-((2 * i) as f64) / self.rope_dim as f64) / factors[i] as f64).collect();
         let angles = |f: fn(f64) -> f64| -> Vec<f32> { (0..ctx).flat_map(|p| inv.iter().map(move |t| f(p as f64 * scale * t) as f32)).collect() };
         (angles(f64::cos), angles(f64::sin))
+    }
+
+    /// Whether `tokens` at `pos` may run next on a sequence of this model holding `len`
+    /// tokens: not after a failed step, in order, within the context, each token in the vocabulary.
+    pub(crate) fn check_chunk(&self, failed: bool, len: usize, tokens: &[u32], pos: usize) -> ExResult<()> {
+        if failed {
+            return Err(ExError::invalid("this session failed in an earlier step; start a new session"));
+        }
+        if tokens.is_empty() {
+            return Err(ExError::invalid("forward needs at least one token"));
+        }
+        if pos != len {
+            return Err(super::errors::out_of_order(len, pos));
+        }
+        if pos + tokens.len() > self.context_length {
+            return Err(ExError::invalid(format!(
+                "sequence of {} tokens exceeds the model's context length {}",
+                pos + tokens.len(),
+                self.context_length
+            )));
+        }
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(super::errors::err(
+                super::errors::kind::TOKEN_OUT_OF_RANGE,
+                format!("token id {t} is outside the vocabulary of {}", self.vocab_size),
+                vec![],
+            ));
+        }
+        Ok(())
     }
 
     /// Layer `l`'s attention window, if it slides.

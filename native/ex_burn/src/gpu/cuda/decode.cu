@@ -27,23 +27,17 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// The block's total of one value a thread, returned to every thread; `red` holds 32 floats.
-__device__ float block_sum(float v, float* red) {
+// The block's total (or maximum) of one value a thread, returned to every thread; `red` holds
+// 32 floats.
+template <bool MAX>
+__device__ float block_reduce(float v, float* red) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
+    v = MAX ? warp_max(v) : warp_sum(v);
     __syncthreads();
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    return warp_sum(lane < nw ? red[lane] : 0.0f);
-}
-
-__device__ float block_max(float v, float* red) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    return warp_max(lane < nw ? red[lane] : NEG_INF);
+    const float t = lane < nw ? red[lane] : (MAX ? NEG_INF : 0.0f);
+    return MAX ? warp_max(t) : warp_sum(t);
 }
 
 // GGML's value of a code: the product and the sum rounded apart, as the host's kernels do.
@@ -84,7 +78,7 @@ __device__ void matvec(const unsigned* __restrict__ codes, const float* __restri
                 float* xr = xs + r * cols;
                 float s = 0.0f;
                 for (int i = threadIdx.x; i < cols; i += blockDim.x) s += xr[i] * xr[i];
-                s = block_sum(s, red);
+                s = block_reduce<false>(s, red);
                 const float scale = 1.0f / sqrtf(s / (float)cols + eps);
                 for (int c = threadIdx.x; c < cols; c += blockDim.x) {
                     const int i = (c % per_word) * words + c / per_word;
@@ -221,15 +215,15 @@ extern "C" __global__ void attend(const float* qkv, int nh, int nkv, int dh, flo
     __syncthreads();
     float m = NEG_INF;
     for (int j = start + threadIdx.x; j < len; j += blockDim.x) m = fmaxf(m, sc[j]);
-    m = block_max(m, red);
+    m = block_reduce<true>(m, red);
     float t = 0.0f;
     for (int j = start + threadIdx.x; j < len; j += blockDim.x) {
         const float e = expf(sc[j] - m);
         sc[j] = e;
         t += e;
     }
-    t = block_sum(t, red);
-    // every thread's exponentials are written before any thread reads them (block_sum synced)
+    t = block_reduce<false>(t, red);
+    // every thread's exponentials are written before any thread reads them (the sum synced)
     const int parts = blockDim.x / dh, k = threadIdx.x / dh, d = threadIdx.x - k * dh;
     float a = 0.0f;
     if (k < parts)
