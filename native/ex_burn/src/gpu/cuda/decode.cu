@@ -237,6 +237,18 @@ extern "C" __global__ void attend(const float* qkv, int nh, int nkv, int dh, flo
     }
 }
 
+// The warp's largest (best, at) pair, the smaller position among equal values, in every lane.
+__device__ __forceinline__ void warp_argmax(float& best, int& at) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL, best, o);
+        const int oi = __shfl_xor_sync(FULL, at, o);
+        if (ov > best || (ov == best && oi < at)) {
+            best = ov;
+            at = oi;
+        }
+    }
+}
+
 // ids[r] = the first position of row r's maximum (0 where no value is greater than -inf).
 extern "C" __global__ void argmax_rows(const float* logits, int vocab, int* ids) {
     __shared__ float bv[32];
@@ -251,14 +263,7 @@ extern "C" __global__ void argmax_rows(const float* logits, int vocab, int* ids)
             at = i;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(FULL, best, o);
-        const int oi = __shfl_xor_sync(FULL, at, o);
-        if (ov > best || (ov == best && oi < at)) {
-            best = ov;
-            at = oi;
-        }
-    }
+    warp_argmax(best, at);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     if (lane == 0) {
         bv[warp] = best;
@@ -268,14 +273,7 @@ extern "C" __global__ void argmax_rows(const float* logits, int vocab, int* ids)
     if (warp == 0) {
         best = lane < nw ? bv[lane] : NEG_INF;
         at = lane < nw ? bi[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(FULL, best, o);
-            const int oi = __shfl_xor_sync(FULL, at, o);
-            if (ov > best || (ov == best && oi < at)) {
-                best = ov;
-                at = oi;
-            }
-        }
+        warp_argmax(best, at);
         if (lane == 0) ids[blockIdx.x] = at == 0x7fffffff ? 0 : at;
     }
 }
