@@ -179,7 +179,8 @@ pub struct Decoder {
     layers: Vec<Layer>,
     embed: Arc<Matrix>,
     out_norm: CudaSlice<f32>,
-    output: Arc<Matrix>,
+    /// The output projection, as the one matrix of a stack.
+    output: Stack,
     cos: CudaSlice<f32>,
     sin: CudaSlice<f32>,
     graphs: bool,
@@ -264,7 +265,7 @@ impl Decoder {
             scores: zeros(MAX_ROWS * s.heads * s.context)?,
         };
         let state = Mutex::new(State { bufs, graphs: HashMap::new() });
-        Ok(Decoder { stream, k, shape, layers: w.layers, embed: w.embed, out_norm: w.out_norm, output: w.output, cos: w.cos, sin: w.sin, graphs, max_blocks: BLOCKS_PER_SM * sms.max(1) as u32, state })
+        Ok(Decoder { stream, k, shape, layers: w.layers, embed: w.embed, out_norm: w.out_norm, output: Stack(vec![w.output]), cos: w.cos, sin: w.sin, graphs, max_blocks: BLOCKS_PER_SM * sms.max(1) as u32, state })
     }
 
     /// Kernel launches a step takes: the embedding, six a layer (one more for each further
@@ -416,8 +417,7 @@ impl Decoder {
             self.matvec(&layer.gate_up, x, h, rows, 1, ptr(&layer.ffn_norm, s), gu, 2 * f, false)?;
             self.matvec(&layer.down, gu, 2 * f, rows, 2, 0, x, h, true)?;
         }
-        let head = Stack(vec![Arc::clone(&self.output)]);
-        self.matvec(&head, x, h, rows, 1, ptr(&self.out_norm, s), logits, sh.vocab as i32, false)?;
+        self.matvec(&self.output, x, h, rows, 1, ptr(&self.out_norm, s), logits, sh.vocab as i32, false)?;
         let vocab = sh.vocab as i32;
         unsafe { s.launch_builder(&self.k.argmax).arg(&logits).arg(&vocab).arg(&ids).launch(cfg((n as u32, 1), 1024))? };
         Ok(())
